@@ -1,0 +1,124 @@
+"""
+# RL accuracy verification (GRPO + OPD)
+
+Verifies that a commit of the XTuner checkout on the GPU node keeps GRPO and OPD RL training
+accuracy aligned with the baselines, following the team's runbook:
+
+1. **resolve_commit** — clean per-run git worktree at `commit` on the node; full SHA recorded.
+2. **check_prerequisites** — every input of every selected suite checked in one SSH round trip.
+3. **experiment_card** + **approve** — a human approves the card (目标 / 判读标准 / 最小规模 / 前置条件).
+   Scheduled runs proceed on a standing approval of the same card.
+4. **run_grpo / run_opd** — detached, deferrable SSH jobs, one training per node at a time (pool).
+5. **fetch_* / compare_*** — trackers archived, compared per metric (GRPO through the checkout's own
+   `check_rl_result`; OPD at every eval point against the golden table).
+6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
+7. **cleanup** — on any failure: `ray stop --force`, the run's processes killed, logs kept.
+
+Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id, pinned host key).
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import CronTriggerTimetable, Param, chain, dag, task
+
+from rl_verify import settings
+from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
+
+POOL = settings.node_pool()
+
+
+@dag(
+    dag_id=settings.DAG_ID,
+    schedule=CronTriggerTimetable(settings.SCHEDULE, timezone=settings.TIMEZONE),
+    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    catchup=False,
+    max_active_runs=1,
+    tags=settings.TAGS,
+    doc_md=__doc__,
+    default_args=settings.DEFAULT_ARGS,
+    params={
+        "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Commit under test",
+                        description="Branch, tag or SHA of the node's XTuner checkout.",
+                        minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$"),
+        "suites": Param(list(settings.KNOWN_SUITES), type="array", title="Suites",
+                        items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
+                        minItems=1, uniqueItems=True),
+        "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",
+                      pattern=r"^[A-Za-z0-9_.-]{1,100}$"),
+    },
+)
+def rl_accuracy_verification():
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def resolve_commit(params=None, run_id=None):
+        from rl_verify import pipeline
+
+        return pipeline.resolve_commit(params, run_id)
+
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def check_prerequisites(resolved):
+        from rl_verify import pipeline
+
+        return pipeline.check_prerequisites(resolved)
+
+    @task(**settings.LOCAL_TASK_ARGS)
+    def experiment_card(resolved, prereq, run_id=None):
+        from rl_verify import pipeline
+
+        return pipeline.experiment_card(resolved, prereq, run_id)
+
+    @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
+    def fetch(suite, resolved, run_id=None):
+        from rl_verify import pipeline
+
+        return pipeline.fetch(suite, resolved, run_id)
+
+    @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
+    def compare(suite, resolved, run_id=None):
+        from rl_verify import pipeline
+
+        return pipeline.compare(suite, run_id, resolved.get("sha") if resolved else None)
+
+    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def report(params=None, run_id=None, ti=None):
+        from rl_verify import pipeline
+
+        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve"))
+
+    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def verdict(ti=None):
+        from rl_verify import pipeline
+
+        # Pulled, not passed: a failed report task must still reach this task as "no report".
+        return pipeline.verdict(ti.xcom_pull(task_ids="report"))
+
+    @task(trigger_rule="one_failed", pool=POOL, **settings.SHORT_SSH_TASK_ARGS)
+    def cleanup(params=None, run_id=None, ti=None):
+        from rl_verify import pipeline
+
+        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, params)
+
+    resolved = resolve_commit()
+    prereq = check_prerequisites(resolved)
+    card = experiment_card(resolved, prereq)
+    approve = CardApprovalOperator(task_id="approve")
+    chain(card, approve)
+
+    compared = []
+    watched = [resolved, prereq]
+    for suite in settings.KNOWN_SUITES:
+        run = SuiteTrainingOperator(task_id=f"run_{suite}", suite=suite, pool=POOL,
+                                    **settings.TRAINING_TASK_ARGS)
+        fetched = fetch.override(task_id=f"fetch_{suite}")(suite, resolved)
+        result = compare.override(task_id=f"compare_{suite}")(suite, resolved)
+        chain(approve, run, fetched, result)
+        compared.append(result)
+        watched += [run, fetched]
+
+    summary = report()
+    chain(compared, summary)
+    chain(summary, verdict())
+    chain(watched, cleanup())
+
+
+rl_accuracy_verification()

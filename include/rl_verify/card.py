@@ -1,0 +1,98 @@
+"""The experiment card shown at the approval: 目标 / 判读标准 / 最小规模 / 前置条件.
+
+The card is built from the suite specs and the versioned threshold files, so what a human approves
+is exactly what the comparison will apply. Its fingerprint covers everything except the commit and
+the date: a standing approval for nightly runs stays valid while the fingerprint is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Iterable, Mapping
+
+from rl_verify.suite import SuiteSpec, data_file
+
+
+def _thresholds(spec: SuiteSpec) -> dict[str, Any]:
+    if spec.compare == "grpo":
+        return json.loads(data_file("grpo_thresholds.json").read_text(encoding="utf-8"))
+    return json.loads(data_file(spec.golden or "").read_text(encoding="utf-8"))
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
+    fe, wt = data["final_eval"], data["wall_time"]
+    rows = ["| metric | method | threshold | how |", "|---|---|---|---|",
+            f"| `{fe['metric']}` | {fe['method']} | {fe['operator']} {_fmt(fe['threshold'])} | final step only |"]
+    aggregated = data.get("percentile_metrics", {})
+    for c in data["assert_info"]["check_metrics"]:
+        how = f"p{aggregated[c['metric']]} of per-step errors" if c["metric"] in aggregated else "every step"
+        rows.append(f"| `{c['metric']}` | {c['method']} | {c['operator']} {_fmt(c['threshold'])} | {how} |")
+    rows.append(f"| {wt['metric']} | - | {wt['operator']} {wt['threshold_s'] // 60} min | whole run |")
+    rows.append("")
+    rows.append(f"Decided by the checkout's own `check_rl_result` with the runbook's `assert_info`; "
+                f"source: {data['source']['document']}.")
+    return rows
+
+
+def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
+    metrics = list(data["thresholds"])
+    rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
+    for name, t in data["thresholds"].items():
+        suffix = " (reference only)" if t.get("reference_only") else ""
+        threshold = f"{t['operator']} {t['threshold'] * 100:g}%" if t["method"] == "relative" else f"{t['operator']} {_fmt(t['threshold'])}"
+        rows.append(f"| `{name}` | {t['method']} | {threshold}{suffix} | {_fmt(t.get('measured_max_dev'))} |")
+    golden_metrics = [m for m in metrics if any(m in v for v in data["golden"].values())]
+    rows += ["", "Golden values per eval point (" + ", ".join(
+        f"{k}: {v}" for k, v in data["source"].items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
+        "| step | " + " | ".join(f"`{m}`" for m in golden_metrics) + " |",
+        "|---" * (len(golden_metrics) + 1) + "|"]
+    for step, values in data["golden"].items():
+        rows.append(f"| {step} | " + " | ".join(_fmt(values.get(m)) for m in golden_metrics) + " |")
+    rows.append(f"\nSteps beyond {data['calibrated_max_step']} are reported as not calibrated.")
+    return rows
+
+
+def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
+                  node: str) -> dict[str, list[str]]:
+    """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted)."""
+    specs = list(specs)
+    goal = ["Verify that the commit under test keeps RL training accuracy aligned with the baselines "
+            f"for: {', '.join(s.name.upper() for s in specs)} (runbook: seed/runbook.md)."]
+    criteria: list[str] = []
+    scale: list[str] = ["| suite | launch | steps | eval points | wall-time budget |", "|---|---|---|---|---|"]
+    for spec in specs:
+        data = _thresholds(spec)
+        criteria += [f"**{spec.title}** — PASS only if every check below holds; the exit code is not trusted.", ""]
+        criteria += _grpo_criteria(data) if spec.compare == "grpo" else _opd_criteria(data)
+        criteria.append("")
+        scale.append(f"| {spec.name} | `{spec.script}` | {spec.expected_steps} | "
+                     f"{', '.join(map(str, spec.eval_points))} | {spec.wall_time_budget_s // 60} min |")
+    scale.append("")
+    scale.append(f"One 8-GPU node (`{node}`), one training at a time; suites on the same node run one after the other.")
+    prereq = ["| suite | kind | path |", "|---|---|---|"]
+    prereq += [f"| {v['suite']} | {v['kind']} | `{v['path']}` |" for v in verified]
+    return {"目标 goal": goal, "判读标准 acceptance criteria": criteria,
+            "最小规模 minimum scale": scale, "前置条件 prerequisites (verified on the node)": prereq}
+
+
+def fingerprint(sections: Mapping[str, list[str]]) -> str:
+    """Stable hash of the card content that a standing approval is bound to."""
+    return hashlib.sha256(json.dumps(sections, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], run_id: str) -> str:
+    """Full Markdown card: header with the commit under test, then the four sections."""
+    lines = [f"# Experiment card — {run_id}", "",
+             f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — {commit.get('subject', '')}",
+             f"**Worktree:** `{commit['worktree']}`" + (" — clean" if not commit.get("dirty_stat") else ""), ""]
+    if commit.get("dirty_stat"):
+        lines += ["**The worktree is dirty:**", "```", commit["dirty_stat"].rstrip(), "```", ""]
+    for title, body in sections.items():
+        lines += [f"## {title}", "", *body, ""]
+    lines.append(f"Card fingerprint: `{fingerprint(sections)}`")
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""Airflow operators of rl-verify: the training job and the card approval.
+
+Imported by the DAG file at parse time, so only Airflow itself is imported at module level.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param
+
+from rl_verify import settings
+
+
+class SuiteTrainingOperator(SSHRemoteJobOperator):
+    """Run one suite's training on the node as a detached, deferrable remote job.
+
+    A job's identity is (DAG run, suite), not the try: the job folder is
+    ``<run_dir>/jobs/<suite>``. A retried, cleared or restarted task re-attaches to the live job
+    (or takes the finished one as is) instead of launching a second training; a live job of
+    another run makes the launch fail with "node busy" instead of launching.
+    """
+
+    def __init__(self, *, suite: str, **kwargs: Any) -> None:
+        from rl_verify.suite import load_suite
+
+        spec = load_suite(suite)  # package data file only: no network at parse time
+        kwargs.setdefault("timeout", int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR))
+        super().__init__(
+            ssh_conn_id="{{ params.node }}",
+            command=f"(built at run time from the {suite} suite spec)",
+            remote_os="posix",
+            cleanup="never",  # the run's folder is kept for the record; cleanup/reaper remove it
+            poll_interval=settings.JOB_POLL_INTERVAL_S,
+            **kwargs,
+        )
+        self.suite = suite
+
+    def execute(self, context: Any) -> None:
+        from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
+        from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from rl_verify import pipeline, remote
+
+        ti = context["ti"]
+        resolved = ti.xcom_pull(task_ids="resolve_commit")
+        if self.suite not in resolved["suites"]:
+            raise AirflowSkipException(f"suite {self.suite} not selected for this run")
+        values = pipeline.node_settings(resolved["node"])
+        layout = remote.RunLayout(resolved["run_dir"])
+        spec = pipeline.expanded_specs([self.suite], values, layout.worktree)[0]
+        work_dir = layout.work_dir(self.suite)
+        paths = RemoteJobPaths(job_id=self.suite, remote_os="posix", base_dir=layout.jobs_dir)
+        self._paths, self._detected_os, self._job_id = paths, "posix", self.suite
+
+        with pipeline.ssh_client(resolved["node"]) as client:
+            state = job_state(client, paths.job_dir)
+            if state == "absent":
+                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
+                shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
+                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args)
+                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], shares)
+                status, out, err = _run(client, build_posix_wrapper_command(command, paths, env))
+                if status != 0:
+                    raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
+                self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, paths.job_dir, work_dir)
+            else:
+                self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, paths.job_dir)
+
+        ti.xcom_push(key="ssh_remote_job", value={
+            "job_id": self.suite, "job_dir": paths.job_dir, "log_file": paths.log_file,
+            "exit_code_file": paths.exit_code_file, "pid_file": paths.pid_file, "remote_os": "posix",
+            "work_dir": work_dir})
+        self.defer(
+            trigger=SSHRemoteJobTrigger(
+                ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host, job_id=self.suite,
+                job_dir=paths.job_dir, log_file=paths.log_file, exit_code_file=paths.exit_code_file,
+                remote_os="posix", poll_interval=self.poll_interval, log_chunk_size=self.log_chunk_size,
+                log_offset=0, command_timeout=self.command_timeout,
+                max_reconnect_attempts=self.max_reconnect_attempts),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
+        )
+
+
+def _run(client: Any, script: str) -> tuple[int, str, str]:
+    from rl_verify.node import run_script
+
+    return run_script(client, script, timeout=60)
+
+
+def job_state(client: Any, job_dir: str) -> str:
+    """"absent", "running", "finished" or "dead" (started, no exit code, process gone)."""
+    import shlex
+
+    status, out, _ = _run(client, f"""d={shlex.quote(job_dir)}
+if [ -f "$d/exit_code" ]; then echo finished
+elif [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then echo running
+elif [ -d "$d" ]; then echo dead
+else echo absent; fi""")
+    return out.strip() or "absent"
+
+
+def _refuse_if_busy(client: Any, runs_root: str, key: str) -> None:
+    from rl_verify import node, remote
+
+    status, out, err = _run(client, remote.prerequisites_script([], runs_root, key))
+    busy = node.parse_prerequisites(out).busy
+    if busy:
+        raise RuntimeError("; ".join(busy) + " — not launching a second training on this node")
+
+
+class CardApprovalOperator(ApprovalOperator):
+    """Approval of the experiment card, with standing approvals for scheduled runs.
+
+    A human can tick "standing approval" when approving: later *scheduled* runs whose card has the
+    same fingerprint (everything but commit and date) proceed without waiting, logged with who
+    granted it. Any change to the card (thresholds, scale, inputs) needs a human again.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        approvers = settings.approvers()
+        kwargs.pop("params", None)  # DAG-level params are not form fields of the approval
+        super().__init__(
+            subject="Approve the RL accuracy experiment card for {{ params.commit }}",
+            body="{{ ti.xcom_pull(task_ids='experiment_card')['markdown'] }}",
+            params={"standing_approval": Param(
+                False, type="boolean", title="Standing approval for nightly runs",
+                description="Let scheduled runs with this exact card proceed without waiting.")},
+            assigned_users=approvers or None,
+            **kwargs,
+        )
+
+    def execute(self, context: Any) -> Any:
+        card = context["ti"].xcom_pull(task_ids="experiment_card")
+        if context["dag_run"].run_type == "scheduled":
+            standing = _standing_approval()
+            if standing and standing.get("fingerprint") == card["fingerprint"]:
+                self.log.info("Standing approval granted by %s at %s for card %s: proceeding without waiting",
+                              standing["granted_by"], standing["granted_at"], card["fingerprint"])
+                return {"chosen_options": [self.APPROVE], "params_input": {},
+                        "responded_by_user": {"id": standing["granted_by"], "name": standing["granted_by"]},
+                        "responded_at": standing["granted_at"], "standing_approval": standing}
+            self.log.info("No standing approval matches card %s (standing: %s): waiting for a human",
+                          card["fingerprint"], standing.get("fingerprint") if standing else None)
+        return super().execute(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        ret = super().execute_complete(context=context, event=event)
+        user = event.get("responded_by_user") or {}
+        who = user.get("name") or user.get("id")
+        if ret["chosen_options"][0] == self.REJECT:
+            self.log.warning("Experiment card REJECTED by %s: nothing is launched", who)
+        else:
+            self.log.info("Experiment card approved by %s", who)
+            if (event.get("params_input") or {}).get("standing_approval"):
+                from airflow.sdk import Variable
+
+                card = context["ti"].xcom_pull(task_ids="experiment_card")
+                Variable.set(settings.STANDING_APPROVAL_VARIABLE, json.dumps({
+                    "fingerprint": card["fingerprint"], "granted_by": who,
+                    "granted_at": str(event.get("responded_at")), "dag_run_id": context["run_id"]}))
+                self.log.info("Standing approval for card %s granted by %s", card["fingerprint"], who)
+        return ret
+
+
+def _standing_approval() -> dict[str, Any] | None:
+    from airflow.sdk import Variable
+
+    raw = Variable.get(settings.STANDING_APPROVAL_VARIABLE, default=None)
+    return json.loads(raw) if raw else None

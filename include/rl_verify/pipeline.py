@@ -1,0 +1,309 @@
+"""The bodies of the DAG's tasks, kept out of the DAG file so they are typed and testable.
+
+Each function takes plain values (params, XCom dicts, the DAG run id) and returns JSON-ready
+dicts. Airflow and paramiko are imported inside the functions that need them, never at import
+time, so the DAG file parses fast and without touching the network.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from rl_verify import node, record, remote, settings
+from rl_verify.suite import SuiteSpec, load_suite
+
+log = logging.getLogger(__name__)
+
+
+class InfrastructureFailure(RuntimeError):
+    """The run could not produce a trustworthy tracker (crash, wrong step count, no tracker...)."""
+
+
+# --- configuration (read at run time, never at parse time) ----------------------------------------
+
+def node_settings(conn_id: str) -> dict[str, str]:
+    """Share roots, checkout and runs dir for a node: connection extras > Variables > environment.
+
+    Raises ValueError listing every setting that is missing, with where to set it.
+    """
+    from airflow.sdk import BaseHook, Variable
+
+    extras = BaseHook.get_connection(conn_id).extra_dejson or {}
+    wanted = {**{v: None for v in settings.SHARE_ROOT_VARS},
+              "RL_VERIFY_NODE_CHECKOUT": settings.NODE_CHECKOUT,
+              "RL_VERIFY_REMOTE_RUNS_DIR": settings.REMOTE_RUNS_DIR}
+    values: dict[str, str] = {}
+    for name, default in wanted.items():
+        value = extras.get(name.lower()) or extras.get(name) or Variable.get(name, default=None) \
+            or os.environ.get(name) or default
+        if value:
+            values[name] = str(value)
+    missing = [n for n in wanted if n not in values]
+    if missing:
+        raise ValueError(f"node {conn_id!r}: {', '.join(missing)} not set; set them in the connection's "
+                         f"extras (lower-case keys), as Airflow Variables, or in the environment")
+    for name, value in values.items():
+        remote.validate_path(value, name)
+    return values
+
+
+@contextmanager
+def ssh_client(conn_id: str) -> Iterator[Any]:
+    """An SSH client for the node from the SSH provider's hook (host key pinned by the connection)."""
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    hook = SSHHook(ssh_conn_id=conn_id, conn_timeout=20)
+    if hook.no_host_key_check or hook.host_key is None:
+        raise ValueError(f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the "
+                         f"node's public host key (ssh-keyscan -t ed25519 HOST) and 'no_host_key_check' to false")
+    client = hook.get_conn()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str) -> list[SuiteSpec]:
+    """The selected suites with share roots and ``${CHECKOUT}`` (the run's worktree) filled in."""
+    return [load_suite(s).expanded({**values, "CHECKOUT": worktree}) for s in suites]
+
+
+def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """commit, suites and node from the run's params, validated before anything reaches a shell."""
+    return {"commit": remote.validate_commit(params.get("commit")),
+            "suites": remote.validate_suites(params.get("suites")),
+            "node": _validate_conn_id(params.get("node"))}
+
+
+def _validate_conn_id(value: Any) -> str:
+    import re
+
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", value):
+        raise remote.BadInput(f"param 'node' must be an Airflow connection id (letters, digits, _ . -): {value!r}")
+    return value
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    """Validate params, then create the run's clean worktree at the commit on the node."""
+    p = validated_params(params)
+    values = node_settings(p["node"])
+    key = remote.run_key(dag_run_id)
+    with ssh_client(p["node"]) as client:
+        resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
+                                       values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
+    resolved.update(run_key=key, suites=p["suites"], node=p["node"])
+    record.write_json(record.run_record_dir(dag_run_id) / "commit.json", resolved)
+    log.info("Commit under test: %s (%s) in worktree %s", resolved["sha"], p["commit"], resolved["worktree"])
+    if resolved["dirty_stat"]:
+        log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
+    return resolved
+
+
+def check_prerequisites(resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every input of every selected suite and node business in one SSH round trip."""
+    values = node_settings(resolved["node"])
+    specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
+    with ssh_client(resolved["node"]) as client:
+        result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
+    log.info("All %d inputs present on the node; node is free", len(result.ok))
+    return result.to_dict()
+
+
+def experiment_card(resolved: Mapping[str, Any], prereq: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    """Render the card (Markdown) the approver sees, and its fingerprint."""
+    from rl_verify import card
+
+    values = node_settings(resolved["node"])
+    specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
+    sections = card.card_sections(specs, prereq["ok"], resolved["node"])
+    markdown = card.render_card(resolved, sections, dag_run_id)
+    record.write_atomic(record.run_record_dir(dag_run_id) / "card.md", markdown)
+    log.info("Experiment card:\n%s", markdown)
+    return {"markdown": markdown, "fingerprint": card.fingerprint(sections)}
+
+
+def fetch(suite: str, resolved: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+    """Archive the suite's tracker, logs, baseline and checker; fail on a wrong step count.
+
+    The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
+    the run completed. What was fetched stays in the record even when this task fails.
+    """
+    from rl_verify.errors import InputError
+    from rl_verify.tracker import read_tracker
+
+    values = node_settings(resolved["node"])
+    spec = expanded_specs([suite], values, resolved["worktree"])[0]
+    dest = record.run_record_dir(dag_run_id) / suite
+    with ssh_client(resolved["node"]) as client:
+        meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
+    meta["expected_steps"] = spec.expected_steps
+    tracker = meta["files"].get("tracker")
+    if tracker:
+        try:
+            meta["steps"] = read_tracker(tracker["local"], metrics=[]).steps
+        except InputError as err:
+            meta["problems"].append(f"tracker unreadable: {err}")
+            meta["steps"] = 0
+        if meta["steps"] != spec.expected_steps:
+            meta["problems"].append(f"wrong step count: the tracker has {meta['steps']} step-summary rows, "
+                                    f"expected {spec.expected_steps} (launch script exit code "
+                                    f"{meta.get('exit_code')}, not trusted)")
+    if meta["other_experiments"]:
+        log.warning("Several experiment folders in %s; using the newest, ignoring: %s",
+                    meta["work_dir"], ", ".join(meta["other_experiments"]))
+    record.write_json(dest / "fetch.json", meta)
+    if meta["problems"]:
+        raise InfrastructureFailure(f"{suite}: " + "; ".join(meta["problems"]))
+    return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
+
+
+def compare(suite: str, dag_run_id: str, commit: str | None) -> dict[str, Any]:
+    """Run the engine on the archived files; an unusable fetch becomes an infrastructure FAIL."""
+    from rl_verify.errors import InputError
+    from rl_verify.model import SuiteResult
+
+    suite_dir = record.run_record_dir(dag_run_id) / suite
+    meta = record.read_json(suite_dir / "fetch.json")
+    out = suite_dir / "compare"
+    spec = load_suite(suite)
+    if meta is None:
+        result = SuiteResult.infrastructure(suite, "nothing was fetched from the node (see fetch task log)")
+    elif meta["problems"]:
+        result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
+                                            remote_work_dir=meta["work_dir"])
+    else:
+        try:
+            result = _run_engine(spec, suite_dir, out, meta)
+        except InputError as err:
+            result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
+    record.write_json(suite_dir / "result.json", result.to_dict())
+    log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
+    return result.to_dict()
+
+
+def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any]):
+    if spec.compare == "grpo":
+        from rl_verify.grpo import compare_grpo
+
+        return compare_grpo(baseline=suite_dir / "baseline.jsonl", current=suite_dir / "tracker.jsonl",
+                            checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
+                            wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S)
+    from rl_verify.opd import compare_opd
+    from rl_verify.suite import data_file
+
+    baseline = suite_dir / "baseline.jsonl"
+    return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
+                       golden=data_file(spec.golden) if spec.golden else None,
+                       baseline=baseline if baseline.exists() else None)
+
+
+def report(dag_run_id: str, params: Mapping[str, Any], approval: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Combine the suites into one report in the record store; print it; return a summary."""
+    from rl_verify.model import SuiteResult
+    from rl_verify.report import ReportMeta, render_markdown, write_report
+
+    run_dir = record.run_record_dir(dag_run_id)
+    resolved = record.read_json(run_dir / "commit.json") or {}
+    suites = resolved.get("suites") or _safe_suites(params)
+    notes: list[str] = []
+    overall = None
+    decision = approval_decision(approval)
+    if decision["rejected"]:
+        overall = "REJECTED"
+        notes.append(f"Rejected by {decision['by']} at {decision['at']}: nothing was launched.")
+    elif decision["by"]:
+        notes.append(f"Approved by {decision['by']} at {decision['at']}"
+                     + (" (standing approval for scheduled runs)" if decision["standing"] else "") + ".")
+    results = []
+    for suite in suites if overall is None else []:
+        data = record.read_json(run_dir / suite / "result.json")
+        results.append(SuiteResult.from_dict(data) if data else SuiteResult.infrastructure(
+            suite, "the suite did not reach comparison (an earlier task failed: see its log)"))
+    if not resolved:
+        notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
+    paths = {s: _paths(run_dir / s) for s in suites}
+    meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),
+                      diff_stat=resolved.get("dirty_stat"), dag_run_id=dag_run_id,
+                      node=resolved.get("node") or params.get("node"), paths=paths, notes=notes, overall=overall)
+    written = write_report(run_dir, results, meta)
+    record.write_manifest(run_dir)
+    where = record.publish(run_dir)
+    log.info("Report written to %s\n\n%s", where, render_markdown(results, meta))
+    verdict = overall or ("PASS" if results and all(r.passed for r in results) else "FAIL")
+    classes = sorted({r.failure_class for r in results if r.failure_class})
+    return {"verdict": verdict, "failure_classes": classes, "record": where,
+            "report": {k: str(v) for k, v in written.items()},
+            "failed_suites": [r.suite for r in results if not r.passed]}
+
+
+def _safe_suites(params: Mapping[str, Any]) -> list[str]:
+    try:
+        return remote.validate_suites(params.get("suites"))
+    except remote.BadInput:
+        return []
+
+
+def _paths(suite_dir: Path) -> dict[str, str]:
+    meta = record.read_json(suite_dir / "fetch.json") or {}
+    files = meta.get("files", {})
+    out = {}
+    if files.get("tracker"):
+        out["remote tracker"] = files["tracker"]["remote"]
+        out["archived tracker"] = files["tracker"]["local"]
+    for log_file in files.get("logs", []):
+        out[f"remote log {Path(log_file['remote']).name}"] = log_file["remote"]
+        out[f"archived log {Path(log_file['local']).name}"] = log_file["local"]
+    return out
+
+
+def approval_decision(approval: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Who approved or rejected, when, and whether it was a standing approval."""
+    if not approval:
+        return {"rejected": False, "by": None, "at": None, "standing": False}
+    user = approval.get("responded_by_user") or {}
+    name = user.get("name") or user.get("id") if isinstance(user, dict) else str(user)
+    return {"rejected": "Reject" in (approval.get("chosen_options") or []), "by": name,
+            "at": str(approval.get("responded_at")), "standing": bool(approval.get("standing_approval"))}
+
+
+def verdict(summary: Mapping[str, Any] | None) -> str:
+    """Fail the DAG run when the verdict is FAIL (after the report exists); say which class."""
+    if not summary:
+        raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
+    if summary["verdict"] == "REJECTED":
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException("experiment card rejected: nothing was launched")
+    if summary["verdict"] != "PASS":
+        classes = summary.get("failure_classes") or ["unknown"]
+        raise RuntimeError(f"FAIL ({' + '.join(classes)} failure) in suite(s) "
+                           f"{', '.join(summary.get('failed_suites', []))}; report: {summary['record']}")
+    return "PASS"
+
+
+def cleanup(resolved: Mapping[str, Any] | None, dag_run_id: str, params: Mapping[str, Any]) -> list[str]:
+    """Stop the run's processes and Ray on the node, and archive whatever trackers/logs exist."""
+    if not resolved:
+        log.info("The run never got a worktree on the node: nothing to clean up")
+        return []
+    values = node_settings(resolved["node"])
+    lines: list[str] = []
+    with ssh_client(resolved["node"]) as client:
+        lines += node.cleanup(client, resolved["run_dir"], resolved["run_key"])
+        for suite in resolved["suites"]:
+            dest = record.run_record_dir(dag_run_id) / suite
+            if (dest / "fetch.json").exists():
+                continue
+            spec = expanded_specs([suite], values, resolved["worktree"])[0]
+            meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
+            record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
+                                                    ["collected by cleanup after a failure"]})
+    for line in lines:
+        log.info("cleanup: %s", line)
+    return lines

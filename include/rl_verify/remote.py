@@ -1,0 +1,248 @@
+"""Validation of every value that reaches a remote shell, and the remote scripts built from them.
+
+Rules: a value from a user (``commit``, ``suites``) is validated against a strict pattern before
+anything runs; every value placed in a script is shell-quoted (``shlex.quote``), and remote paths
+are assembled only from validated parts. Scripts are sent on the SSH channel's stdin to ``bash -s``
+so no script text is ever interpolated into a command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from rl_verify.settings import KNOWN_SUITES, RUN_MARKER_ENV
+
+COMMIT_MAX_LEN = 200
+# A git branch, tag or SHA: starts with an alphanumeric, then a conservative subset of what git
+# allows in ref names. No spaces, no shell metacharacters, no leading '-' (option injection).
+_COMMIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
+_PATH_RE = re.compile(r"(~/)?[A-Za-z0-9._/+@=,-]+")
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class BadInput(ValueError):
+    """A user-supplied value broke a rule; the message names the field, the rule and the fix."""
+
+
+def validate_commit(value: object) -> str:
+    """Return ``value`` if it is a safe git ref or SHA, else raise BadInput naming the rule."""
+    field = "commit"
+    if not isinstance(value, str) or not value.strip():
+        raise BadInput(f"param {field!r} is empty: give a branch, tag or SHA (e.g. main)")
+    if len(value) > COMMIT_MAX_LEN:
+        raise BadInput(f"param {field!r} is {len(value)} characters long; the limit is "
+                       f"{COMMIT_MAX_LEN}: give a branch, tag or SHA")
+    if value.startswith("-"):
+        raise BadInput(f"param {field!r} must not start with '-' (it would be read as an option): "
+                       f"{value!r}")
+    if not _COMMIT_RE.fullmatch(value):
+        bad = sorted({c for c in value if not re.fullmatch(r"[A-Za-z0-9._/+-]", c)})
+        raise BadInput(f"param {field!r} may only contain letters, digits and . _ / + - "
+                       f"(found {', '.join(repr(c) for c in bad)}): {value!r}; "
+                       f"give a branch, tag or SHA")
+    if ".." in value or "//" in value or value.endswith((".lock", "/", ".")):
+        raise BadInput(f"param {field!r} is not a valid git ref name ('..', '//', or a trailing "
+                       f"'/', '.', '.lock'): {value!r}")
+    return value
+
+
+def validate_suites(value: object, known: Sequence[str] = KNOWN_SUITES) -> list[str]:
+    """Return the selected suites (deduplicated, in ``known`` order) or raise BadInput."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise BadInput(f"param 'suites' is empty: select one or more of {', '.join(known)}")
+    unknown = [v for v in value if v not in known]
+    if unknown:
+        raise BadInput(f"param 'suites' has unknown suite(s) {', '.join(map(repr, unknown))}; "
+                       f"known suites: {', '.join(known)}")
+    return [s for s in known if s in value]
+
+
+def validate_path(value: str, what: str) -> str:
+    """Return ``value`` if it is a plain absolute or ``~/`` path made of safe characters."""
+    if not isinstance(value, str) or not _PATH_RE.fullmatch(value) or ".." in value.split("/"):
+        raise BadInput(f"{what} {value!r} is not a plain path (allowed: letters, digits, "
+                       f". _ / + @ = , - and a leading ~/); fix the setting")
+    if not (value.startswith("/") or value.startswith("~/")):
+        raise BadInput(f"{what} {value!r} must be absolute or start with ~/; fix the setting")
+    return value
+
+
+def q(path: str) -> str:
+    """Shell-quote a path, keeping a leading ``~/`` expandable as ``"$HOME"/...``."""
+    if path.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(path[2:])
+    return shlex.quote(path)
+
+
+def run_key(dag_run_id: str) -> str:
+    """A remote-safe, deterministic folder name for a DAG run (same run id -> same key)."""
+    readable = _KEY_UNSAFE.sub("_", dag_run_id)[:80].strip("._-") or "run"
+    digest = hashlib.sha256(dag_run_id.encode()).hexdigest()[:8]
+    return f"{readable}-{digest}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """Absolute remote paths of one DAG run on the node (resolved by resolve_commit)."""
+
+    run_dir: str
+
+    @property
+    def worktree(self) -> str:
+        return f"{self.run_dir}/xtuner"
+
+    @property
+    def jobs_dir(self) -> str:
+        return f"{self.run_dir}/jobs"
+
+    def work_dir(self, suite: str) -> str:
+        return f"{self.run_dir}/work/{suite}"
+
+    def job_dir(self, suite: str) -> str:
+        return f"{self.jobs_dir}/{suite}"
+
+
+def resolve_commit_script(checkout: str, runs_root: str, key: str, commit: str) -> str:
+    """Script: resolve ``commit`` in the node checkout and add a clean per-run worktree at it.
+
+    Prints ``KEY=value`` lines (SHA, RUN_DIR, WORKTREE, SUBJECT, DIRTY_STAT_B64). Exit 3 means
+    the ref does not exist, exit 4 that the checkout is missing; stderr says which.
+    """
+    validate_commit(commit)
+    return f"""set -eu
+checkout={q(validate_path(checkout, 'node checkout'))}
+runs={q(validate_path(runs_root, 'remote runs dir'))}
+key={shlex.quote(key)}
+ref={shlex.quote(commit)}
+if ! git -C "$checkout" rev-parse --git-dir >/dev/null 2>&1; then
+  echo "node checkout $checkout is not a git repository: set RL_VERIFY_NODE_CHECKOUT" >&2; exit 4
+fi
+if git -C "$checkout" remote get-url origin >/dev/null 2>&1; then
+  git -C "$checkout" fetch --quiet origin || echo "warning: git fetch origin failed" >&2
+fi
+sha=$(git -C "$checkout" rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" 2>/dev/null \\
+      || git -C "$checkout" rev-parse --verify --quiet "$ref^{{commit}}" 2>/dev/null) || {{
+  echo "ref '$ref' does not exist in $checkout: push it or give an existing branch, tag or SHA" >&2
+  exit 3
+}}
+mkdir -p "$runs"
+runs=$(cd "$runs" && pwd -P)
+run_dir="$runs/$key"
+wt="$run_dir/xtuner"
+mkdir -p "$run_dir/work" "$run_dir/jobs"
+if [ -e "$wt/.git" ]; then
+  have=$(git -C "$wt" rev-parse HEAD)
+  if [ "$have" != "$sha" ]; then
+    echo "worktree $wt of this run is at $have, not $sha: remove it and retry" >&2; exit 5
+  fi
+else
+  git -C "$checkout" worktree add --detach --quiet "$wt" "$sha"
+fi
+echo "SHA=$sha"
+echo "RUN_DIR=$run_dir"
+echo "WORKTREE=$wt"
+echo "SUBJECT_B64=$(git -C "$wt" log -1 --format=%s "$sha" | base64 -w0)"
+if [ -n "$(git -C "$wt" status --porcelain)" ]; then
+  echo "DIRTY_STAT_B64=$( (git -C "$wt" diff --stat HEAD; git -C "$wt" status --porcelain) | base64 -w0)"
+fi
+"""
+
+
+def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str) -> str:
+    """Script: check every (suite, kind, path) and whether the node is busy, in one round trip.
+
+    Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
+    job of another run, and ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify.
+    """
+    lines = ["set -u", f"runs={q(validate_path(runs_root, 'remote runs dir'))}",
+             f"key={shlex.quote(key)}",
+             'chk() { if [ -r "$3" ]; then s=OK; else s=MISSING; fi; '
+             'printf "%s\\t%s\\t%s\\t%s\\n" "$s" "$1" "$2" "$3"; }']
+    for suite, kind, path in checks:
+        lines.append(f"chk {shlex.quote(suite)} {shlex.quote(kind)} {q(validate_path(path, kind + ' path'))}")
+    lines.append("""for pidf in "$runs"/*/jobs/*/pid; do
+  [ -f "$pidf" ] || continue
+  job=$(dirname "$pidf")
+  case "$job" in "$runs/$key/"*) continue;; esac
+  [ -f "$job/exit_code" ] && continue
+  p=$(cat "$pidf" 2>/dev/null)
+  case "$p" in ''|*[!0-9]*) continue;; esac
+  if kill -0 "$p" 2>/dev/null; then printf 'BUSY\\t%s\\t%s\\t%s\\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
+done
+# A launch script started by hand (or by another tool) also makes the node busy. The bracket
+# keeps the pattern from matching this script's own command line.
+pgrep -af 'run_[r]l\\.sh|run_[s]ampled_token_mopd\\.sh' | while read -r pid cmd; do
+  if ! tr '\\0' '\\n' < /proc/$pid/environ 2>/dev/null | grep -qx "{marker}=$key"; then
+    printf 'PROC\\t%s\\t%s\\n' "$pid" "$cmd"
+  fi
+done
+exit 0
+""".replace("{marker}", RUN_MARKER_ENV))
+    return "\n".join(lines) + "\n"
+
+
+def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str]) -> str:
+    """The command of one training job, run from the worktree by SSHRemoteJobOperator.
+
+    The launch script's exit status is reported but never trusted (it can be 0 after a crash);
+    Ray is stopped when the script returns so the node is free for the next suite.
+    """
+    argv = " ".join(shlex.quote(a) for a in args)
+    return (
+        f"cd {shlex.quote(worktree)} && mkdir -p {shlex.quote(work_dir)} || exit 97\n"
+        f"bash -x {shlex.quote(script)} {argv}\n"
+        "rc=$?\n"
+        "ray stop --force >/dev/null 2>&1 || true\n"
+        'echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"\n'
+        "exit $rc"
+    )
+
+
+def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str,
+                    shares: Mapping[str, str]) -> dict[str, str]:
+    """Environment of a training job: the suite's env, WORK_DIR, the share roots, the run marker."""
+    env = {**shares, **spec_env, "WORK_DIR": work_dir, RUN_MARKER_ENV: key}
+    return {k: str(v) for k, v in env.items()}
+
+
+def cleanup_script(run_dir: str, key: str) -> str:
+    """Script: stop every process of the run (job groups, teachers, Ray) and keep the logs.
+
+    TERM first so the launch scripts' EXIT traps can stop their teacher servers, then KILL
+    whatever still carries the run marker, then ``ray stop --force``. Prints KILLED/LEFT lines.
+    """
+    return f"""set -u
+run_dir={shlex.quote(run_dir)}
+key={shlex.quote(key)}
+marked() {{
+  for d in /proc/[0-9]*; do
+    tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qx "{RUN_MARKER_ENV}=$key" && echo "${{d#/proc/}}"
+  done
+}}
+for pidf in "$run_dir"/jobs/*/pid; do
+  [ -f "$pidf" ] || continue
+  p=$(cat "$pidf" 2>/dev/null)
+  case "$p" in ''|*[!0-9]*|0|1) continue;; esac
+  kill -TERM -"$p" 2>/dev/null && echo "TERM group $p"
+done
+for p in $(marked); do kill -TERM "$p" 2>/dev/null; done
+for i in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(marked)" ] && break; sleep 0.5; done
+for p in $(marked); do
+  echo "KILLED $p $(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-200)"
+  kill -KILL "$p" 2>/dev/null
+done
+# Ray is stopped only when this run launched a job: a run that failed its prerequisites because
+# another run is training must not stop that run's Ray.
+if ls "$run_dir"/jobs/*/pid >/dev/null 2>&1; then
+  ray stop --force >/dev/null 2>&1 && echo "ray stopped" || echo "ray stop failed or ray absent"
+fi
+sleep 0.5
+for p in $(marked); do echo "LEFT $p"; done
+exit 0
+"""

@@ -1,0 +1,75 @@
+"""Constants and deployment settings of rl-verify, in one place.
+
+Everything here is read from the process environment only (never from an Airflow connection or
+Variable), so importing it at DAG parse time touches no network and no metadata database.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import timedelta
+from pathlib import Path
+
+DAG_ID = "rl_accuracy_verification"
+TAGS = ["rl-verify", "xtuner", "accuracy", "gpu"]
+
+#: Suites shipped with the package, in the order they are shown.
+KNOWN_SUITES: tuple[str, ...] = ("grpo", "opd")
+
+#: Airflow connection of the GPU node (SSH, pinned host key).
+DEFAULT_NODE_CONN_ID = os.environ.get("RL_VERIFY_NODE_CONN_ID", "rl_gpu_node")
+
+#: Variable holding the standing approval that lets scheduled runs skip the human wait.
+STANDING_APPROVAL_VARIABLE = "rl_verify_standing_approval"
+
+#: Default ref tested by nightly runs (the tip of the node checkout's default branch).
+DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")
+
+SCHEDULE = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
+TIMEZONE = os.environ.get("RL_VERIFY_TIMEZONE", "Asia/Shanghai")
+
+#: Names of the share roots, as the runbook exports them.
+SHARE_ROOT_VARS: tuple[str, ...] = ("CI_SHARE_MODEL", "CI_SHARE_DATA", "CI_SHARE_BASELINE")
+
+#: Where the XTuner checkout lives on the node, and where per-run folders go.
+NODE_CHECKOUT = os.environ.get("RL_VERIFY_NODE_CHECKOUT", "~/xtuner")
+REMOTE_RUNS_DIR = os.environ.get("RL_VERIFY_REMOTE_RUNS_DIR", "~/rl-verify/runs")
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+#: Record store root: a local folder (default: records/ in the project) or an object storage URL.
+RECORD_ROOT = os.environ.get("RL_VERIFY_RECORD_ROOT", str(PROJECT_ROOT / "records"))
+
+#: Seconds between status polls of a remote training job.
+JOB_POLL_INTERVAL_S = int(os.environ.get("RL_VERIFY_JOB_POLL_INTERVAL_S", "5"))
+#: The remote job gets this multiple of the suite's wall-time budget before it is timed out.
+JOB_TIMEOUT_FACTOR = float(os.environ.get("RL_VERIFY_JOB_TIMEOUT_FACTOR", "1.5"))
+#: Seconds the engine gives the checkout's checker before it is considered hung.
+CHECKER_TIMEOUT_S = float(os.environ.get("RL_VERIFY_CHECKER_TIMEOUT_S", "600"))
+#: Seconds a short SSH command (prerequisites, worktree, cleanup) may take.
+SHORT_COMMAND_TIMEOUT_S = 120
+
+#: Environment variable every process of a run inherits, so cleanup can find them all.
+RUN_MARKER_ENV = "RL_VERIFY_RUN"
+
+_CONN_ID_SAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def node_pool(conn_id: str = DEFAULT_NODE_CONN_ID) -> str:
+    """Name of the one-slot pool that serialises trainings on one node."""
+    return "rl_node_" + _CONN_ID_SAFE.sub("_", conn_id)
+
+
+#: default_args per kind of task.
+SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
+                       "execution_timeout": timedelta(minutes=10)}
+#: Long trainings are never retried blindly: the operator re-attaches to the live job instead.
+TRAINING_TASK_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=10)}
+LOCAL_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=30)}
+DEFAULT_ARGS = {"owner": "ml-infra", "retries": 0}
+
+
+def approvers() -> list[dict[str, str]]:
+    """Users allowed to answer the approval (RL_VERIFY_APPROVERS="alice,bob"); empty = any user."""
+    names = [n.strip() for n in os.environ.get("RL_VERIFY_APPROVERS", "").split(",") if n.strip()]
+    return [{"id": n, "name": n} for n in names]

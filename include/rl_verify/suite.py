@@ -1,0 +1,111 @@
+"""Declarative suite specs: one JSON file per suite under ``rl_verify/suites``.
+
+Adding a suite (say DAPO) means adding one spec file; nothing else branches on the suite's name
+except the choice of comparison engine named by the spec's ``compare`` field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class Input:
+    kind: str
+    path: str
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """One suite's launch command, inputs, tracker location, baseline, scale and budget."""
+
+    name: str
+    title: str
+    source: str
+    script: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    inputs: tuple[Input, ...]
+    tracker: str
+    logs: tuple[str, ...]
+    baseline: str | None
+    expected_steps: int
+    eval_points: tuple[int, ...]
+    wall_time_budget_s: int
+    compare: str
+    golden: str | None = None
+    checker_dir: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def expanded(self, values: Mapping[str, str]) -> "SuiteSpec":
+        """Return a copy with every ``${VAR}`` replaced from ``values``.
+
+        Raises KeyError naming the variable and the suite when a value is missing, so that a
+        deployment without e.g. ``CI_SHARE_MODEL`` fails before anything reaches the node.
+        """
+        env = {k: expand(v, values, self.name) for k, v in self.env.items()}
+        merged = {**values, **env}
+        return SuiteSpec(
+            name=self.name, title=self.title, source=self.source, script=self.script,
+            args=tuple(expand(a, merged, self.name) for a in self.args), env=env,
+            inputs=tuple(Input(i.kind, expand(i.path, merged, self.name)) for i in self.inputs),
+            tracker=self.tracker, logs=self.logs,
+            baseline=expand(self.baseline, merged, self.name) if self.baseline else None,
+            expected_steps=self.expected_steps, eval_points=self.eval_points,
+            wall_time_budget_s=self.wall_time_budget_s, compare=self.compare, golden=self.golden,
+            checker_dir=expand(self.checker_dir, merged, self.name) if self.checker_dir else None,
+            raw=self.raw,
+        )
+
+
+def expand(text: str, values: Mapping[str, str], suite: str = "?") -> str:
+    """Replace ``${VAR}`` in ``text``; a missing variable raises KeyError with a fix."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values or values[name] in (None, ""):
+            raise KeyError(f"suite {suite!r}: ${{{name}}} is not set; export {name} "
+                           f"(or set it in the node connection's extras) and retry")
+        return str(values[name])
+
+    return _VAR.sub(sub, text)
+
+
+def _from_dict(raw: Mapping[str, Any]) -> SuiteSpec:
+    launch = raw["launch"]
+    return SuiteSpec(
+        name=raw["name"], title=raw["title"], source=raw.get("source", ""),
+        script=launch["script"], args=tuple(launch.get("args", [])), env=dict(launch.get("env", {})),
+        inputs=tuple(Input(i["kind"], i["path"]) for i in raw.get("inputs", [])),
+        tracker=raw["tracker"], logs=tuple(raw.get("logs", [])), baseline=raw.get("baseline"),
+        expected_steps=int(raw["expected_steps"]), eval_points=tuple(raw.get("eval_points", [])),
+        wall_time_budget_s=int(raw["wall_time_budget_s"]), compare=raw["compare"],
+        golden=raw.get("golden"), checker_dir=raw.get("checker_dir"), raw=raw,
+    )
+
+
+def available_suites() -> list[str]:
+    """Names of the suite specs shipped in the package, sorted."""
+    folder = resources.files("rl_verify") / "suites"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_suite(name: str) -> SuiteSpec:
+    """Load the spec of suite ``name``; unknown names raise ValueError listing the known ones."""
+    known = available_suites()
+    if name not in known:
+        raise ValueError(f"unknown suite {name!r}; known suites: {', '.join(known)}")
+    text = (resources.files("rl_verify") / "suites" / f"{name}.json").read_text(encoding="utf-8")
+    return _from_dict(json.loads(text))
+
+
+def data_file(name: str) -> Path:
+    """Path of a versioned data file shipped in ``rl_verify/data``."""
+    return Path(str(resources.files("rl_verify") / "data" / name))
