@@ -24,6 +24,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
+def _threshold(check: Mapping[str, Any]) -> str:
+    """``< 12%`` for a relative threshold (as the runbook writes it), ``<= 0.0001`` otherwise."""
+    if check["method"] == "relative":
+        return f"{check['operator']} {check['threshold'] * 100:g}%"
+    return f"{check['operator']} {_fmt(check['threshold'])}"
+
+
 def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
     fe, wt = data["final_eval"], data["wall_time"]
     rows = ["| metric | method | threshold | how |", "|---|---|---|---|",
@@ -31,7 +38,7 @@ def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
     aggregated = data.get("percentile_metrics", {})
     for c in data["assert_info"]["check_metrics"]:
         how = f"p{aggregated[c['metric']]} of per-step errors" if c["metric"] in aggregated else "every step"
-        rows.append(f"| `{c['metric']}` | {c['method']} | {c['operator']} {_fmt(c['threshold'])} | {how} |")
+        rows.append(f"| `{c['metric']}` | {c['method']} | {_threshold(c)} | {how} |")
     rows.append(f"| {wt['metric']} | - | {wt['operator']} {wt['threshold_s'] // 60} min | whole run |")
     rows.append("")
     rows.append(f"Decided by the checkout's own `check_rl_result` with the runbook's `assert_info`; "
@@ -44,15 +51,15 @@ def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
     rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
     for name, t in data["thresholds"].items():
         suffix = " (reference only)" if t.get("reference_only") else ""
-        threshold = f"{t['operator']} {t['threshold'] * 100:g}%" if t["method"] == "relative" else f"{t['operator']} {_fmt(t['threshold'])}"
-        rows.append(f"| `{name}` | {t['method']} | {threshold}{suffix} | {_fmt(t.get('measured_max_dev'))} |")
+        rows.append(f"| `{name}` | {t['method']} | {_threshold(t)}{suffix} | {_fmt(t.get('measured_max_dev'))} |")
     golden_metrics = [m for m in metrics if any(m in v for v in data["golden"].values())]
     rows += ["", "Golden values per eval point (" + ", ".join(
         f"{k}: {v}" for k, v in data["source"].items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
         "| step | " + " | ".join(f"`{m}`" for m in golden_metrics) + " |",
         "|---" * (len(golden_metrics) + 1) + "|"]
     for step, values in data["golden"].items():
-        rows.append(f"| {step} | " + " | ".join(_fmt(values.get(m)) for m in golden_metrics) + " |")
+        rows.append(f"| {step} | " + " | ".join(
+            "-" if values.get(m) is None else f"{values[m]:.4f}" for m in golden_metrics) + " |")
     rows.append(f"\nSteps beyond {data['calibrated_max_step']} are reported as not calibrated.")
     return rows
 

@@ -1,0 +1,96 @@
+"""Every value that reaches a remote shell is validated first and quoted; scripts are well-formed."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from rl_verify import remote
+
+BAD_COMMITS = {
+    "semicolon": "main; rm -rf /",
+    "command substitution": "$(reboot)",
+    "backticks": "`id`",
+    "newline": "main\nid",
+    "space": "main branch",
+    "leading dash": "--upload-pack=evil",
+    "too long": "a" * 201,
+    "empty": "",
+    "dot-dot": "main..evil",
+    "pipe": "main|id",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_COMMITS))
+def test_bad_commit_is_rejected_naming_the_field(name):
+    with pytest.raises(remote.BadInput) as err:
+        remote.validate_commit(BAD_COMMITS[name])
+    assert "'commit'" in str(err.value)
+
+
+@pytest.mark.parametrize("good", ["main", "v1.2.3", "feature/opd-fix", "4e7db028",
+                                  "0123456789abcdef0123456789abcdef01234567", "sim/regress-init", "a" * 200])
+def test_good_commit_is_accepted(good):
+    assert remote.validate_commit(good) == good
+
+
+@pytest.mark.parametrize("bad", [[], "", ["dapo"], ["grpo", "nope"], None, 3])
+def test_unknown_or_empty_suites_are_rejected(bad):
+    with pytest.raises(remote.BadInput) as err:
+        remote.validate_suites(bad)
+    assert "'suites'" in str(err.value)
+
+
+def test_suites_keep_known_order_and_drop_duplicates():
+    assert remote.validate_suites(["opd", "grpo", "opd"]) == ["grpo", "opd"]
+    assert remote.validate_suites("opd") == ["opd"]
+
+
+@pytest.mark.parametrize("bad", ["relative/path", "/a/../etc", "/a b", "/a;b", "~user/x", "/a$(id)"])
+def test_unsafe_paths_are_rejected(bad):
+    with pytest.raises(remote.BadInput):
+        remote.validate_path(bad, "CI_SHARE_MODEL")
+
+
+def test_home_relative_path_stays_expandable_but_quoted():
+    assert remote.q("~/x y") == "\"$HOME\"/'x y'"
+    assert remote.q("/plain/path") == "/plain/path"
+
+
+def test_run_key_is_deterministic_and_shell_safe():
+    key = remote.run_key("manual__2026-11-29T23:54:51.123+00:00")
+    assert key == remote.run_key("manual__2026-11-29T23:54:51.123+00:00")
+    assert key != remote.run_key("manual__2026-11-29T23:54:51.124+00:00")
+    assert all(c.isalnum() or c in "._-" for c in key)
+
+
+def _bash_syntax_ok(script: str) -> bool:
+    return subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_generated_scripts_are_valid_bash():
+    assert _bash_syntax_ok(remote.resolve_commit_script("~/xtuner", "~/runs", "k-1", "main"))
+    assert _bash_syntax_ok(remote.prerequisites_script([("grpo", "model", "/m/Qwen3-8B")], "/runs", "k"))
+    assert _bash_syntax_ok(remote.cleanup_script("/runs/k", "k"))
+    assert _bash_syntax_ok(remote.job_command("/wt", "/wt/w", "run.sh", ["a b", "$(x)"]))
+
+
+def test_job_command_quotes_every_argument():
+    cmd = remote.job_command("/wt", "/w", "examples/run.sh", ["$(touch /tmp/pwned)", "a;b"])
+    assert "'$(touch /tmp/pwned)'" in cmd and "'a;b'" in cmd
+
+
+def test_prerequisites_script_reports_missing_and_present(tmp_path):
+    present = tmp_path / "model"
+    present.mkdir()
+    script = remote.prerequisites_script(
+        [("grpo", "model", str(present)), ("opd", "teacher", str(tmp_path / "absent"))], str(tmp_path), "k")
+    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True).stdout
+    assert f"OK\tgrpo\tmodel\t{present}" in out
+    assert f"MISSING\topd\tteacher\t{tmp_path / 'absent'}" in out
+
+
+def test_resolve_commit_script_refuses_a_bad_commit_before_building():
+    with pytest.raises(remote.BadInput):
+        remote.resolve_commit_script("~/xtuner", "~/runs", "k", "main;id")

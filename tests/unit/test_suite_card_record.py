@@ -1,0 +1,91 @@
+"""Suite specs are data; the card shows the runbook's numbers; the record store writes atomically."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rl_verify import card, record
+from rl_verify.node import parse_prerequisites
+from rl_verify.suite import available_suites, load_suite
+
+SHARES = {"CI_SHARE_MODEL": "/share/model", "CI_SHARE_DATA": "/share/data",
+          "CI_SHARE_BASELINE": "/share/baseline", "CHECKOUT": "/runs/k/xtuner"}
+
+
+def test_shipped_suites_are_grpo_and_opd():
+    assert available_suites() == ["grpo", "opd"]
+
+
+def test_unknown_suite_names_the_known_ones():
+    with pytest.raises(ValueError, match="grpo, opd"):
+        load_suite("dapo")
+
+
+def test_expansion_fills_share_roots_and_checkout():
+    spec = load_suite("grpo").expanded(SHARES)
+    assert spec.args[2] == "/share/model/Qwen3-8B"
+    assert spec.baseline == "/share/baseline/qwen3-rl-lmdeploy/tracker.jsonl"
+    assert ("checker", "/runs/k/xtuner/autotest/utils/check_metric.py") in [(i.kind, i.path) for i in spec.inputs]
+    assert spec.expected_steps == 45
+
+
+def test_missing_share_root_is_named():
+    with pytest.raises(KeyError, match="CI_SHARE_DATA"):
+        load_suite("opd").expanded({"CI_SHARE_MODEL": "/m", "CHECKOUT": "/c"})
+
+
+def test_opd_spec_carries_the_runbook_environment():
+    spec = load_suite("opd").expanded(SHARES)
+    assert spec.env["TOTAL_TRAIN_STEPS"] == "25" and spec.env["EVALUATE_STEP"] == "5"
+    assert spec.args == (spec.env["MODEL_PATH"], spec.env["DATA_PATH"])
+    assert spec.eval_points == (0, 5, 10, 15, 20, 25)
+
+
+def _sections():
+    specs = [load_suite(s).expanded(SHARES) for s in ("grpo", "opd")]
+    verified = [{"suite": "grpo", "kind": "model", "path": "/share/model/Qwen3-8B"}]
+    return card.card_sections(specs, verified, "rl_gpu_node")
+
+
+def test_card_has_the_four_sections_and_runbook_thresholds():
+    commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None}
+    text = card.render_card(commit, _sections(), "manual__1")
+    for title in ("目标", "判读标准", "最小规模", "前置条件"):
+        assert f"## {title}" in text
+    for number in ("0.0001", "0.05", "12%", "18%", "0.3260", "0.4339", "40 min", "| 45 |", "| 25 |"):
+        assert number in text, number
+    assert "a" * 40 in text
+
+
+def test_card_fingerprint_ignores_commit_but_not_thresholds():
+    sections = _sections()
+    changed = json.loads(json.dumps(sections))
+    changed["判读标准 acceptance criteria"][3] += " changed"
+    assert card.fingerprint(sections) == card.fingerprint(_sections())
+    assert card.fingerprint(sections) != card.fingerprint(changed)
+
+
+def test_parse_prerequisites_collects_every_problem():
+    out = ("OK\tgrpo\tmodel\t/m\nMISSING\tgrpo\tdata\t/d1\nMISSING\topd\tteacher\t/t\n"
+           "BUSY\t/runs/other-1/jobs/opd\t123\t1700000000\n")
+    result = parse_prerequisites(out)
+    problems = result.problems()
+    assert problems[:2] == ["missing data for grpo: /d1", "missing teacher for opd: /t"]
+    assert problems[2].startswith("node busy: run other-1, suite opd, since 2023-11-14T22:13:20Z")
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "r" / "report.json"
+    record.write_json(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert [p.name for p in target.parent.iterdir()] == ["report.json"]
+
+
+def test_manifest_lists_size_and_sha256(tmp_path):
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "tracker.jsonl").write_text('{"step": 1}\n')
+    manifest = json.loads(record.write_manifest(tmp_path).read_text())
+    (entry,) = manifest["files"]
+    assert entry["path"] == "grpo/tracker.jsonl" and entry["bytes"] == 12 and len(entry["sha256"]) == 64
