@@ -1,0 +1,394 @@
+"""GRPO comparison (runbook section 1).
+
+The verdict on the checked metrics belongs to the checkout's own ``check_rl_result``: it runs in a
+subprocess (the package's own interpreter, its own working folder inside the output folder,
+``GITHUB_RUN_ID``/``GITHUB_STEP_SUMMARY`` pointing inside that folder, a timeout) on sanitised
+copies of the trackers. The package then adds what the runbook asks for separately: the final-step
+``eval/accuracy`` (|delta| < 0.05) and, when given, the e2e wall time (< 2400 s). The metric table
+is computed by the package for display, the way the checker applies the thresholds (p80 of
+per-step errors where it aggregates, the worst step where it goes step by step); where that table
+disagrees with the checker, the checker's verdict stands and the disagreement is reported.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rl_verify.errors import CheckerError, InputError
+from rl_verify.model import FAIL, PASS, Check, SuiteResult, metric_error, verdict_of, within
+from rl_verify.nextsteps import STEP_COUNT, suggest
+from rl_verify.tracker import Point, Tracker, read_tracker, write_sanitised
+
+SUITE = "grpo"
+CASE_NAME = "grpo-gsm8k"
+THRESHOLDS_FILE = Path(__file__).parent / "data" / "grpo_thresholds.json"
+CHECKER_FOLDER = "checker"           # the checker's working folder inside the output folder
+CHECKER_RUN_ID = "rl-verify"         # GITHUB_RUN_ID given to the checker: its PNG lands in <cwd>/<id>/
+STEP_ROUND = 5                       # the checker rounds step-by-step errors to 5 decimals
+STDERR_TAIL_CHARS = 3000
+
+# Runs inside the subprocess. Kept as a file in the working folder so a human can re-run it.
+RUNNER = '''\
+"""Runs the checkout's check_rl_result exactly as runbook section 1 shows (written by rl-verify)."""
+import json
+import sys
+
+checker_dir, base, cur, info_path, result_path, case_name = sys.argv[1:7]
+sys.path.insert(0, checker_dir)  # the checkout's autotest/ must come first: it imports utils.*
+from utils.check_metric import check_rl_result  # noqa: E402
+
+with open(info_path, encoding="utf-8") as handle:
+    assert_info = json.load(handle)
+try:
+    ok, message = check_rl_result(case_name, base, cur, assert_info)
+    result = {"status": "returned", "ok": bool(ok), "message": str(message)}
+except AssertionError as exc:  # the checker's way of saying "different number of RL steps"
+    result = {"status": "assertion", "ok": False, "message": str(exc)}
+with open(result_path, "w", encoding="utf-8") as handle:
+    json.dump(result, handle)
+'''
+
+
+@dataclass
+class CheckerOutcome:
+    """What the checker said. ``step_count`` is True when it raised its step-count AssertionError."""
+
+    ok: bool
+    message: str
+    status: str
+    png: str | None
+    workdir: str
+    step_summary: str
+    stdout: str
+    stderr: str
+
+    @property
+    def step_count(self) -> bool:
+        return self.status == "assertion" and "steps" in self.message.lower()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "message": self.message, "status": self.status, "png": self.png,
+                "workdir": self.workdir, "step_summary": self.step_summary, "stdout": self.stdout,
+                "stderr": self.stderr, "reason": "step count" if self.step_count else None}
+
+
+def load_thresholds(path: str | Path | None = None) -> dict[str, Any]:
+    """The versioned GRPO thresholds (assert_info verbatim, percentile metrics, final eval, wall time)."""
+    path = Path(path) if path is not None else THRESHOLDS_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read GRPO thresholds ({exc})", path, None,
+                         "restore include/rl_verify/data/grpo_thresholds.json") from exc
+
+
+def _checker_file(checker_dir: Path) -> Path:
+    """Validate that ``checker_dir`` is a checkout's autotest folder; return check_metric.py."""
+    target = checker_dir / "utils" / "check_metric.py"
+    if not target.is_file():
+        raise InputError("no utils/check_metric.py under the checker dir", checker_dir, None,
+                         "pass the checkout's autotest folder (<checkout>/autotest) as --checker-dir")
+    return target
+
+
+def _tail(path: Path, chars: int = STDERR_TAIL_CHARS) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return text[-chars:]
+
+
+def run_checker(checker_dir: Path, workdir: Path, base_copy: Path, cur_copy: Path,
+                assert_info: dict[str, Any], timeout_s: float, case_name: str = CASE_NAME) -> CheckerOutcome:
+    """Run ``check_rl_result`` in a subprocess with ``workdir`` as its cwd; never raises for a
+    FAIL. Raises ``CheckerError`` when the checker crashes, writes no result, or times out (the
+    whole process group is killed)."""
+    # The subprocess runs with cwd=workdir: every path handed to it must be absolute.
+    workdir, base_copy, cur_copy = workdir.resolve(), base_copy.resolve(), cur_copy.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    runner = workdir / "run_checker.py"
+    runner.write_text(RUNNER, encoding="utf-8")
+    info = workdir / "assert_info.json"
+    info.write_text(json.dumps(assert_info, indent=1), encoding="utf-8")
+    result_path = workdir / "checker_result.json"
+    result_path.unlink(missing_ok=True)
+    summary = workdir / "step_summary.md"
+    stdout_path, stderr_path = workdir / "checker.stdout.log", workdir / "checker.stderr.log"
+    env = dict(os.environ)
+    env.update({"GITHUB_RUN_ID": CHECKER_RUN_ID, "GITHUB_STEP_SUMMARY": str(summary), "MPLBACKEND": "Agg"})
+    cmd = [sys.executable, str(runner), str(checker_dir.resolve()), str(base_copy), str(cur_copy), str(info),
+           str(result_path), case_name]
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        # Own session: on timeout the whole group (checker + anything it spawned) is killed.
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise CheckerError(f"checker timed out after {timeout_s:g} s and was killed", checker_dir / "utils"
+                               / "check_metric.py", None, "check the checkout's checker (hang?) or raise the timeout",
+                               stderr_tail=_tail(stderr_path)) from None
+    if code != 0 or not result_path.is_file():
+        raise CheckerError(f"checker crashed (exit status {code})", checker_dir / "utils" / "check_metric.py", None,
+                           f"read the traceback below / {stderr_path}; fix the checkout or the inputs",
+                           stderr_tail=_tail(stderr_path))
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    png = workdir / CHECKER_RUN_ID / f"{case_name}_comparison.png"
+    return CheckerOutcome(ok=bool(result["ok"]), message=str(result["message"]), status=result["status"],
+                          png=str(png) if png.is_file() else None, workdir=str(workdir),
+                          step_summary=str(summary), stdout=str(stdout_path), stderr=str(stderr_path))
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def failed_metrics(message: str, metrics: list[str]) -> set[str] | None:
+    """Metric names the checker's "Some metric check failed: {metric: reason, ...}" message names.
+
+    Parses the dict when it is a Python literal, else falls back to the checked names found in the
+    text. None when nothing can be identified.
+    """
+    _, sep, tail = message.partition("failed:")
+    if sep:
+        try:
+            parsed = ast.literal_eval(tail.strip())
+            if isinstance(parsed, dict):
+                return {str(k) for k in parsed}
+        except (ValueError, SyntaxError):
+            pass
+    found = {m for m in metrics if m in message}
+    return found or None
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """numpy's default (linear) percentile, as the checker computes it; NaN propagates."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
+def _mean(points: list[Point]) -> float:
+    return math.fsum(p.value for p in points) / len(points) if points else math.nan
+
+
+def _worst(errors: list[float]) -> int:
+    """Index of the worst error; a NaN counts as worst (it can never pass)."""
+    best_i, best = 0, -math.inf
+    for i, e in enumerate(errors):
+        if math.isnan(e):
+            return i
+        if e > best:
+            best_i, best = i, e
+    return best_i
+
+
+def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles: dict[str, float]) -> Check:
+    """The display row for one assert_info entry, applying the threshold as the checker does."""
+    metric, threshold = entry["metric"], float(entry["threshold"])
+    method, operator = entry.get("method", "absolute"), entry.get("operator", "<")
+    q = entry.get("aggregate", percentiles.get(metric))
+    b, c = base.series(metric), cur.series(metric)
+    row = dict(metric=metric, threshold=threshold, operator=operator, method=method, source="checker")
+    if not b and not c:
+        return Check(step=None, baseline=None, current=None, error=None, passed=None,
+                     note="absent from both trackers: the checker skips it", **row)
+    if len(b) != len(c):
+        return Check(step=None, baseline=float(len(b)), current=float(len(c)), error=None, passed=False,
+                     note=f"series length mismatch: baseline has {len(b)} values, current {len(c)} "
+                          "(the checker fails this metric)", **row)
+    errors = [metric_error(x.value, y.value, method) for x, y in zip(b, c)]
+    stepwise = [round(e, STEP_ROUND) for e in errors]
+    breach = next((i for i, e in enumerate(stepwise) if not within(e, operator, threshold)), None)
+    first_breach = c[breach].step if breach is not None else None
+    if q is not None:
+        agg = _percentile(errors, float(q))
+        return Check(step=None, baseline=_mean(b), current=_mean(c), error=agg, passed=within(agg, operator, threshold),
+                     first_breach_step=first_breach,
+                     note=f"error = p{q:g} of {len(errors)} per-step {method} errors (steps {c[0].step}-{c[-1].step}); "
+                          f"baseline/current = mean over those step-summary rows"
+                          + (f"; first step whose own error breaks the bound: {first_breach}" if first_breach else ""),
+                     **row)
+    worst = _worst(stepwise)
+    note = f"worst of {len(errors)} steps (baseline line {b[worst].line}, current line {c[worst].line}); error rounded to 5 decimals"
+    if breach is not None:
+        note += f"; checker fails at the first breaking step {first_breach}"
+    return Check(step=c[worst].step, baseline=b[worst].value, current=c[worst].value, error=stepwise[worst],
+                 passed=breach is None, first_breach_step=first_breach, note=note, **row)
+
+
+def step_count_check(base: Tracker, cur: Tracker, outcome: CheckerOutcome) -> Check:
+    """Number of RL step-summary rows, as the checker counts them (equal or AssertionError)."""
+    passed = not outcome.step_count and base.steps == cur.steps
+    note = "step-summary rows (marker response/rewards/mean) in each tracker"
+    if outcome.step_count:
+        note = f"step count: the checker raised AssertionError: {outcome.message}"
+    return Check(metric=STEP_COUNT, step=None, baseline=float(base.steps), current=float(cur.steps),
+                 error=float(cur.steps - base.steps), threshold=0.0, operator="==", method="count",
+                 passed=passed, source="checker", note=note)
+
+
+def final_eval_check(base: Tracker, cur: Tracker, spec: dict[str, Any], baseline_path: Path) -> Check:
+    """Last ``eval/accuracy`` value in each file, |delta| < threshold (runbook section 1)."""
+    metric, threshold = spec["metric"], float(spec["threshold"])
+    operator, method = spec.get("operator", "<"), spec.get("method", "absolute")
+    bp, cp = base.last.get(metric), cur.last.get(metric)
+    if bp is None:
+        raise InputError(f"baseline tracker has no {metric} value", baseline_path, None,
+                         f"use the GRPO baseline tracker, which records {metric} at its final step")
+    row = dict(metric=metric, threshold=threshold, operator=operator, method=method, source="final-eval")
+    if cp is None:
+        return Check(step=None, baseline=bp.value, current=None, error=None, passed=False,
+                     note=f"missing: the current tracker has no {metric} (baseline step {bp.step}, line {bp.line})",
+                     **row)
+    error = metric_error(bp.value, cp.value, method)
+    return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error,
+                 passed=within(error, operator, threshold),
+                 first_breach_step=None if within(error, operator, threshold) else cp.step,
+                 note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
+                      f"current step {cp.step} line {cp.line}", **row)
+
+
+def wall_time_check(wall_time_s: float, spec: dict[str, Any]) -> Check:
+    """e2e wall time (seconds, measured by the caller) against the budget."""
+    if not isinstance(wall_time_s, (int, float)) or not math.isfinite(wall_time_s) or wall_time_s < 0:
+        raise InputError(f"wall time must be a non-negative number of seconds, got {wall_time_s!r}", None, None,
+                         "pass --wall-time-s with the launch-to-end duration in seconds")
+    threshold = float(spec["threshold_s"])
+    operator = spec.get("operator", "<")
+    return Check(metric=spec.get("metric", "e2e wall time"), step=None, baseline=None, current=float(wall_time_s),
+                 error=float(wall_time_s), threshold=threshold, operator=operator, method="value",
+                 passed=within(float(wall_time_s), operator, threshold), source="wall-time",
+                 note="seconds from launch to end of run, measured by the caller (not from a tracker)")
+
+
+def reconcile(checks: list[Check], outcome: CheckerOutcome, metrics: list[str]) -> list[str]:
+    """Make the checker's verdict stand over the package's table; return abnormal notes."""
+    notes: list[str] = []
+    if outcome.step_count:
+        for c in checks:
+            if c.source == "checker" and c.metric != STEP_COUNT:
+                c.passed = None
+                c.note += "; not judged: the checker stopped at the step-count assertion"
+        return notes
+    named = set() if outcome.ok else failed_metrics(outcome.message, metrics)
+    if named is None:
+        notes.append(f"The checker failed without naming a checked metric: {outcome.message!r}")
+        return notes
+    for c in checks:
+        if c.source != "checker" or c.metric == STEP_COUNT:
+            continue
+        verdict = c.metric not in named
+        if c.passed is None and verdict:
+            continue  # skipped by both
+        if c.passed != verdict:
+            notes.append(f"Table vs checker disagreement on {c.metric}: the package computed "
+                         f"{'pass' if c.passed else 'fail' if c.passed is False else 'not judged'}, the checker says "
+                         f"{'pass' if verdict else 'fail'}; the checker's verdict stands")
+            c.note += f"; package computed {c.passed}, checker verdict stands"
+            c.passed = verdict
+    return notes
+
+
+def _panels(base: Tracker, cur: Tracker, entries: list[dict[str, Any]], final_spec: dict[str, Any]):
+    from rl_verify.plots import Panel
+
+    panels = []
+    for entry in entries:
+        metric, method, thr = entry["metric"], entry.get("method", "absolute"), float(entry["threshold"])
+        op = entry.get("operator", "<")
+        b, c = base.series(metric), cur.series(metric)
+        failing = [(y.step, y.value) for x, y in zip(b, c)
+                   if not within(round(metric_error(x.value, y.value, method), STEP_ROUND), op, thr)]
+        panels.append(Panel(metric, [(p.step, p.value) for p in b], [(p.step, p.value) for p in c], method, thr,
+                            failing, note="p80 decides" if metric.startswith("response/") else ""))
+    metric, thr = final_spec["metric"], float(final_spec["threshold"])
+
+    def evals(t: Tracker) -> list[tuple[float, float]]:
+        return [(s, v[metric].value) for s, v in sorted(t.evals.items()) if metric in v]
+
+    bl, cl = base.last.get(metric), cur.last.get(metric)
+    failing = []
+    if bl and cl and not within(abs(cl.value - bl.value), "<", thr):
+        failing = [(cl.step, cl.value)]
+    panels.append(Panel(metric, evals(base), evals(cur), "absolute", thr, failing, note="final step decides"))
+    return panels
+
+
+def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path,
+                 wall_time_s: float | None = None, timeout_s: float = 600,
+                 thresholds: str | Path | None = None, plot: bool = True) -> SuiteResult:
+    """GRPO verdict: checker (subprocess) + final eval/accuracy + optional wall time.
+
+    Raises ``InputError`` for bad inputs and ``CheckerError`` when the checker crashes or times out.
+    """
+    # Absolute paths: the report must name concrete files, and the checker runs in another cwd.
+    baseline, current = Path(baseline).resolve(), Path(current).resolve()
+    checker_dir, out_dir = Path(checker_dir).resolve(), Path(out_dir).resolve()
+    spec = load_thresholds(thresholds)
+    assert_info = spec["assert_info"]
+    entries = assert_info["check_metrics"]
+    metrics = [e["metric"] for e in entries]
+    final_spec = spec["final_eval"]
+    _checker_file(checker_dir)
+    wall = wall_time_check(wall_time_s, spec["wall_time"]) if wall_time_s is not None else None
+    base = read_tracker(baseline, metrics + [final_spec["metric"]])
+    cur = read_tracker(current, metrics + [final_spec["metric"]])
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workdir = out_dir / CHECKER_FOLDER
+    base_copy = write_sanitised(base, workdir / "inputs" / "baseline.tracker.jsonl")
+    cur_copy = write_sanitised(cur, workdir / "inputs" / "current.tracker.jsonl")
+    outcome = run_checker(checker_dir, workdir, base_copy, cur_copy, assert_info, timeout_s)
+
+    percentiles = {k: float(v) for k, v in spec.get("percentile_metrics", {}).items()}
+    checks = [step_count_check(base, cur, outcome)]
+    checks += [metric_check(e, base, cur, percentiles) for e in entries]
+    abnormal = base.abnormal + cur.abnormal  # each already names its file:line
+    abnormal += reconcile(checks, outcome, metrics)
+    expected = spec.get("expected_steps")
+    if expected is not None and base.steps != expected:
+        abnormal.append(f"{baseline}: baseline has {base.steps} RL step-summary rows; the runbook expects {expected}")
+    checks.append(final_eval_check(base, cur, final_spec, baseline))
+    if wall is not None:
+        checks.append(wall)
+
+    verdict = verdict_of(checks, extra_failure=not outcome.ok)
+    first_steps = {m: s[0].step for m in metrics if (s := cur.series(m))}
+    result = SuiteResult(
+        suite=SUITE, verdict=verdict, failure_class=None if verdict == PASS else "accuracy", checks=checks,
+        abnormal=abnormal, trackers={"baseline": str(baseline), "current": str(current),
+                                     "checker baseline copy": str(base_copy), "checker current copy": str(cur_copy)},
+        checker=outcome.to_dict(),
+        details={"case_name": CASE_NAME, "checker_dir": str(checker_dir), "assert_info": assert_info,
+                 "baseline_steps": base.steps, "current_steps": cur.steps},
+    )
+    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class, first_steps)
+    if plot:
+        from rl_verify.plots import plot_panels
+
+        png = plot_panels(out_dir / f"{SUITE}_metrics.png",
+                          f"GRPO: {verdict} (baseline {baseline.name} vs current {current.name})",
+                          _panels(base, cur, entries, final_spec))
+        result.plots.append(str(png))
+    if outcome.png:
+        result.plots.append(outcome.png)
+    return result
+
+
+__all__ = ["compare_grpo", "run_checker", "CheckerOutcome", "failed_metrics", "load_thresholds", "FAIL", "PASS"]

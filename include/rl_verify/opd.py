@@ -1,0 +1,219 @@
+"""OPD comparison (runbook section 2): every eval point against the golden table.
+
+Promises:
+
+* Each eval point of the golden file (0/5/10/15/20/25) is compared: eval metrics from the row that
+  carries them at that step (step 0 is the eval-only row), training metrics from step-summary row N.
+  Step 0 has no training metrics ("-" in the golden table), so none are compared there.
+* ``response/response_len/mean`` and ``time/step`` have no golden values: their reference comes from
+  ``baseline`` (a tracker) when given; otherwise the row is reported with ``passed=None`` and the
+  reason in ``note``. ``time/step`` is reference only (machine-dependent): never failing.
+* A golden point or metric missing from the current tracker is a FAIL ("missing"), never a pass.
+* Eval points beyond the calibrated range (a 50-step run) are listed as "not calibrated" (passed None).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from rl_verify.errors import InputError
+from rl_verify.model import PASS, Check, SuiteResult, metric_error, verdict_of, within
+from rl_verify.nextsteps import suggest
+from rl_verify.tracker import EVAL_PREFIX, Point, Tracker, read_tracker
+
+SUITE = "opd"
+GOLDEN_FILE = Path(__file__).parent / "data" / "opd_golden_2026-10-26.json"
+# Errors are rounded to drop binary float noise (|0.5586 - 0.5286| must equal 0.03, not 0.0299999...).
+ERROR_DIGITS = 10
+# A long run (hundreds of eval points past the calibrated range) is summarised, not listed in full.
+MAX_UNCALIBRATED_POINTS = 20
+
+
+def load_golden(path: str | Path | None = None) -> dict[str, Any]:
+    """Load and validate a golden file (format of data/opd_golden_2026-10-26.json)."""
+    path = Path(path) if path is not None else GOLDEN_FILE
+    fix = "pass a golden file in the format of include/rl_verify/data/opd_golden_2026-10-26.json"
+    if not path.is_file():
+        raise InputError("golden file not found", path, None, fix)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError("golden file is not UTF-8", path, None, fix) from exc
+    except ValueError as exc:
+        raise InputError(f"golden file is not valid JSON ({exc})", path, getattr(exc, "lineno", None), fix) from exc
+    if not isinstance(data, dict):
+        raise InputError("golden file must hold a JSON object", path, None, fix)
+    for key in ("eval_points", "thresholds", "golden"):
+        if key not in data:
+            raise InputError(f"golden file lacks the key {key!r}", path, None, fix)
+    for metric, spec in data["thresholds"].items():
+        if not isinstance(spec, dict) or "threshold" not in spec:
+            raise InputError(f"threshold of {metric!r} lacks 'threshold'", path, None, fix)
+        if spec.get("method", "absolute") not in ("absolute", "relative", "slowdown", "value"):
+            raise InputError(f"threshold of {metric!r} has unknown method {spec.get('method')!r}", path, None, fix)
+        if spec.get("operator", "<") not in ("<", "<="):
+            raise InputError(f"threshold of {metric!r} has unknown operator {spec.get('operator')!r}", path, None, fix)
+    try:
+        data["eval_points"] = sorted(int(p) for p in data["eval_points"])
+    except (TypeError, ValueError) as exc:
+        raise InputError("eval_points must be a list of integer steps", path, None, fix) from exc
+    return data
+
+
+def _calibrated_max(golden: dict[str, Any]) -> int:
+    return int(golden.get("calibrated_max_step", max(golden["eval_points"], default=0)))
+
+
+def _golden_value(golden: dict[str, Any], step: int, metric: str) -> float | None:
+    row = golden["golden"].get(str(step), {})
+    value = row.get(metric)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _in_golden_anywhere(golden: dict[str, Any], metric: str) -> bool:
+    return any(metric in row for row in golden["golden"].values())
+
+
+def _reference(metric: str, step: int, golden: dict[str, Any], golden_path: Path,
+               base: Tracker | None) -> tuple[float | None, str]:
+    """(reference value, where it comes from / why there is none)."""
+    value = _golden_value(golden, step, metric)
+    if value is not None:
+        return value, f"golden table {golden_path.name} step {step}"
+    if base is None:
+        return None, ("no baseline value: the golden table has none for this metric; "
+                      "pass --baseline BASE.jsonl to compare it")
+    point = base.value_at(metric, step)
+    if point is None:
+        return None, f"no baseline value: baseline tracker {base.path} has no {metric} at step {step}"
+    return point.value, f"baseline tracker {base.path} line {point.line}"
+
+
+def point_check(metric: str, spec: dict[str, Any], step: int, golden: dict[str, Any], golden_path: Path,
+                cur: Tracker, base: Tracker | None, calibrated: bool = True) -> Check:
+    """One (metric, eval point) comparison row."""
+    method, operator = spec.get("method", "absolute"), spec.get("operator", "<")
+    threshold = float(spec["threshold"])
+    reference_only = bool(spec.get("reference_only", False))
+    # Past the calibrated range the golden table has nothing; only a baseline tracker can be shown.
+    ref, ref_note = _reference(metric, step, golden if calibrated else {"golden": {}}, golden_path, base)
+    if not calibrated:
+        ref_note = f"not calibrated (beyond the golden table's step {_calibrated_max(golden)}); {ref_note}"
+    cp: Point | None = cur.value_at(metric, step)
+    row = dict(metric=metric, step=step, threshold=threshold, operator=operator, method=method, source="golden")
+    where = "eval row" if metric.startswith(EVAL_PREFIX) else "step-summary row"
+    if cp is None:
+        return Check(baseline=ref, current=None, error=None,
+                     passed=None if (reference_only or not calibrated) else False,
+                     first_breach_step=None if (reference_only or not calibrated) else step,
+                     note=f"missing: no {metric} in a current {where} at step {step}; reference: {ref_note}", **row)
+    cur_note = f"current line {cp.line}"
+    if ref is None:
+        return Check(baseline=None, current=cp.value, error=None, passed=None,
+                     note=f"{ref_note}; {cur_note}", **row)
+    error = metric_error(ref, cp.value, method)
+    error = round(error, ERROR_DIGITS) if math.isfinite(error) else error
+    ok = within(error, operator, threshold)
+    note = f"reference: {ref_note}; {cur_note}"
+    if not calibrated:
+        return Check(baseline=ref, current=cp.value, error=error, passed=None, note=note, **row)
+    if reference_only:
+        return Check(baseline=ref, current=cp.value, error=error, passed=None,
+                     note=note + f"; reference only (machine-dependent): would {'pass' if ok else 'fail'}", **row)
+    return Check(baseline=ref, current=cp.value, error=error, passed=ok, first_breach_step=None if ok else step,
+                 note=note, **row)
+
+
+def _wanted_at(metric: str, step: int, golden: dict[str, Any]) -> bool:
+    """False for the golden table's "-" cells: training metrics at step 0, metrics the table leaves empty."""
+    if _golden_value(golden, step, metric) is not None:
+        return True
+    if _in_golden_anywhere(golden, metric):
+        return False  # "-" in the golden table at this step
+    return step != 0 or metric.startswith(EVAL_PREFIX)  # step 0 is the eval-only row
+
+
+def uncalibrated_steps(cur: Tracker, golden: dict[str, Any]) -> list[int]:
+    """Eval points of the current run beyond the calibrated range (eval rows, or summary rows on the
+    golden table's eval interval)."""
+    points = golden["eval_points"]
+    limit = _calibrated_max(golden)
+    diffs = [b - a for a, b in zip(points, points[1:]) if b > a]
+    interval = reduce(math.gcd, diffs) if diffs else 0
+    steps = {s for s in cur.evals if s > limit}
+    if interval:
+        steps |= {r.step for r in cur.rows if r.step > limit and r.step % interval == 0}
+    return sorted(steps)
+
+
+def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: list[str]):
+    from rl_verify.plots import Panel
+
+    panels = []
+    for metric in metrics:
+        mine = [c for c in checks if c.metric == metric and c.step is not None]
+        if metric.startswith(EVAL_PREFIX):
+            current = [(s, v[metric].value) for s, v in sorted(cur.evals.items()) if metric in v]
+        else:
+            current = [(p.step, p.value) for p in cur.series(metric)]
+        reference = [(c.step, c.baseline) for c in mine if c.baseline is not None]
+        failing = [(c.step, c.current if c.current is not None else math.nan) for c in mine if c.passed is False]
+        spec = next((c for c in mine), None)
+        panels.append(Panel(metric, reference, current, spec.method if spec else "absolute",
+                            spec.threshold if spec else None, failing,
+                            baseline_label="golden" if any("golden table" in c.note for c in mine) else "baseline",
+                            note="reference only" if metric == "time/step" else ""))
+    return panels
+
+
+def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseline: Path | None = None,
+                plot: bool = True) -> SuiteResult:
+    """OPD verdict: every golden eval point of the current tracker against the golden table.
+
+    Raises ``InputError`` for a missing/malformed tracker or golden file.
+    """
+    golden_path = Path(golden).resolve() if golden is not None else GOLDEN_FILE
+    table = load_golden(golden_path)
+    current = Path(current).resolve()
+    out_dir = Path(out_dir)
+    metrics = list(table["thresholds"])
+    cur = read_tracker(current, metrics)
+    base = read_tracker(Path(baseline).resolve(), metrics) if baseline is not None else None
+
+    checks: list[Check] = []
+    for step in table["eval_points"]:
+        for metric, spec in table["thresholds"].items():
+            if _wanted_at(metric, step, table):
+                checks.append(point_check(metric, spec, step, table, golden_path, cur, base))
+    abnormal = list(cur.abnormal) + (list(base.abnormal) if base else [])
+    extra = uncalibrated_steps(cur, table)
+    for step in extra[:MAX_UNCALIBRATED_POINTS]:
+        for metric, spec in table["thresholds"].items():
+            if cur.value_at(metric, step) is not None:
+                checks.append(point_check(metric, spec, step, table, golden_path, cur, base, calibrated=False))
+    if extra:
+        limit = _calibrated_max(table)
+        abnormal.append(f"{current}: eval points {extra[0]}-{extra[-1]} lie beyond the calibrated range (step {limit}); "
+                        "listed as not calibrated (record a 50-step CI baseline before judging them)"
+                        + (f"; only the first {MAX_UNCALIBRATED_POINTS} are listed" if len(extra) > MAX_UNCALIBRATED_POINTS else ""))
+
+    verdict = verdict_of(checks)
+    trackers = {"current": str(current), "golden": str(golden_path)}
+    if base is not None:
+        trackers["baseline"] = base.path
+    result = SuiteResult(suite=SUITE, verdict=verdict, failure_class=None if verdict == PASS else "accuracy",
+                         checks=checks, abnormal=abnormal, trackers=trackers,
+                         details={"golden_source": table.get("source"), "eval_points": table["eval_points"],
+                                  "current_steps": cur.steps})
+    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class)
+    if plot:
+        from rl_verify.plots import plot_panels
+
+        png = plot_panels(out_dir / f"{SUITE}_metrics.png", f"OPD: {verdict} (current {current.name} vs golden "
+                          f"{golden_path.name})", _panels(checks, cur, base, metrics))
+        result.plots.append(str(png.resolve()))
+    return result
