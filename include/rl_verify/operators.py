@@ -6,8 +6,10 @@ Imported by the DAG file at parse time, so only Airflow itself is imported at mo
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Iterator
 
 from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
 from airflow.providers.standard.operators.hitl import ApprovalOperator
@@ -41,6 +43,14 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
         self.suite = suite
 
     def execute(self, context: Any) -> None:
+        with _worker_time(context):
+            self._launch_or_attach(context)
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
+        with _worker_time(context):
+            super().execute_complete(context, event)
+
+    def _launch_or_attach(self, context: Any) -> None:
         from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
         from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
         from airflow.sdk.exceptions import AirflowSkipException
@@ -86,6 +96,18 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout) if self.timeout else None,
         )
+
+
+@contextmanager
+def _worker_time(context: Any) -> Iterator[None]:
+    """Add the seconds this resume held a worker to the ``worker_seconds`` XCom (deferral excluded)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        ti = context["ti"]
+        held = float(ti.xcom_pull(task_ids=ti.task_id, key="worker_seconds") or 0.0)
+        ti.xcom_push(key="worker_seconds", value=round(held + time.monotonic() - t0, 3))
 
 
 def _run(client: Any, script: str) -> tuple[int, str, str]:

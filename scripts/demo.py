@@ -1,0 +1,115 @@
+"""`make demo`: the whole DAG end to end on the simulated GPU node through a real Airflow.
+
+Starts the simulated node (real sshd on 127.0.0.1) and a local Airflow (api-server, scheduler,
+triggerer, dag-processor on SQLite), triggers the DAG for COMMIT (default: the checkout's tip),
+approves the experiment card through the human-in-the-loop REST API as the demo user, waits, prints
+the verdict and where the report is, stops everything (unless KEEP=1) and exits 0 on PASS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.rig import DAG_ID, Rig  # noqa: E402
+from simulator import node as sim  # noqa: E402
+
+STATE = ROOT / ".state" / "demo"
+
+
+def _say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+def stop_kept() -> int:
+    """Stop a demo left running by KEEP=1."""
+    info = STATE / "kept.json"
+    if not info.exists():
+        _say("no kept demo found")
+        return 0
+    from scripts.airflow_stack import AirflowStack
+
+    stack = AirflowStack(STATE / "airflow")
+    stack.stop_from_state() if hasattr(stack, "stop_from_state") else None
+    sim.stop_node(STATE / "node")
+    info.unlink()
+    _say("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--commit", default=os.environ.get("COMMIT") or "main")
+    parser.add_argument("--suites", default=os.environ.get("SUITES") or "grpo,opd")
+    parser.add_argument("--keep", action="store_true", default=os.environ.get("KEEP", "") not in ("", "0"))
+    parser.add_argument("--step-seconds", type=float, default=float(os.environ.get("STEP_SECONDS", "1.0")))
+    parser.add_argument("--stop", action="store_true", help="stop a demo left running by KEEP=1")
+    args = parser.parse_args(argv)
+    if args.stop:
+        return stop_kept()
+
+    if STATE.exists():
+        sim.stop_node(STATE / "node") if (STATE / "node" / "node.json").exists() else None
+        shutil.rmtree(STATE)
+    records = ROOT / "records"
+    t0 = time.monotonic()
+    rig = Rig(STATE, records, step_seconds=args.step_seconds)
+    _say("starting the simulated GPU node (OpenSSH sshd on 127.0.0.1) and Airflow "
+         "(api-server, scheduler, triggerer, dag-processor; SQLite)...")
+    rig.start()
+    node = rig.node
+    assert node is not None and rig.stack is not None
+    _say(f"node: {node['user']}@{node['host']}:{node['port']} (host key pinned), checkout {node['checkout']}")
+    _say(f"Airflow ready at {rig.stack.base_url} in {rig.timings['airflow start']:.1f} s")
+    conf = {"commit": args.commit, "suites": [s for s in args.suites.split(",") if s], "node": "rl_gpu_node"}
+    _say(f"triggering {DAG_ID} with {json.dumps(conf)}")
+    _say("the experiment card will be APPROVED through the human-in-the-loop REST API by the demo user "
+         f"'{rig.stack.username}' (in production a human approves it in the UI)")
+    try:
+        outcome = rig.run(conf, decision="Approve", timeout=900)
+    except BaseException:
+        if not args.keep:
+            rig.stop()
+        raise
+    durations = rig.task_durations(outcome.run_id)
+    summary = outcome.summary or {}
+    leftovers = sim.node_processes(STATE / "node")
+    _say(f"DAG run {outcome.run_id}: {outcome.state}")
+    print("\n  task states: " + ", ".join(f"{k}={v}" for k, v in sorted(outcome.tasks.items())))
+    print("\n  wall time:")
+    print(f"    airflow + node start        {rig.timings['airflow start'] + rig.timings['node start']:7.1f} s")
+    print(f"    until the approval was asked {outcome.timings.get('until approval asked', 0):6.1f} s")
+    for task in ("run_grpo", "run_opd", "fetch_grpo", "compare_grpo", "fetch_opd", "compare_opd", "report"):
+        if task in durations:
+            print(f"    {task:<28} {durations[task]:7.1f} s")
+    for suite in conf["suites"]:
+        held = rig.client.xcom(DAG_ID, outcome.run_id, f"run_{suite}", key="worker_seconds")
+        if held is not None:
+            print(f"    worker time held by run_{suite:<5}   {float(held):6.2f} s (deferred time not counted)")
+    print(f"    total                        {time.monotonic() - t0:7.1f} s")
+    print(f"\n  node processes left by the run: {len(leftovers)}")
+    verdict = summary.get("verdict", "UNKNOWN (no report)")
+    print(f"\n  VERDICT: {verdict}")
+    if summary:
+        print(f"  report:  {summary['report'].get('report.md', summary['record'])}")
+        print(f"  record:  {summary['record']}")
+    if args.keep:
+        (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))
+        _say(f"KEEP=1: Airflow stays up at {rig.stack.base_url} (user '{rig.stack.username}', password in "
+             f"{rig.stack.password_file}); the node stays up too. Stop both with: make demo-stop")
+    else:
+        rig.stop()
+        _say("stopped Airflow and the simulated node")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
