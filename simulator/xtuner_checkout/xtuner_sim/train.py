@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""SIMULATED XTuner RL trainer (rl-verify simulator). It trains nothing and needs no GPU.
+
+It replays realistic GRPO / OPD metric curves (see curves.py) into an XTuner-shaped tracker:
+``$WORK_DIR/<YYYYMMDDHHMMSS>/logs/exp_tracking/tracker.jsonl`` (a new folder per launch), written
+asynchronously through a queue by a writer thread that flushes every few steps and on close, with
+block-buffered writes, so a live tracker lags and can end in a partial line - as the real one does.
+
+Inputs it honours (all optional outside a simulated node):
+- ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus) and
+  ``faults.json`` (per-suite fault: crash | hang | truncated | nan | slow, with ``at_step``);
+- ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries;
+- ``RLSIM_SEED``: fixes the noise (otherwise every launch draws its own bounded noise).
+Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as _dt
+import json
+import math
+import os
+import queue
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.dont_write_bytecode = True  # keep the per-run git worktree clean
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import curves  # noqa: E402  (sibling module of the simulated checkout)
+
+BLOCK = 1024  # emulated write-buffer size: a full block is written even if it cuts a line
+_STOP = object()
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised to end the simulated training like a real crash (partial last line, exit 1)."""
+
+
+class TrackerWriter:
+    """Asynchronous JSONL writer: ``log`` enqueues, a thread writes blocks and flushes periodically.
+
+    Promises: complete rows reach the file at the latest ``flush_seconds`` after being logged, or on
+    ``close``; between flushes whole BLOCK-sized chunks may be written, so the file can end mid-line.
+    """
+
+    def __init__(self, path: Path, flush_seconds: float) -> None:
+        self.path = path
+        self._flush_seconds = flush_seconds
+        self._q: queue.Queue = queue.Queue()
+        self._pending = b""
+        self._last_row = b""
+        self._f = open(path, "ab", buffering=0)
+        self._thread = threading.Thread(target=self._run, name="tracker-writer", daemon=True)
+        self._thread.start()
+
+    def log(self, row: dict) -> None:
+        """Queue one row (one JSON object, NaN written bare like Python's json does)."""
+        self._q.put(json.dumps(row) + "\n")
+
+    def close(self, cut_last_row: bool = False) -> None:
+        """Write everything queued and close; ``cut_last_row`` leaves the last row half-written."""
+        self._q.put((_STOP, cut_last_row))
+        self._thread.join()
+
+    def _run(self) -> None:
+        next_flush = time.monotonic() + self._flush_seconds
+        while True:
+            try:
+                item = self._q.get(timeout=max(0.0, next_flush - time.monotonic()))
+            except queue.Empty:
+                item = None
+            if isinstance(item, tuple) and item[0] is _STOP:
+                data = self._pending
+                if item[1] and self._last_row and data.endswith(self._last_row):
+                    data = data[: len(data) - len(self._last_row) // 2]
+                elif item[1]:
+                    # the last row already went out in a block: cut the file itself
+                    self._f.truncate(max(0, self._f.seek(0, 2) - len(self._last_row) // 2))
+                self._f.write(data)
+                self._f.close()
+                return
+            if item is not None:
+                self._last_row = item.encode()
+                self._pending += self._last_row
+                while len(self._pending) >= BLOCK:
+                    self._f.write(self._pending[:BLOCK])
+                    self._pending = self._pending[BLOCK:]
+            if time.monotonic() >= next_flush:
+                self._f.write(self._pending)
+                self._pending = b""
+                next_flush = time.monotonic() + self._flush_seconds
+
+
+# ------------------------------------------------------------------------------------------------
+def _read_json(path: Path, default: dict) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def _config_values(path: Path) -> dict:
+    """Top-level ``NAME = literal`` assignments of a (placeholder) XTuner config file."""
+    out = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return out
+
+
+def _require(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} not found: {path}")
+    return p
+
+
+def _pid_alive(pid: int, needle: str) -> bool:
+    try:
+        return needle in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+class Node:
+    """What the trainer sees of the simulated node: settings, faults, Ray head, teachers."""
+
+    def __init__(self, suite: str) -> None:
+        root = os.environ.get("RLSIM_NODE")
+        self.root = Path(root) if root else None
+        sim = _read_json(self.root / "sim.json", {}) if self.root else {}
+        self.step_seconds = float(os.environ.get("RLSIM_STEP_SECONDS", sim.get("step_seconds", 1.0)))
+        self.flush_steps = float(sim.get("flush_steps", 3.0))
+        faults = _read_json(self.root / "faults.json", {}) if self.root else {}
+        self.fault = faults.get(suite) or {}
+        self.ray_pid: int | None = None
+
+    def connect_ray(self) -> None:
+        """Like ray.init(address='auto'): fail when no head of this node runs."""
+        if self.root is None:
+            return
+        try:
+            pid = int((self.root / "state" / "ray_head.pid").read_text().strip())
+        except (OSError, ValueError):
+            pid = -1
+        if not _pid_alive(pid, "rlsim-ray-head"):
+            raise ConnectionError("Could not find any running Ray instance. Please specify the one to "
+                                  "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.")
+        self.ray_pid = pid
+
+    def check_ray(self) -> None:
+        if self.ray_pid is not None and not _pid_alive(self.ray_pid, "rlsim-ray-head"):
+            raise SimulatedCrash("ray.exceptions.RaySystemError: GCS server died (ray head gone; "
+                                 "was `ray stop --force` run on the node?)")
+
+
+def _check_teachers(endpoints: dict[str, str]) -> None:
+    for name, url in endpoints.items():
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5) as resp:
+                resp.read()
+        except OSError as exc:
+            raise SimulatedCrash(f"teacher {name!r} at {url} unreachable: {exc}") from exc
+
+
+def _new_exp_dir(work_dir: Path) -> Path:
+    """A fresh 14-digit timestamp folder; waits for the next second rather than reusing one."""
+    while True:
+        exp = work_dir / _dt.datetime.now().strftime("%Y%m%d%H%M%S")
+        try:
+            exp.mkdir(parents=True)
+            return exp
+        except FileExistsError:
+            time.sleep(0.2)
+
+
+def _log(msg: str) -> None:
+    print(f"[XTuner][{_dt.datetime.now():%Y-%m-%d %H:%M:%S}][RL] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    suite = args.suite
+    node = Node(suite)
+    behaviour = _read_json(HERE / "behaviour.json", {})
+    regression = behaviour.get("regression")
+
+    # Inputs first, like the real trainer: a missing model or dataset is a traceback, exit 1.
+    cfg = _config_values(_require(args.config, "config"))
+    _require(args.model, "model path")
+    if not (Path(args.model) / "config.json").exists():
+        raise FileNotFoundError(f"{args.model} does not look like a HF model: config.json missing")
+    data = _require(args.data, "dataset")
+    if args.eval_data:
+        _require(args.eval_data, "eval dataset")
+
+    teachers: dict[str, str] = {}
+    if suite == "grpo":
+        n_prompts = sum(1 for line in data.read_text().splitlines() if line.strip())
+        epochs, batch = int(cfg.get("total_epochs", 3)), int(cfg.get("global_batch_size", 64))
+        total = epochs * (n_prompts // batch)
+        eval_every = int(cfg.get("evaluate_step", 15))
+    else:
+        total = int(os.environ.get("TOTAL_TRAIN_STEPS", cfg.get("total_train_steps", 25)))
+        eval_every = int(os.environ.get("EVALUATE_STEP", cfg.get("evaluate_step", 5)))
+        raw = os.environ.get("XTUNER_OPD_TEACHER_ENDPOINTS_JSON")
+        if not raw:
+            raise RuntimeError("XTUNER_OPD_TEACHER_ENDPOINTS_JSON is not set: rollout teachers are required")
+        teachers = json.loads(raw)
+        _check_teachers(teachers)
+
+    node.connect_ray()
+    work_dir = Path(args.work_dir).resolve()
+    exp = _new_exp_dir(work_dir)
+    tracker_dir = exp / "logs" / "exp_tracking"
+    tracker_dir.mkdir(parents=True)
+    writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
+    seed = os.environ.get("RLSIM_SEED") or exp.name
+    noise = curves.Noise(f"{suite}:{seed}")
+    lmdeploy_log = open(args.lmdeploy_log, "a") if args.lmdeploy_log else None
+    fault = node.fault
+    kind, at_step = fault.get("kind"), int(fault.get("at_step") or 0)
+    _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}, fault={fault or None}")
+
+    def eval_row(step: int) -> dict:
+        """Eval metrics of an eval step, before any regression shift."""
+        if suite == "grpo":
+            return {"eval/accuracy": curves.grpo_eval_mean(step) + noise.u(curves.GRPO_NOISE["eval/accuracy"][0])}
+        return curves.opd_eval(step, noise)
+
+    try:
+        first = {"step": 0, **eval_row(0)}
+        (curves.apply_grpo_regression if suite == "grpo" else curves.apply_opd_regression)(regression, 0, first)
+        writer.log(first)
+        _log(f"step 0 eval: {json.dumps(first)}")
+        for step in range(1, total + 1):
+            slow = float(fault.get("factor", 3.0)) if kind == "slow" and step >= max(at_step, 1) else 1.0
+            time.sleep(node.step_seconds * slow)
+            node.check_ray()
+            if teachers:
+                _check_teachers(teachers)
+            if kind == "hang" and step == at_step:
+                _log(f"step {step}: waiting for rollout workers ...")
+                while True:  # the simulated deadlock: nothing is logged any more
+                    time.sleep(3600)
+            for mb in range(2):  # mini-batch rows: no step-summary marker
+                writer.log({"step": step, "train/mini_batch": mb, "loss/policy_loss": 0.02 * noise.u(1.0),
+                            "grad_norm": 0.3 + noise.u(0.05), "lr": 1e-6})
+            if suite == "grpo":
+                row = curves.grpo_summary(step, noise)
+                if step % eval_every == 0:
+                    row.update(eval_row(step))
+                curves.apply_grpo_regression(regression, step, row)
+            else:
+                row = curves.opd_summary(step, noise)
+                if step % eval_every == 0:
+                    row.update(eval_row(step))
+                curves.apply_opd_regression(regression, step, row)
+                row["distillation/opd_reverse_kl"] = row["distillation/reduced_distillation_kl"]
+                row["distillation/opd_abs_logprob_loss"] = row["distillation/reduced_distillation_abs_loss"]
+            row["time/step"] *= slow
+            if kind == "nan" and step >= max(at_step, 1):
+                default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
+                row[fault.get("metric", default)] = math.nan
+            writer.log({"step": step, **row})
+            if kind == "crash" and step == at_step:
+                # the process dies while this row is in the write buffer: it ends up half-written
+                raise SimulatedCrash(f"RuntimeError: NCCL error in ProcessGroupNCCL (simulated crash fault at step {step})")
+            _log(f"step {step}/{total} rewards={row['response/rewards/mean']:.4f} "
+                 f"len={row['response/response_len/mean']:.1f} time={row['time/step']:.1f}s")
+            if lmdeploy_log:
+                lmdeploy_log.write(f"[lmdeploy-sim] step {step}: generated {args.batch_hint} rollouts\n")
+                lmdeploy_log.flush()
+    except SimulatedCrash as exc:
+        writer.close(cut_last_row=True)
+        print(f"Traceback (most recent call last):\n  File \"xtuner/v1/train/rl_trainer.py\", line 1, in fit\n{exc}",
+              file=sys.stderr, flush=True)
+        return 1
+    writer.close(cut_last_row=(kind == "truncated"))
+    _log(f"training finished: {total} steps; tracker {writer.path}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="SIMULATED XTuner RL trainer (rl-verify simulator)")
+    p.add_argument("--rlsim-train", dest="suite", choices=["grpo", "opd"], required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--eval-data", default="")
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--lmdeploy-log", default="")
+    p.add_argument("--batch-hint", default="64")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
