@@ -165,7 +165,7 @@ def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: li
         spec = next((c for c in mine), None)
         panels.append(Panel(metric, reference, current, spec.method if spec else "absolute",
                             spec.threshold if spec else None, failing,
-                            baseline_label="golden" if any("golden table" in c.note for c in mine) else "baseline",
+                            baseline_label="golden" if any("reference: golden table" in c.note for c in mine) else "baseline",
                             note="reference only" if metric == "time/step" else ""))
     return panels
 

@@ -1,0 +1,325 @@
+"""report.json / report.md / report.html for one or more suites (runbook section 4).
+
+Order of the human-readable reports: overall PASS/FAIL, abnormal findings (always at the top, so
+they are seen first), then per suite: verdict, metric table (baseline vs current vs error vs
+threshold per eval point/step, pass/fail, where each number comes from), plots; then tracker and
+log paths, the commit under test, and the suggested next steps (marked as inference).
+
+report.json is strict JSON (non-finite floats as the strings "NaN"/"Infinity"/"-Infinity", see
+``rl_verify.model``). It always has an overall "verdict" and a "suites" list; with exactly one
+suite it also carries that suite's keys at the top level (suite, checks, trackers, abnormal,
+next_steps, ...), which is what the CLI report is read by.
+
+The HTML is self-contained (PNGs embedded as base64 data URIs) and every string that can come
+from a tracker or a path is passed through ``html.escape``. All files are written atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_verify.model import FAIL, PASS, Check, SuiteResult, strict_json_value
+
+SCHEMA = 1
+
+
+@dataclass
+class ReportMeta:
+    """Run-level facts for the report (see docs/ARCHITECTURE.md)."""
+
+    commit: str | None = None
+    commit_ref: str | None = None
+    diff_stat: str | None = None
+    dag_run_id: str | None = None
+    node: str | None = None
+    paths: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    overall: str | None = None
+
+
+def overall_verdict(suites: list[SuiteResult]) -> str:
+    """PASS only when at least one suite ran and every suite passed."""
+    if not suites:
+        return FAIL
+    return PASS if all(s.verdict == PASS for s in suites) else FAIL
+
+
+def _rel(path: str, out_dir: Path | None) -> str:
+    """``path`` relative to ``out_dir`` when it lies inside it (links that survive moving the folder)."""
+    if out_dir is None:
+        return path
+    try:
+        return str(Path(path).resolve().relative_to(out_dir.resolve()))
+    except ValueError:
+        return path
+
+
+def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | None = None) -> dict[str, Any]:
+    """The report.json content (strict-JSON-ready)."""
+    computed = overall_verdict(suites)
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    if not suites:
+        abnormal.insert(0, "No suite was evaluated.")
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "verdict": meta.overall or computed,
+        "computed_verdict": computed,
+        "commit": meta.commit,
+        "commit_ref": meta.commit_ref,
+        "diff_stat": meta.diff_stat,
+        "dag_run_id": meta.dag_run_id,
+        "node": meta.node,
+        "notes": list(meta.notes),
+        "paths": meta.paths,
+        "abnormal": abnormal,
+        "next_steps": [s for r in suites for s in r.next_steps],
+        "nan_encoding": "non-finite numbers are written as the strings 'NaN', 'Infinity', '-Infinity'",
+        "suites": [],
+    }
+    for suite in suites:
+        entry = suite.to_dict()
+        entry["plots_relative"] = [_rel(p, out_dir) for p in suite.plots]
+        data["suites"].append(entry)
+    if len(suites) == 1:
+        single = data["suites"][0]
+        for key in ("suite", "failure_class", "checks", "trackers", "plots", "plots_relative", "checker", "details"):
+            data[key] = single[key]
+        data["suite_verdict"] = single["verdict"]
+        data["abnormal"] = list(single["abnormal"])
+        data["next_steps"] = list(single["next_steps"])
+    return strict_json_value(data)
+
+
+# ----------------------------------------------------------------------------- formatting helpers
+
+def fmt_number(value: float | None) -> str:
+    """Compact display of a measurement; None -> "-" (no value), NaN/Infinity spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"{value:.6g}"
+    return str(value)
+
+
+def fmt_result(passed: bool | None) -> str:
+    return {True: "pass", False: "FAIL", None: "n/a"}[passed]
+
+
+def fmt_threshold(check: Check) -> str:
+    if check.threshold is None:
+        return "-"
+    return f"{check.operator} {fmt_number(check.threshold)}"
+
+
+def fmt_step(check: Check) -> str:
+    return "aggregate" if check.step is None else str(check.step)
+
+
+def _md_cell(text: str) -> str:
+    """Markdown table cell: no pipes or newlines from tracker strings can break the table."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def _check_cells(check: Check) -> list[str]:
+    return [fmt_step(check), check.metric, fmt_number(check.baseline), fmt_number(check.current),
+            fmt_number(check.error), fmt_threshold(check), check.method, fmt_result(check.passed), check.source,
+            check.note]
+
+
+HEADERS = ["step", "metric", "baseline", "current", "error", "threshold", "method", "result", "source", "note"]
+
+
+def _sources_line(suite: SuiteResult) -> str:
+    parts = [f"{role}: {path}" for role, path in suite.trackers.items()]
+    return ("Measurements: every baseline/current number comes from these files (line numbers in the note "
+            "column): " + "; ".join(parts) + ". Wall time, when present, is measured by the caller.")
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, out_dir: Path | None = None) -> str:
+    """The Markdown report (also suitable for printing to a task log)."""
+    meta = meta or ReportMeta()
+    computed = overall_verdict(suites)
+    verdict = meta.overall or computed
+    lines = [f"# RL accuracy verification: {verdict}", ""]
+    summary = ", ".join(f"{s.suite} {s.verdict}" + (f" ({s.failure_class})" if s.failure_class else "") for s in suites)
+    lines.append(f"**{verdict}**" + (f" (computed {computed})" if verdict != computed else "")
+                 + (f": {summary}" if summary else ": no suite evaluated"))
+    lines.append("")
+    for note in meta.notes:
+        lines.append(f"> {note}")
+    if meta.notes:
+        lines.append("")
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    lines += ["## Abnormal findings", ""]
+    lines += [f"- {a}" for a in abnormal] or ["- none"]
+    lines.append("")
+    for suite in suites:
+        lines += _suite_markdown(suite, out_dir)
+    lines += ["## Tracker and log paths", ""]
+    for suite in suites:
+        for role, path in suite.trackers.items():
+            lines.append(f"- {suite.suite} {role}: `{path}`")
+        if suite.checker:
+            for key in ("workdir", "stdout", "stderr", "step_summary"):
+                if suite.checker.get(key):
+                    lines.append(f"- {suite.suite} checker {key}: `{suite.checker[key]}`")
+    for suite_name, paths in meta.paths.items():
+        for role, path in paths.items():
+            lines.append(f"- {suite_name} {role}: `{path}`")
+    lines += ["", "## Commit under test", ""]
+    lines.append(f"- commit: `{meta.commit}`" if meta.commit else "- commit: not given (pass --commit SHA)")
+    if meta.commit_ref:
+        lines.append(f"- requested ref: `{meta.commit_ref}`")
+    if meta.diff_stat:
+        lines += ["- worktree was dirty; diff stat:", "", "```", meta.diff_stat, "```"]
+    if meta.dag_run_id:
+        lines.append(f"- DAG run: `{meta.dag_run_id}`")
+    if meta.node:
+        lines.append(f"- node: `{meta.node}`")
+    lines += ["", "## Suggested next steps (inference, not measurement)", ""]
+    for suite in suites:
+        lines += [f"- [{suite.suite}] {step}" for step in suite.next_steps]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
+    lines = [f"## {suite.suite}: {suite.verdict}" + (f" ({suite.failure_class})" if suite.failure_class else ""), ""]
+    if suite.checker is not None:
+        reason = f" (reason: {suite.checker['reason']})" if suite.checker.get("reason") else ""
+        lines += [f"Checker (checkout's check_rl_result): ok={suite.checker.get('ok')}{reason}: "
+                  f"`{_md_cell(str(suite.checker.get('message', '')))}`", ""]
+    if suite.checks:
+        lines.append("| " + " | ".join(HEADERS) + " |")
+        lines.append("|" + "---|" * len(HEADERS))
+        for check in suite.checks:
+            lines.append("| " + " | ".join(_md_cell(c) for c in _check_cells(check)) + " |")
+        lines.append("")
+    lines += [_sources_line(suite), ""]
+    for plot in suite.plots:
+        rel = _rel(plot, out_dir)
+        lines.append(f"![{Path(plot).name}]({rel})")
+    if suite.plots:
+        lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------- HTML
+
+def _data_uri(path: str) -> str | None:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
+
+
+def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None, out_dir: Path | None = None) -> str:
+    """Self-contained HTML report: PNGs inlined, every tracker/path string escaped."""
+    meta = meta or ReportMeta()
+    e = html.escape
+    computed = overall_verdict(suites)
+    verdict = meta.overall or computed
+    color = "#1a7f37" if verdict == PASS else "#cf222e"
+    out = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
+           f"<title>RL accuracy verification: {e(verdict)}</title>",
+           "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.FAIL{color:#cf222e;font-weight:bold}"
+           ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
+           f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
+    summary = ", ".join(f"{s.suite} {s.verdict}" for s in suites) or "no suite evaluated"
+    out.append(f"<p><b>{e(verdict)}</b>{e(f' (computed {computed})' if verdict != computed else '')}: {e(summary)}</p>")
+    for note in meta.notes:
+        out.append(f"<blockquote>{e(note)}</blockquote>")
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
+    out += [f"<li>{e(a)}</li>" for a in abnormal] or ["<li>none</li>"]
+    out.append("</ul></div>")
+    for suite in suites:
+        out.append(f"<h2>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
+                   f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h2>")
+        if suite.checker is not None:
+            out.append(f"<p>Checker (checkout's check_rl_result): ok={e(str(suite.checker.get('ok')))}"
+                       f"{e(' (reason: ' + str(suite.checker['reason']) + ')' if suite.checker.get('reason') else '')}: "
+                       f"<code>{e(str(suite.checker.get('message', '')))}</code></p>")
+        if suite.checks:
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
+            for check in suite.checks:
+                cells = _check_cells(check)
+                out.append("<tr>" + "".join(
+                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == 7 else f"<td>{e(cell)}</td>"
+                    for i, cell in enumerate(cells)) + "</tr>")
+            out.append("</table>")
+        out.append(f"<p>{e(_sources_line(suite))}</p>")
+        for plot in suite.plots:
+            uri = _data_uri(plot)
+            if uri:
+                out.append(f"<p><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\"></p>")
+            else:
+                out.append(f"<p>plot missing: {e(plot)}</p>")
+    out.append("<h2>Tracker and log paths</h2><ul>")
+    for suite in suites:
+        out += [f"<li>{e(suite.suite)} {e(role)}: <code>{e(path)}</code></li>" for role, path in suite.trackers.items()]
+        if suite.checker:
+            out += [f"<li>{e(suite.suite)} checker {e(k)}: <code>{e(str(suite.checker[k]))}</code></li>"
+                    for k in ("workdir", "stdout", "stderr", "step_summary") if suite.checker.get(k)]
+    for suite_name, paths in meta.paths.items():
+        out += [f"<li>{e(suite_name)} {e(role)}: <code>{e(path)}</code></li>" for role, path in paths.items()]
+    out.append("</ul><h2>Commit under test</h2><ul>")
+    out.append(f"<li>commit: <code>{e(meta.commit)}</code></li>" if meta.commit else
+               "<li>commit: not given (pass --commit SHA)</li>")
+    if meta.commit_ref:
+        out.append(f"<li>requested ref: <code>{e(meta.commit_ref)}</code></li>")
+    if meta.diff_stat:
+        out.append(f"<li>worktree was dirty; diff stat:<pre>{e(meta.diff_stat)}</pre></li>")
+    if meta.dag_run_id:
+        out.append(f"<li>DAG run: <code>{e(meta.dag_run_id)}</code></li>")
+    if meta.node:
+        out.append(f"<li>node: <code>{e(meta.node)}</code></li>")
+    out.append("</ul><h2>Suggested next steps (inference, not measurement)</h2><ul>")
+    for suite in suites:
+        out += [f"<li>[{e(suite.suite)}] {e(step)}</li>" for step in suite.next_steps]
+    out.append("</ul></body></html>")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- writing
+
+def atomic_write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file in the same folder + os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None) -> dict[str, Path]:
+    """Write report.json, report.md and report.html into ``out_dir`` (PNGs are already there).
+
+    Returns {"json": path, "md": path, "html": path}.
+    """
+    out_dir = Path(out_dir)
+    meta = meta or ReportMeta()
+    data = build_report(suites, meta, out_dir)
+    return {
+        "json": atomic_write(out_dir / "report.json", json.dumps(data, indent=2, allow_nan=False) + "\n"),
+        "md": atomic_write(out_dir / "report.md", render_markdown(suites, meta, out_dir)),
+        "html": atomic_write(out_dir / "report.html", render_html(suites, meta, out_dir)),
+    }
