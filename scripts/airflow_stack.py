@@ -40,8 +40,9 @@ import signal
 import socket
 import subprocess
 import sys
+import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -125,8 +126,12 @@ def _kill_tree(pids: Iterable[int], pgids: Iterable[int], timeout: float) -> Non
 class AirflowClient:
     """Small REST client for the Airflow 3.3 public API (/api/v2) with simple-auth-manager tokens."""
 
-    def __init__(self, base_url: str, username: str, password: str, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, username: str, password: str, timeout: float = 30.0,
+                 worker_released: Callable[[str, int], bool] | None = None) -> None:
+        """worker_released(ti_id, try_number): optional probe telling whether the scheduler has processed
+        the executor event of the worker that parked that task instance (see wait_for_hitl)."""
         self.base_url = base_url.rstrip("/")
+        self.worker_released = worker_released
         self.username = username
         self._password = password
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
@@ -373,28 +378,32 @@ class AirflowClient:
         )
 
     def wait_for_hitl(self, dag_id: str, run_id: str, task_id: str | None = None,
-                      timeout: float = 300.0, poll: float = 1.0, settle: float = 3.0) -> dict[str, Any]:
+                      timeout: float = 300.0, poll: float = 1.0, settle: float | None = None) -> dict[str, Any]:
         """Wait for a pending human-in-the-loop request (task parked in awaiting_input, no response yet).
 
         Returns the HITLDetail ({"subject", "body", "options", "defaults", "params", "assigned_users",
         "task_instance": {...}, ...}). Raises StackError if the run finishes first or on timeout.
 
-        settle: seconds the task must have stayed parked before this returns. Airflow 3.3.2 race: if a
-        response arrives before the scheduler has processed the executor's "success" event of the worker
-        that parked the task, the resumed (re-queued, same try_number) task is marked FAILED as
-        "state changed externally". A human never answers that fast; a test does, hence the settle time.
+        Airflow 3.3.2 race (found by these tests): if the response arrives before the scheduler has
+        processed the executor's "success" event of the worker process that parked the task, the resumed
+        task (re-queued with the SAME try_number) is marked FAILED as "state changed externally". The
+        worker's supervisor may take up to [workers] min_heartbeat_interval to report after the task
+        process parked. A human never answers that fast; a script does. So this only returns once the
+        parking worker has been released: via the worker_released probe when given (AirflowStack reads
+        its scheduler log), else after the task has stayed parked for `settle` seconds (default 8).
         """
         deadline = time.monotonic() + timeout
         parked_since: dict[str, float] = {}
+        settle_s = settle if settle is not None else (0.0 if self.worker_released else 8.0)
         while True:
             for d in self.hitl_details(dag_id, run_id, task_id=task_id, response_received=False):
                 ti = d["task_instance"]
                 if ti["state"] in ("awaiting_input", "deferred"):
-                    key = f"{ti['task_id']}/{ti.get('map_index', -1)}/{ti.get('try_number')}"
+                    key = f"{ti['id']}/{ti.get('try_number')}"
                     first = parked_since.setdefault(key, time.monotonic())
-                    if time.monotonic() - first >= settle:
+                    released = self.worker_released is None or self.worker_released(ti["id"], ti["try_number"])
+                    if released and time.monotonic() - first >= settle_s:
                         return d
-                    time.sleep(min(poll, settle))
                     break
             else:
                 parked_since.clear()
@@ -447,6 +456,8 @@ class AirflowStack:
         self.env: dict[str, str] = {}
         self.started_in: float | None = None
         self._client: AirflowClient | None = None
+        self._released: set[tuple[str, int]] = set()
+        self._sched_offset = 0
 
     # -- config ---------------------------------------------------------------------------------
     @property
@@ -516,6 +527,9 @@ class AirflowStack:
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
             "AIRFLOW__SCHEDULER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
+            # The task supervisor notices its task process exited only at its next heartbeat check:
+            # 1 s instead of 5 s saves ~4 s per task.
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
             # Per-stack log-server ports so two stacks (or another Airflow) on one machine do not collide.
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
@@ -627,8 +641,30 @@ class AirflowStack:
     def client(self) -> AirflowClient:
         """A shared REST client logged in as demo (closed by stop())."""
         if self._client is None:
-            self._client = AirflowClient(self.base_url, USERNAME, self.password)
+            self._client = AirflowClient(self.base_url, USERNAME, self.password,
+                                         worker_released=self.worker_released)
         return self._client
+
+    _FINISHED = re.compile(r"TaskInstance Finished: .*?ti_id=([0-9a-fA-F-]+),.*?try_number=(\d+),")
+
+    def worker_released(self, ti_id: str, try_number: int) -> bool:
+        """True once the scheduler logged "TaskInstance Finished" for that ti_id/try (executor event processed)."""
+        seen = self._released
+        if (ti_id, try_number) in seen:
+            return True
+        log = self.log_dir / "scheduler.log"
+        offset = self._sched_offset
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return False
+        cut = data.rfind(b"\n") + 1  # only complete lines
+        self._sched_offset = offset + cut
+        for m in self._FINISHED.finditer(data[:cut].decode(errors="replace")):
+            seen.add((m.group(1), int(m.group(2))))
+        return (ti_id, try_number) in seen
 
     def create_pool(self, name: str, slots: int, include_deferred: bool = True) -> dict:
         return self.client().create_pool(name, slots, include_deferred=include_deferred)
