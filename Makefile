@@ -1,0 +1,40 @@
+# rl-verify developer entry points. Everything runs from the project virtualenv (.venv).
+#   make venv            create/update .venv (fast no-op when requirements are unchanged)
+#   make test            all tests: unit, integration (simulated node over real sshd), e2e (real Airflow)
+#   make demo            whole DAG on the simulated node through a real local Airflow
+#                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
+#   make lint            byte-compile + ruff if installed
+#   make clean           remove .venv, .state, caches
+
+SHELL := /bin/bash
+PY := .venv/bin/python
+COMMIT ?=
+KEEP ?=
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo lint clean ensure-sshd
+
+venv:
+	./scripts/bootstrap.sh
+
+ensure-sshd:
+	@if [ -x scripts/ensure_sshd.sh ]; then ./scripts/ensure_sshd.sh; \
+	elif [ -f scripts/ensure_sshd.sh ]; then bash scripts/ensure_sshd.sh; fi
+
+# pytest exit code 5 = no tests collected: a failure here, never a silent success.
+test: venv ensure-sshd
+	@rc=0; $(PY) -m pytest -q tests $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
+	exit $$rc
+
+demo: venv ensure-sshd
+	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) scripts/demo.py
+
+lint: venv
+	$(PY) -m compileall -q include dags scripts simulator tests
+	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check include dags scripts simulator tests; \
+	else echo "lint: ruff not installed, byte-compile only"; fi
+
+clean:
+	rm -rf .venv .state .pytest_cache build include/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
