@@ -1,0 +1,93 @@
+"""Pins the CLI contract: exit 0 PASS / 1 FAIL / 2 cannot evaluate, report files in --out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import textwrap
+
+from conftest import dump_rows, grpo_rows, opd_rows
+from rl_verify.cli import build_parser, main, register_compare
+
+
+def grpo_args(tmp_path, checker_dir, cur_rows=None, tail="", extra=()):
+    base = dump_rows(tmp_path / "base.jsonl", grpo_rows())
+    cur = dump_rows(tmp_path / "cur.jsonl", cur_rows if cur_rows is not None else grpo_rows(), tail=tail)
+    return ["compare", "grpo", "--baseline", str(base), "--current", str(cur), "--checker-dir", str(checker_dir),
+            "--out", str(tmp_path / "out"), "--commit", "c0ffee" * 6 + "ab", *extra]
+
+
+def test_grpo_pass_exits_0_and_writes_the_reports_and_plots(tmp_path, checker_dir):
+    assert main(grpo_args(tmp_path, checker_dir, extra=["--wall-time-s", "1800"])) == 0
+    out = tmp_path / "out"
+    for name in ("report.json", "report.md", "report.html", "grpo_metrics.png"):
+        assert (out / name).is_file()
+    data = json.loads((out / "report.json").read_text())
+    assert data["verdict"] == "PASS" and data["suite"] == "grpo" and data["commit"].startswith("c0ffee")
+    assert {c["source"] for c in data["checks"]} == {"checker", "final-eval", "wall-time"}
+
+
+def test_grpo_fail_exits_1(tmp_path, checker_dir):
+    cur = grpo_rows(rewards=lambda i: 0.1)
+    assert main(grpo_args(tmp_path, checker_dir, cur_rows=cur)) == 1
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["verdict"] == "FAIL"
+
+
+def test_grpo_step_count_mismatch_exits_1_not_2(tmp_path, checker_dir):
+    assert main(grpo_args(tmp_path, checker_dir, cur_rows=grpo_rows(steps=30))) == 1
+
+
+def test_opd_pass_and_fail_exit_codes(tmp_path):
+    cur = dump_rows(tmp_path / "cur.jsonl", opd_rows())
+    assert main(["compare", "opd", "--current", str(cur), "--out", str(tmp_path / "a")]) == 0
+    bad = dump_rows(tmp_path / "bad.jsonl", opd_rows(change=lambda m, s, v: v + 0.2 if m == "eval/gsm8k/acc" else v))
+    assert main(["compare", "opd", "--current", str(bad), "--out", str(tmp_path / "b")]) == 1
+    assert (tmp_path / "b" / "opd_metrics.png").is_file()
+
+
+def test_missing_tracker_exits_2_naming_the_file_and_the_fix(tmp_path, capsys):
+    missing = tmp_path / "nope.jsonl"
+    assert main(["compare", "opd", "--current", str(missing), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "Fix:" in err
+
+
+def test_malformed_line_exits_2_naming_file_and_line(tmp_path, capsys):
+    rows = [json.dumps(r) for r in opd_rows()]
+    rows[3] = rows[3][:-5]
+    cur = dump_rows(tmp_path / "cur.jsonl", rows)
+    assert main(["compare", "opd", "--current", str(cur), "--out", str(tmp_path / "o")]) == 2
+    assert f"{cur}:4" in capsys.readouterr().err
+
+
+def test_partial_last_line_is_not_an_error(tmp_path, checker_dir):
+    assert main(grpo_args(tmp_path, checker_dir, tail='{"step": 46, "respo')) == 0
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert any("partial last line" in a for a in data["abnormal"])
+
+
+def test_hanging_checker_exits_2(tmp_path, capsys):
+    utils = tmp_path / "slow" / "autotest" / "utils"
+    utils.mkdir(parents=True)
+    (utils / "check_metric.py").write_text(textwrap.dedent("""
+        import time
+        def check_rl_result(case_name, base_path, cur_path, assert_info, phase=None):
+            time.sleep(600)
+        """))
+    assert main(grpo_args(tmp_path, utils.parent, extra=["--timeout-s", "1"])) == 2
+    assert "timed out" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2(tmp_path):
+    assert main(["compare", "grpo", "--current", "x"]) == 2
+
+
+def test_parser_accepts_additional_subcommands_through_registrars():
+    def register_hello(subparsers):
+        sub = subparsers.add_parser("hello")
+        sub.set_defaults(func=lambda args: 0)
+
+    parser = build_parser([register_compare, register_hello])
+    assert isinstance(parser, argparse.ArgumentParser)
+    assert parser.parse_args(["hello"]).func(None) == 0
+    assert parser.parse_args(["compare", "opd", "--current", "c", "--out", "o"]).suite == "opd"

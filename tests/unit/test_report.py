@@ -1,0 +1,109 @@
+"""Pins the report: strict JSON keys, section order, escaping, self-contained HTML, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from rl_verify.model import Check, SuiteResult
+from rl_verify.report import ReportMeta, build_report, render_markdown, write_report
+
+
+def suite(name="opd", passed=False, metric="eval/gsm8k/acc", value=0.4, plots=()):
+    check = Check(metric=metric, step=5, baseline=0.5, current=value, error=abs(0.5 - value) if isinstance(value, float) else None,
+                  threshold=0.03, operator="<", method="absolute", passed=passed, source="golden", note="current line 7")
+    return SuiteResult(suite=name, verdict="PASS" if passed else "FAIL", failure_class=None if passed else "accuracy",
+                       checks=[check], abnormal=[] if passed else ["cur.jsonl:9: partial last line dropped"],
+                       next_steps=["Inference: something"], trackers={"current": "/runs/cur.jsonl"},
+                       plots=list(plots))
+
+
+def tiny_png(path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def test_single_suite_report_json_has_the_required_top_level_keys(tmp_path):
+    paths = write_report(tmp_path, [suite()], ReportMeta(commit="a" * 40))
+    data = json.loads(paths["json"].read_text())
+    for key in ("suite", "verdict", "commit", "trackers", "checks", "abnormal", "next_steps", "suites"):
+        assert key in data
+    assert data["verdict"] == "FAIL" and data["commit"] == "a" * 40 and data["suite"] == "opd"
+    row = data["checks"][0]
+    for key in ("metric", "step", "baseline", "current", "error", "threshold", "operator", "method", "passed", "source"):
+        assert key in row
+    assert all(s.startswith("Inference:") for s in data["next_steps"])
+
+
+def test_multi_suite_report_has_overall_verdict_and_suites_list(tmp_path):
+    paths = write_report(tmp_path, [suite("grpo", passed=True), suite("opd", passed=False)],
+                         ReportMeta(notes=["Rejected by alice"]))
+    data = json.loads(paths["json"].read_text())
+    assert data["verdict"] == "FAIL" and [s["suite"] for s in data["suites"]] == ["grpo", "opd"]
+    assert data["notes"] == ["Rejected by alice"]
+    assert write_report(tmp_path, [suite("grpo", True), suite("opd", True)], ReportMeta()) and \
+        json.loads((tmp_path / "report.json").read_text())["verdict"] == "PASS"
+
+
+def test_overall_override_is_reported_with_the_computed_verdict(tmp_path):
+    data = build_report([suite(passed=True)], ReportMeta(overall="REJECTED"))
+    assert data["verdict"] == "REJECTED" and data["computed_verdict"] == "PASS"
+
+
+def test_no_suite_is_never_a_pass():
+    assert build_report([], ReportMeta())["verdict"] == "FAIL"
+
+
+def test_non_finite_numbers_are_written_as_strings_in_strict_json(tmp_path):
+    paths = write_report(tmp_path, [suite(value=math.nan)], ReportMeta())
+    text = paths["json"].read_text()
+    data = json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
+    assert data["checks"][0]["current"] == "NaN"
+    assert Check.from_dict(data["checks"][0]).current != Check.from_dict(data["checks"][0]).current  # NaN back
+
+
+def test_markdown_follows_runbook_order_with_abnormal_findings_on_top():
+    md = render_markdown([suite()], ReportMeta(commit="b" * 40))
+    order = ["# RL accuracy verification: FAIL", "## Abnormal findings", "| step | metric | baseline | current | error",
+             "## Tracker and log paths", "## Commit under test", "## Suggested next steps (inference"]
+    positions = [md.index(marker) for marker in order]
+    assert positions == sorted(positions)
+    assert "/runs/cur.jsonl" in md and "b" * 40 in md
+
+
+def test_html_escapes_tracker_strings_and_embeds_pngs(tmp_path):
+    png = tiny_png(tmp_path / "opd_metrics.png")
+    evil = suite(metric="<script>alert(1)</script>", plots=[str(png)])
+    evil.checks[0].note = "<script>alert('note')</script>"
+    evil.abnormal.append("<img src=x onerror=alert(2)>")
+    paths = write_report(tmp_path, [evil], ReportMeta(commit="<b>"))
+    page = paths["html"].read_text()
+    assert "<script>" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "data:image/png;base64," in page and 'src="opd_metrics.png"' not in page
+
+
+def test_markdown_table_cells_cannot_be_broken_by_pipes():
+    md = render_markdown([suite(metric="a|b\nc")], ReportMeta())
+    row = next(line for line in md.splitlines() if line.startswith("| 5 |"))
+    assert "a\\|b c" in row
+
+
+def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):
+    write_report(tmp_path, [suite()], ReportMeta())
+    write_report(tmp_path, [suite(passed=True)], ReportMeta())
+    assert sorted(os.listdir(tmp_path)) == ["report.html", "report.json", "report.md"]
+    assert json.loads((tmp_path / "report.json").read_text())["verdict"] == "PASS"
+
+
+def test_suite_result_round_trips_through_dict():
+    original = suite()
+    assert SuiteResult.from_dict(json.loads(json.dumps(original.to_dict()))) == original
