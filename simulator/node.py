@@ -362,6 +362,13 @@ def _sshd_pid(state: Path) -> int | None:
     return pid if _pid_alive(pid) else None
 
 
+def _configured_port(state: Path) -> int:
+    for line in (state / "sshd_config").read_text().splitlines():
+        if line.startswith("ListenAddress "):
+            return int(line.rsplit(":", 1)[1])
+    raise RuntimeError(f"no ListenAddress in {state / 'sshd_config'}")
+
+
 def _wait_port(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -417,7 +424,7 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
                     raise
         port = chosen
     else:
-        port = int(old["port"])
+        port = int(old.get("port") or _configured_port(state))
 
     root_s = str(root)
     node = {

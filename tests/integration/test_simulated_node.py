@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
 import time
 from pathlib import Path
 
@@ -271,3 +270,24 @@ def test_baselines_match_the_runbook(sim_node: Node) -> None:
     assert evals == [(45, 0.9007)]
     rows, _ = parse((base / "opd-qwen3-vl-2b-25step" / "tracker.jsonl").read_text())
     assert sorted(summaries(rows)) == list(range(1, 26))
+
+
+def test_cli_fault_status_and_clear(faults: Node) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "simulator.node", *args, "--state", str(faults.state)],
+                             cwd=REPO, capture_output=True, text=True, check=True)
+        return res.stdout
+
+    cli("fault", "--suite", "opd", "--kind", "missing-input", "--path", "share/data/on_policy_distillation")
+    status = json.loads(cli("status"))
+    assert status["faults"]["opd"]["hidden"] == ["share/data/on_policy_distillation"]
+    assert status["node"]["port"] == faults.info["port"] and status["sshd_pid"]
+    assert not (faults.root / "share/data/on_policy_distillation").exists()
+    cli("clear-faults")
+    assert (faults.root / "share/data/on_policy_distillation/gsm8k_geo3k_eval.json").exists()
+    # start again on a running node: reused, same port and host key
+    again = json.loads(cli("start", "--step-seconds", "0.05"))
+    assert again["port"] == faults.info["port"] and again["host_key"] == faults.info["host_key"]
