@@ -144,9 +144,12 @@ def run_checker(checker_dir: Path, workdir: Path, base_copy: Path, cur_copy: Pat
                            f"read the traceback below / {stderr_path}; fix the checkout or the inputs",
                            stderr_tail=_tail(stderr_path))
     result = json.loads(result_path.read_text(encoding="utf-8"))
-    png = workdir / CHECKER_RUN_ID / f"{case_name}_comparison.png"
+    png: Path | None = workdir / CHECKER_RUN_ID / f"{case_name}_comparison.png"
+    if not png.is_file():
+        # A checkout whose checker names its plot differently: keep whatever PNG it left in <cwd>/<run id>/.
+        png = next(iter(sorted((workdir / CHECKER_RUN_ID).glob("*.png"))), None) if (workdir / CHECKER_RUN_ID).is_dir() else None
     return CheckerOutcome(ok=bool(result["ok"]), message=str(result["message"]), status=result["status"],
-                          png=str(png) if png.is_file() else None, workdir=str(workdir),
+                          png=str(png) if png is not None else None, workdir=str(workdir),
                           step_summary=str(summary), stdout=str(stdout_path), stderr=str(stderr_path))
 
 

@@ -36,7 +36,7 @@ EVAL_PREFIX = "eval/"
 MAX_ABNORMAL_PER_METRIC = 5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Point:
     """One measured value: the step it belongs to, the value and the 1-based file line it came from."""
 
@@ -45,7 +45,7 @@ class Point:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class SummaryRow:
     """One RL step-summary row (wanted metrics only)."""
 

@@ -107,3 +107,19 @@ def test_writes_are_atomic_and_leave_no_temp_files(tmp_path):
 def test_suite_result_round_trips_through_dict():
     original = suite()
     assert SuiteResult.from_dict(json.loads(json.dumps(original.to_dict()))) == original
+
+
+def test_html_escapes_a_script_metric_name_and_value_coming_from_a_tracker(tmp_path):
+    from rl_verify.opd import compare_opd
+
+    evil = "<script>alert('m')</script>"
+    golden = {"eval_points": [1], "calibrated_max_step": 1,
+              "thresholds": {evil: {"method": "absolute", "operator": "<", "threshold": 0.1}},
+              "golden": {"1": {evil: 0.5}}}
+    (tmp_path / "golden.json").write_text(json.dumps(golden))
+    (tmp_path / "cur.jsonl").write_text(json.dumps({"step": 1, "response/rewards/mean": 0.5,
+                                                    evil: "<script>alert('v')</script>"}) + "\n")
+    result = compare_opd(tmp_path / "cur.jsonl", tmp_path / "out", golden=tmp_path / "golden.json")
+    assert result.verdict == "FAIL"  # a non-numeric value never passes
+    page = write_report(tmp_path / "out", [result], ReportMeta())["html"].read_text()
+    assert "<script>" not in page and "&lt;script&gt;alert(&#x27;m&#x27;)&lt;/script&gt;" in page
