@@ -88,6 +88,7 @@ def test_stepwise_error_is_rounded_to_5_decimals_before_comparing(tmp_path, chec
     cur = grpo_rows(mismatch=lambda i: 1e-5 + 0.000104)
     result = run(tmp_path, grpo_rows(), cur, checker_dir)
     assert check(result, "mismatch/mismatch_k3_kl").passed is True and result.verdict == "PASS"
+    assert not any("disagreement" in a for a in result.abnormal)  # the table rounds like the checker
 
 
 def test_final_eval_accuracy_uses_last_value_in_each_file(tmp_path, checker_dir):
