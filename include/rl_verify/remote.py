@@ -177,8 +177,9 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
 done
 # A launch script started by hand (or by another tool) also makes the node busy. The bracket
 # keeps the pattern from matching this script's own command line.
-pgrep -af 'run_[r]l\\.sh|run_[s]ampled_token_mopd\\.sh' | while read -r pid cmd; do
-  if ! tr '\\0' '\\n' < /proc/$pid/environ 2>/dev/null | grep -qx "{marker}=$key"; then
+# Jobs of rl-verify runs carry the run marker and are reported above as BUSY.
+pgrep -af '^([^ ]*/)?(ba)?sh( -[a-z]+)* [^ ]*(run_[r]l|run_[s]ampled_token_mopd)\\.sh' | while read -r pid cmd; do
+  if ! { tr '\\0' '\\n' < /proc/$pid/environ; } 2>/dev/null | grep -q "^{marker}="; then
     printf 'PROC\\t%s\\t%s\\n' "$pid" "$cmd"
   fi
 done
@@ -194,13 +195,15 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str]) 
     Ray is stopped when the script returns so the node is free for the next suite.
     """
     argv = " ".join(shlex.quote(a) for a in args)
+    # One subshell: the remote-job wrapper redirects and reads the status of the command as a
+    # whole, so a multi-line body must be a single compound command.
     return (
-        f"cd {shlex.quote(worktree)} && mkdir -p {shlex.quote(work_dir)} || exit 97\n"
+        f"( cd {shlex.quote(worktree)} && mkdir -p {shlex.quote(work_dir)} || exit 97\n"
         f"bash -x {shlex.quote(script)} {argv}\n"
         "rc=$?\n"
         "ray stop --force >/dev/null 2>&1 || true\n"
         'echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"\n'
-        "exit $rc"
+        "exit $rc )"
     )
 
 
@@ -222,7 +225,7 @@ run_dir={shlex.quote(run_dir)}
 key={shlex.quote(key)}
 marked() {{
   for d in /proc/[0-9]*; do
-    tr '\\0' '\\n' < "$d/environ" 2>/dev/null | grep -qx "{RUN_MARKER_ENV}=$key" && echo "${{d#/proc/}}"
+    {{ tr '\\0' '\\n' < "$d/environ"; }} 2>/dev/null | grep -qx "{RUN_MARKER_ENV}=$key" && echo "${{d#/proc/}}"
   done
 }}
 for pidf in "$run_dir"/jobs/*/pid; do

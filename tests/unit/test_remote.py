@@ -94,3 +94,14 @@ def test_prerequisites_script_reports_missing_and_present(tmp_path):
 def test_resolve_commit_script_refuses_a_bad_commit_before_building():
     with pytest.raises(remote.BadInput):
         remote.resolve_commit_script("~/xtuner", "~/runs", "k", "main;id")
+
+
+def test_job_command_is_one_compound_command_whose_status_and_output_are_kept(tmp_path):
+    # The remote-job wrapper appends ">>log 2>&1" and reads "$?": both must cover the whole body.
+    script = tmp_path / "launch.sh"
+    script.write_text("echo training; exit 3\n")
+    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [])
+    log = tmp_path / "log"
+    status = subprocess.run(["bash", "-c", f"{body} >>{log} 2>&1; echo $? > {tmp_path / 'ec'}"]).returncode
+    assert status == 0 and (tmp_path / "ec").read_text().strip() == "3"
+    assert "training" in log.read_text() and "launch script exited 3" in log.read_text()

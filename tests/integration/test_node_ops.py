@@ -1,0 +1,115 @@
+"""rl_verify.node against the real sshd of the simulated node: worktree, prerequisites, job, fetch, cleanup."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
+from sim_ssh import simnode
+
+from rl_verify import node, remote
+from rl_verify.suite import load_suite
+
+pytestmark = pytest.mark.integration
+
+
+def _runs(sim_node) -> str:
+    return f"{sim_node.info['root']}/runs"
+
+
+def _resolve(sim_node, run_id: str, commit: str = "main") -> dict:
+    return node.resolve_commit(sim_node.client, sim_node.checkout, _runs(sim_node), remote.run_key(run_id), commit)
+
+
+def _specs(sim_node, worktree: str, suites=("grpo", "opd")):
+    return [load_suite(s).expanded({**sim_node.info["env"], "CHECKOUT": worktree}) for s in suites]
+
+
+def _launch(sim_node, resolved: dict, suite: str) -> RemoteJobPaths:
+    layout = remote.RunLayout(resolved["run_dir"])
+    spec = _specs(sim_node, layout.worktree, (suite,))[0]
+    paths = RemoteJobPaths(job_id=suite, remote_os="posix", base_dir=layout.jobs_dir)
+    key = resolved["run_dir"].rsplit("/", 1)[1]
+    command = remote.job_command(layout.worktree, layout.work_dir(suite), spec.script, spec.args)
+    env = remote.job_environment(spec.env, layout.work_dir(suite), key, sim_node.info["env"])
+    status, _, err = node.run_script(sim_node.client, build_posix_wrapper_command(command, paths, env))
+    assert status == 0, err
+    return paths
+
+
+def _wait_exit(sim_node, paths: RemoteJobPaths, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, out, _ = node.run_script(sim_node.client, f"cat {paths.exit_code_file} 2>/dev/null")
+        if out.strip():
+            return out.strip()
+        time.sleep(0.3)
+    raise AssertionError("job did not finish")
+
+
+def test_resolve_commit_makes_a_clean_worktree_at_the_full_sha(sim_node):
+    resolved = _resolve(sim_node, "it-resolve", "sim/regress-init")
+    assert resolved["sha"] == sim_node.info["commits"]["regress-init"]
+    assert resolved["dirty_stat"] is None
+    rc, out, _ = sim_node.run(f"git -C {resolved['worktree']} rev-parse HEAD")
+    assert out.strip() == resolved["sha"]
+    # The same run resolves to the same worktree (a retried task does not fail or re-create it).
+    assert _resolve(sim_node, "it-resolve", "sim/regress-init")["worktree"] == resolved["worktree"]
+
+
+def test_unknown_ref_is_an_error_naming_the_ref(sim_node):
+    with pytest.raises(node.NodeError, match="'no-such-branch' does not exist"):
+        _resolve(sim_node, "it-badref", "no-such-branch")
+
+
+def test_prerequisites_list_every_missing_input_in_one_error(sim_node):
+    resolved = _resolve(sim_node, "it-prereq")
+    specs = _specs(sim_node, resolved["worktree"])
+    ok = node.check_prerequisites(sim_node.client, specs, _runs(sim_node), remote.run_key("it-prereq"))
+    assert len(ok.ok) == sum(len(s.inputs) for s in specs) and not ok.missing
+    simnode.set_fault(sim_node.state, "grpo", "missing-input")
+    simnode.set_fault(sim_node.state, "opd", "missing-input")
+    try:
+        with pytest.raises(node.PrerequisitesError) as err:
+            node.check_prerequisites(sim_node.client, specs, _runs(sim_node), remote.run_key("it-prereq"))
+    finally:
+        simnode.clear_faults(sim_node.state)
+    text = str(err.value)
+    assert "missing model for grpo" in text and "Qwen3-8B" in text
+    assert text.count("missing ") >= 2, text
+
+
+def test_job_runs_detached_and_fetch_archives_tracker_logs_baseline_and_checker(sim_node, tmp_path):
+    resolved = _resolve(sim_node, "it-fetch")
+    paths = _launch(sim_node, resolved, "grpo")
+    # While it runs, another run sees the node as busy and names this run and suite.
+    with pytest.raises(node.PrerequisitesError, match=r"node busy: run it-fetch-\w+, suite grpo"):
+        node.check_prerequisites(sim_node.client, [], _runs(sim_node), remote.run_key("another-run"))
+    assert _wait_exit(sim_node, paths) == "0"
+    spec = _specs(sim_node, resolved["worktree"], ("grpo",))[0]
+    meta = node.fetch_suite(sim_node.client, spec, remote.RunLayout(resolved["run_dir"]), tmp_path)
+    assert meta["problems"] == []
+    assert (tmp_path / "tracker.jsonl").stat().st_size > 0
+    assert (tmp_path / "baseline.jsonl").exists()
+    assert (tmp_path / "checker" / "autotest" / "utils" / "check_metric.py").exists()
+    assert any(Path(f["local"]).name.startswith("training_log_") for f in meta["files"]["logs"])
+    assert meta["exit_code"] == 0 and meta["wall_time_s"] is not None
+
+
+def test_cleanup_kills_every_process_of_the_run_and_stops_ray(sim_node):
+    resolved = _resolve(sim_node, "it-cleanup")
+    simnode.set_fault(sim_node.state, "opd", "hang", at_step=2)
+    try:
+        _launch(sim_node, resolved, "opd")
+        deadline = time.monotonic() + 20
+        while not sim_node.processes("rlsim-teacher") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert sim_node.processes("rlsim-teacher"), "teachers never started"
+        lines = node.cleanup(sim_node.client, resolved["run_dir"], resolved["run_dir"].rsplit("/", 1)[1])
+    finally:
+        simnode.clear_faults(sim_node.state)
+    assert "ray stopped" in lines
+    assert sim_node.wait_no_processes(timeout=10) == []
+    assert not simnode.ray_running(sim_node.state)
