@@ -106,21 +106,36 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _kill_tree(pids: Iterable[int], pgids: Iterable[int], timeout: float) -> None:
-    """SIGTERM the process groups and every listed pid, wait, then SIGKILL what is left."""
-    pids, pgids = set(pids), set(pgids)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pg in pgids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pg, sig)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5)
+def _kill_tree(leaders: Iterable[int], others: Iterable[int], timeout: float) -> None:
+    """Stop process trees: SIGTERM the leaders only (each shuts its own children down gracefully;
+    signalling the whole group at once makes e.g. the triggerer wait 10 s for its runner), then
+    SIGTERM and finally SIGKILL the leaders' process groups and every remaining listed descendant."""
+    leaders, everyone = set(leaders), set(leaders) | set(others)
+
+    def wait(pids: set[int], seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             if not any(_alive(p) for p in pids):
-                return
-            time.sleep(0.2)
+                return True
+            time.sleep(0.1)
+        return not any(_alive(p) for p in pids)
+
+    for pid in leaders:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    # The triggerer gives its trigger runner a 10 s escalation delay (even a second SIGTERM costs 5 s);
+    # for a local stack all state is in the DB, so after `timeout` the rest is simply killed.
+    wait(leaders, timeout)
+    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+        for pg in leaders:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pg, sig)
+        for pid in everyone:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        if wait(everyone, grace):
+            return
 
 
 class AirflowClient:
@@ -158,10 +173,11 @@ class AirflowClient:
     def request(self, method: str, path: str, *, expect: Iterable[int] = (200,), **kw: Any) -> httpx.Response:
         """Authenticated request to /api/v2 + path; re-logs in once on 401; raises on unexpected status."""
         url = path if path.startswith(("/api/", "/auth/")) else "/api/v2" + path
+        extra_headers = kw.pop("headers", {})
         for attempt in (0, 1):
             if self._token is None:
                 self.login()
-            headers = {"Authorization": f"Bearer {self._token}", **kw.pop("headers", {})}
+            headers = {"Authorization": f"Bearer {self._token}", **extra_headers}
             r = self._http.request(method, url, headers=headers, **kw)
             if r.status_code == 401 and attempt == 0:
                 self._token = None
@@ -610,18 +626,17 @@ class AirflowStack:
     def log_tail(self, component: str, lines: int = 40) -> str:
         return _tail(self.log_dir / f"{component}.log", lines)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         """Terminate every component, its process group and all descendants (task processes included)."""
         if self._client is not None:
             self._client.close()
             self._client = None
         if not self.procs:
             return
-        pids: set[int] = set()
+        descendants: set[int] = set()
         for p in self.procs.values():
-            pids.add(p.pid)
-            pids.update(_descendants(p.pid))
-        _kill_tree(pids, [p.pid for p in self.procs.values()], timeout)
+            descendants.update(_descendants(p.pid))
+        _kill_tree([p.pid for p in self.procs.values()], descendants, timeout)
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
@@ -670,17 +685,17 @@ class AirflowStack:
         return self.client().create_pool(name, slots, include_deferred=include_deferred)
 
 
-def stop_from_state(state_dir: str | os.PathLike[str], timeout: float = 20.0) -> bool:
+def stop_from_state(state_dir: str | os.PathLike[str], timeout: float = 5.0) -> bool:
     """Stop a stack started by another process (reads STATE/stack.json). Returns False if none was running."""
     path = Path(state_dir) / "stack.json"
     if not path.exists():
         return False
     pids = list(json.loads(path.read_text())["pids"].values())
     alive = [p for p in pids if _alive(p)]
-    every = set(alive)
+    descendants: set[int] = set()
     for p in alive:
-        every.update(_descendants(p))
-    _kill_tree(every, alive, timeout)
+        descendants.update(_descendants(p))
+    _kill_tree(alive, descendants, timeout)
     path.unlink()
     return bool(alive)
 
