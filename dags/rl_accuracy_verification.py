@@ -30,7 +30,7 @@ POOL = settings.node_pool()
 
 @dag(
     dag_id=settings.DAG_ID,
-    schedule=CronTriggerTimetable(settings.SCHEDULE, timezone=settings.TIMEZONE),
+    schedule=CronTriggerTimetable(settings.SCHEDULE, timezone=settings.TIMEZONE) if settings.SCHEDULE else None,
     start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
     catchup=False,
     max_active_runs=1,

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = summary.get("verdict", "UNKNOWN (no report)")
     print(f"\n  VERDICT: {verdict}")
     if summary:
-        print(f"  report:  {summary['report'].get('report.md', summary['record'])}")
+        print(f"  report:  {summary['report'].get('md', summary['record'])}")
         print(f"  record:  {summary['record']}")
     if args.keep:
         (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))

@@ -34,6 +34,9 @@ def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1) 
         "RL_VERIFY_RECORD_ROOT": str(record_root),
         "RL_VERIFY_JOB_POLL_INTERVAL_S": str(poll_s),
         "RL_VERIFY_CHECKER_TIMEOUT_S": "300",
+        # Manual runs only: an unpaused nightly schedule would queue a scheduled run (waiting for
+        # its approval) ahead of the run the demo or test triggers (max_active_runs=1).
+        "RL_VERIFY_SCHEDULE": "none",
     }
 
 

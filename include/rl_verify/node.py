@@ -217,6 +217,12 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
                 meta["problems"].append(f"baseline tracker unreadable or missing: {spec.baseline}")
             else:
                 meta["files"]["baseline"] = _get(sftp, spec.baseline, dest / "baseline.jsonl")
+        if spec.reference_baseline:
+            if _mtime(sftp, spec.reference_baseline) is None:
+                meta["notes"] = [f"no reference baseline at {spec.reference_baseline}: metrics without "
+                                 "a golden value are reported as not checked"]
+            else:
+                meta["files"]["baseline"] = _get(sftp, spec.reference_baseline, dest / "baseline.jsonl")
         if spec.checker_dir:
             utils = posixpath.join(spec.checker_dir, "utils")
             got = _get_tree(sftp, utils, dest / "checker" / "autotest" / "utils")

@@ -26,7 +26,10 @@ STANDING_APPROVAL_VARIABLE = "rl_verify_standing_approval"
 #: Default ref tested by nightly runs (the tip of the node checkout's default branch).
 DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")
 
-SCHEDULE = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
+#: Nightly cron (RL_VERIFY_SCHEDULE); "none" turns the schedule off (manual runs only).
+SCHEDULE: str | None = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
+if SCHEDULE is not None and SCHEDULE.strip().lower() in ("", "none", "@none"):
+    SCHEDULE = None
 TIMEZONE = os.environ.get("RL_VERIFY_TIMEZONE", "Asia/Shanghai")
 
 #: Names of the share roots, as the runbook exports them.

@@ -42,6 +42,8 @@ class SuiteSpec:
     compare: str
     golden: str | None = None
     checker_dir: str | None = None
+    #: Optional tracker giving baseline values the golden table lacks; absent is not an error.
+    reference_baseline: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def expanded(self, values: Mapping[str, str]) -> "SuiteSpec":
@@ -61,6 +63,8 @@ class SuiteSpec:
             expected_steps=self.expected_steps, eval_points=self.eval_points,
             wall_time_budget_s=self.wall_time_budget_s, compare=self.compare, golden=self.golden,
             checker_dir=expand(self.checker_dir, merged, self.name) if self.checker_dir else None,
+            reference_baseline=(expand(self.reference_baseline, merged, self.name)
+                                if self.reference_baseline else None),
             raw=self.raw,
         )
 
@@ -87,7 +91,8 @@ def _from_dict(raw: Mapping[str, Any]) -> SuiteSpec:
         tracker=raw["tracker"], logs=tuple(raw.get("logs", [])), baseline=raw.get("baseline"),
         expected_steps=int(raw["expected_steps"]), eval_points=tuple(raw.get("eval_points", [])),
         wall_time_budget_s=int(raw["wall_time_budget_s"]), compare=raw["compare"],
-        golden=raw.get("golden"), checker_dir=raw.get("checker_dir"), raw=raw,
+        golden=raw.get("golden"), checker_dir=raw.get("checker_dir"),
+        reference_baseline=raw.get("reference_baseline"), raw=raw,
     )
 
 
