@@ -83,7 +83,7 @@ def rl_accuracy_verification():
     def report(params=None, run_id=None, ti=None):
         from rl_verify import pipeline
 
-        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve"))
+        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(ti=None):

@@ -165,18 +165,21 @@ class CardApprovalOperator(ApprovalOperator):
             if standing and standing.get("fingerprint") == card["fingerprint"]:
                 self.log.info("Standing approval granted by %s at %s for card %s: proceeding without waiting",
                               standing["granted_by"], standing["granted_at"], card["fingerprint"])
-                return {"chosen_options": [self.APPROVE], "params_input": {},
-                        "responded_by_user": {"id": standing["granted_by"], "name": standing["granted_by"]},
-                        "responded_at": standing["granted_at"], "standing_approval": standing}
+                _push_decision(context, [self.APPROVE], standing["granted_by"], standing["granted_at"],
+                               standing=True)
+                return {"chosen_options": [self.APPROVE], "standing_approval": standing}
             self.log.info("No standing approval matches card %s (standing: %s): waiting for a human",
                           card["fingerprint"], standing.get("fingerprint") if standing else None)
         return super().execute(context)
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
-        ret = super().execute_complete(context=context, event=event)
+        # Recorded before the parent runs: on "Reject" it skips downstream by raising, so nothing
+        # after it (not even the return value) would reach XCom.
         user = event.get("responded_by_user") or {}
-        who = user.get("name") or user.get("id")
-        if ret["chosen_options"][0] == self.REJECT:
+        who = user.get("name") or user.get("id") or "unknown user"
+        chosen = list(event.get("chosen_options") or [])
+        _push_decision(context, chosen, who, str(event.get("responded_at")), standing=False)
+        if self.REJECT in chosen:
             self.log.warning("Experiment card REJECTED by %s: nothing is launched", who)
         else:
             self.log.info("Experiment card approved by %s", who)
@@ -188,7 +191,12 @@ class CardApprovalOperator(ApprovalOperator):
                     "fingerprint": card["fingerprint"], "granted_by": who,
                     "granted_at": str(event.get("responded_at")), "dag_run_id": context["run_id"]}))
                 self.log.info("Standing approval for card %s granted by %s", card["fingerprint"], who)
-        return ret
+        return super().execute_complete(context=context, event=event)
+
+
+def _push_decision(context: Any, chosen: list[str], who: str, at: str, standing: bool) -> None:
+    context["ti"].xcom_push(key="decision", value={
+        "chosen_options": chosen, "by": who, "at": at, "standing": standing})
 
 
 def _standing_approval() -> dict[str, Any] | None:

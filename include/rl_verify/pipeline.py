@@ -89,12 +89,24 @@ def _validate_conn_id(value: Any) -> str:
 
 # --- tasks --------------------------------------------------------------------------------------
 
+@contextmanager
+def no_retry_on(*errors: type[BaseException]) -> Iterator[None]:
+    """Turn ``errors`` (bad input, missing files: retrying cannot help) into a failure without retry."""
+    try:
+        yield
+    except errors as err:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(err)) from err
+
+
 def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
     """Validate params, then create the run's clean worktree at the commit on the node."""
-    p = validated_params(params)
-    values = node_settings(p["node"])
+    with no_retry_on(remote.BadInput, ValueError):
+        p = validated_params(params)
+        values = node_settings(p["node"])
     key = remote.run_key(dag_run_id)
-    with ssh_client(p["node"]) as client:
+    with ssh_client(p["node"]) as client, no_retry_on(node.NodeError):
         resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
                                        values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
     resolved.update(run_key=key, suites=p["suites"], node=p["node"])
@@ -109,7 +121,7 @@ def check_prerequisites(resolved: Mapping[str, Any]) -> dict[str, Any]:
     """Check every input of every selected suite and node business in one SSH round trip."""
     values = node_settings(resolved["node"])
     specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
-    with ssh_client(resolved["node"]) as client:
+    with ssh_client(resolved["node"]) as client, no_retry_on(node.PrerequisitesError):
         result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
     log.info("All %d inputs present on the node; node is free", len(result.ok))
     return result.to_dict()
@@ -203,7 +215,7 @@ def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, 
                        baseline=baseline if baseline.exists() else None)
 
 
-def report(dag_run_id: str, params: Mapping[str, Any], approval: Mapping[str, Any] | None) -> dict[str, Any]:
+def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None) -> dict[str, Any]:
     """Combine the suites into one report in the record store; print it; return a summary."""
     from rl_verify.model import SuiteResult
     from rl_verify.report import ReportMeta, render_markdown, write_report
@@ -213,7 +225,7 @@ def report(dag_run_id: str, params: Mapping[str, Any], approval: Mapping[str, An
     suites = resolved.get("suites") or _safe_suites(params)
     notes: list[str] = []
     overall = None
-    decision = approval_decision(approval)
+    decision = approval_decision(decision)
     if decision["rejected"]:
         overall = "REJECTED"
         notes.append(f"Rejected by {decision['by']} at {decision['at']}: nothing was launched.")
@@ -262,14 +274,12 @@ def _paths(suite_dir: Path) -> dict[str, str]:
     return out
 
 
-def approval_decision(approval: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Who approved or rejected, when, and whether it was a standing approval."""
-    if not approval:
+def approval_decision(decision: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Who approved or rejected, when, and whether by standing approval (from approve's XCom)."""
+    if not decision:
         return {"rejected": False, "by": None, "at": None, "standing": False}
-    user = approval.get("responded_by_user") or {}
-    name = user.get("name") or user.get("id") if isinstance(user, dict) else str(user)
-    return {"rejected": "Reject" in (approval.get("chosen_options") or []), "by": name,
-            "at": str(approval.get("responded_at")), "standing": bool(approval.get("standing_approval"))}
+    return {"rejected": "Reject" in (decision.get("chosen_options") or []), "by": decision.get("by"),
+            "at": decision.get("at"), "standing": bool(decision.get("standing"))}
 
 
 def verdict(summary: Mapping[str, Any] | None) -> str:

@@ -1,0 +1,142 @@
+"""The whole DAG through a real Airflow (scheduler, triggerer, dag-processor, API server) on the
+simulated GPU node (real sshd): PASS, FAIL with a full report, reject, a crashed run, a missing input.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rl_verify.remote import run_key  # noqa: E402
+from scripts.rig import DAG_ID, Rig  # noqa: E402
+from simulator import node as sim  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+STEP_SECONDS = 0.1
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    if not sim.SSHD.exists():
+        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+    state = tmp_path_factory.mktemp("e2e-rig")
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+    rig.start()
+    try:
+        yield rig
+    finally:
+        rig.stop()
+        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
+
+
+@pytest.fixture()
+def node_state(rig):
+    state = rig.state_dir / "node"
+    sim.clear_faults(state)
+    yield state
+    sim.clear_faults(state)
+
+
+def _report(summary: dict) -> dict:
+    return json.loads(Path(summary["report"]["json"]).read_text())
+
+
+def _checks(report: dict, suite: str) -> list[dict]:
+    (entry,) = [s for s in report["suites"] if s["suite"] == suite]
+    return entry["checks"]
+
+
+def _assert_node_clean(node_state: Path) -> None:
+    assert sim.node_processes(node_state) == []
+    assert not sim.ray_running(node_state)
+
+
+def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_state):
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"})
+    assert out.state == "success", json.dumps(out.tasks)
+    assert out.tasks["cleanup"] == "skipped"
+    assert out.summary["verdict"] == "PASS"
+    report = _report(out.summary)
+    assert report["verdict"] == "PASS"
+    assert report["commit"] == rig.node["commits"]["good"]
+    grpo = _checks(report, "grpo")
+    assert {c["source"] for c in grpo} >= {"checker", "final-eval", "wall-time"}
+    opd_steps = {c["step"] for c in _checks(report, "opd") if c["source"] == "golden"}
+    assert {0, 5, 10, 15, 20, 25} <= opd_steps
+    record = Path(out.summary["record"])
+    manifest = json.loads((record / "manifest.json").read_text())
+    archived = {f["path"] for f in manifest["files"]}
+    assert {"card.md", "report.md", "report.html", "grpo/tracker.jsonl", "opd/tracker.jsonl"} <= archived
+    # Deferred, not sleeping: the training tasks held a worker for a small part of their run.
+    for suite in ("grpo", "opd"):
+        held = rig.client.xcom(DAG_ID, out.run_id, f"run_{suite}", key="worker_seconds")
+        assert held is not None and float(held) < rig.task_durations(out.run_id)[f"run_{suite}"]
+    _assert_node_clean(node_state)
+
+
+@pytest.mark.parametrize("commit,suite,metric,hint", [
+    ("sim/regress-mismatch", "grpo", "mismatch/mismatch_k3_kl", "train/inference"),
+    ("sim/regress-teacher", "opd", "distillation/reduced_distillation_kl", "teacher"),
+])
+def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, suite, metric, hint):
+    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})
+    assert out.state == "failed"
+    assert out.tasks["report"] == "success" and out.tasks["verdict"] == "failed"
+    assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
+    report = _report(out.summary)
+    failed = {c["metric"] for c in _checks(report, suite) if c["passed"] is False}
+    assert metric in failed
+    (entry,) = report["suites"]
+    assert any(hint in s for s in entry["next_steps"]), entry["next_steps"]
+    assert all(s.startswith("Inference") for s in entry["next_steps"])
+    log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    assert "accuracy failure" in log
+    _assert_node_clean(node_state)
+
+
+def test_rejected_card_launches_nothing_and_names_the_rejecter(rig, node_state):
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision="Reject")
+    assert out.state == "success", json.dumps(out.tasks)
+    for task in ("run_grpo", "run_opd", "fetch_grpo", "compare_grpo", "verdict"):
+        assert out.tasks[task] == "skipped", out.tasks
+    assert out.summary["verdict"] == "REJECTED"
+    report_md = Path(out.summary["report"]["md"]).read_text()
+    assert "Rejected by demo" in report_md
+    assert "REJECTED by demo" in rig.client.task_log(DAG_ID, out.run_id, "approve")
+    run_dir = Path(rig.node["root"]) / "runs" / run_key(out.run_id)
+    assert run_dir.exists() and not list(run_dir.glob("jobs/*/pid"))  # worktree made, nothing launched
+    _assert_node_clean(node_state)
+
+
+def test_crashed_run_with_exit_zero_is_an_infrastructure_failure_and_cleanup_leaves_nothing(rig, node_state):
+    sim.set_fault(node_state, "opd", "crash", at_step=8)
+    out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"})
+    assert out.state == "failed"
+    assert out.tasks["run_opd"] == "success"  # the launch script exited 0: not trusted
+    assert out.tasks["fetch_opd"] == "failed" and out.tasks["cleanup"] == "success"
+    assert out.summary["failure_classes"] == ["infrastructure"]
+    assert "wrong step count" in rig.client.task_log(DAG_ID, out.run_id, "fetch_opd")
+    record = Path(out.summary["record"])
+    assert (record / "opd" / "tracker.jsonl").exists()  # what was there is kept
+    _assert_node_clean(node_state)
+
+
+def test_missing_inputs_fail_prerequisites_listing_every_path(rig, node_state):
+    sim.set_fault(node_state, "grpo", "missing-input")
+    sim.set_fault(node_state, "opd", "missing-input")
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision=None)
+    assert out.state == "failed"
+    assert out.tasks["check_prerequisites"] == "failed"
+    assert out.tasks["approve"] == "upstream_failed" and out.tasks["run_grpo"] == "upstream_failed"
+    log = rig.client.task_log(DAG_ID, out.run_id, "check_prerequisites")
+    assert "missing model for grpo" in log and "Qwen3-8B" in log
+    assert "missing teacher for opd" in log and "Qwen3-VL-4B-Instruct" in log
+    assert out.summary and out.summary["verdict"] == "FAIL"
+    _assert_node_clean(node_state)
