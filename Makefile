@@ -12,7 +12,7 @@ COMMIT ?=
 KEEP ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint clean ensure-sshd
+.PHONY: venv test demo demo-stop bench lint clean ensure-sshd
 
 venv:
 	./scripts/bootstrap.sh
@@ -29,6 +29,12 @@ test: venv ensure-sshd
 
 demo: venv ensure-sshd
 	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) scripts/demo.py
+
+demo-stop: venv
+	$(PY) scripts/demo.py --stop
+
+bench: venv
+	$(PY) scripts/bench_engine.py
 
 lint: venv
 	$(PY) -m compileall -q include dags scripts simulator tests

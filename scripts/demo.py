@@ -35,10 +35,9 @@ def stop_kept() -> int:
     if not info.exists():
         _say("no kept demo found")
         return 0
-    from scripts.airflow_stack import AirflowStack
+    from scripts.airflow_stack import stop_from_state
 
-    stack = AirflowStack(STATE / "airflow")
-    stack.stop_from_state() if hasattr(stack, "stop_from_state") else None
+    stop_from_state(STATE / "airflow")
     sim.stop_node(STATE / "node")
     info.unlink()
     _say("stopped")
