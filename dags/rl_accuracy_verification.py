@@ -92,7 +92,7 @@ def rl_accuracy_verification():
         # Pulled, not passed: a failed report task must still reach this task as "no report".
         return pipeline.verdict(ti.xcom_pull(task_ids="report"))
 
-    @task(trigger_rule="one_failed", pool=POOL, **settings.SHORT_SSH_TASK_ARGS)
+    @task(trigger_rule="one_failed", pool=POOL, **settings.CLEANUP_TASK_ARGS)
     def cleanup(params=None, run_id=None, ti=None):
         from rl_verify import pipeline
 

@@ -198,6 +198,12 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
     meta: dict[str, Any] = {"suite": spec.name, "work_dir": work_dir, "job_dir": job_dir,
                             "files": {}, "problems": [], "other_experiments": []}
     try:
+        stalled = posixpath.join(work_dir, ".rl-verify-stalled")
+        if _mtime(sftp, stalled) is not None:
+            with sftp.open(stalled) as fh:
+                step = fh.read().decode(errors="replace").strip() or "?"
+            meta["problems"].append(f"stalled at step {step}: the tracker stopped growing and the "
+                                    "node-side watchdog killed the job")
         trackers = [t for t in experiment_folders(sftp, work_dir, spec.tracker) if _mtime(sftp, t)]
         if trackers:
             meta["files"]["tracker"] = _get(sftp, trackers[-1], dest / "tracker.jsonl")
@@ -236,6 +242,15 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
     finally:
         sftp.close()
     return meta
+
+
+def reap(client: "paramiko.SSHClient", runs_root: str, checkout: str, keep_key: str,
+         max_age_days: int) -> list[str]:
+    """Remove run folders older than ``max_age_days`` with no live job; return what was removed."""
+    status, out, err = run_script(client, remote.reap_script(runs_root, checkout, keep_key, max_age_days))
+    if status != 0:
+        raise NodeError(f"reaping old run folders failed (exit {status}): {err.strip()}")
+    return [line[len("REAPED "):] for line in out.splitlines() if line.startswith("REAPED ")]
 
 
 def cleanup(client: "paramiko.SSHClient", run_dir: str, key: str) -> list[str]:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
+from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param
 
@@ -38,6 +39,7 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
             remote_os="posix",
             cleanup="never",  # the run's folder is kept for the record; cleanup/reaper remove it
             poll_interval=settings.JOB_POLL_INTERVAL_S,
+            max_reconnect_attempts=settings.SSH_RECONNECT_ATTEMPTS,
             **kwargs,
         )
         self.suite = suite
@@ -48,10 +50,16 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         with _worker_time(context):
+            self._job_marker = event.get("job_marker") or _marker_of(context, self.suite)
+            if event.get("done") and event.get("exit_code") == 124:
+                for line in (event.get("log_chunk") or "").splitlines():
+                    self.log.info("[remote] %s", line)
+                stalled = [l for l in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in l]
+                raise RuntimeError(stalled[-1].replace("[rl-verify] ", "") if stalled else
+                                   "the job was killed as stalled (exit 124)")
             super().execute_complete(context, event)
 
     def _launch_or_attach(self, context: Any) -> None:
-        from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
         from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
         from airflow.sdk.exceptions import AirflowSkipException
 
@@ -67,14 +75,17 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
         work_dir = layout.work_dir(self.suite)
         paths = RemoteJobPaths(job_id=self.suite, remote_os="posix", base_dir=layout.jobs_dir)
         self._paths, self._detected_os, self._job_id = paths, "posix", self.suite
+        self._job_marker = remote.job_marker(resolved["run_key"], self.suite)
 
         with pipeline.ssh_client(resolved["node"]) as client:
             state = job_state(client, paths.job_dir)
             if state == "absent":
                 _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
-                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args)
-                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], shares)
+                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args,
+                                             remote.job_marker(resolved["run_key"], self.suite),
+                                             settings.STALL_TIMEOUT_S, spec.tracker)
+                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares)
                 status, out, err = _run(client, build_posix_wrapper_command(command, paths, env))
                 if status != 0:
                     raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
@@ -86,28 +97,24 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
             "job_id": self.suite, "job_dir": paths.job_dir, "log_file": paths.log_file,
             "exit_code_file": paths.exit_code_file, "pid_file": paths.pid_file, "remote_os": "posix",
             "work_dir": work_dir})
-        self.defer(
-            trigger=SSHRemoteJobTrigger(
-                ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host, job_id=self.suite,
-                job_dir=paths.job_dir, log_file=paths.log_file, exit_code_file=paths.exit_code_file,
-                remote_os="posix", poll_interval=self.poll_interval, log_chunk_size=self.log_chunk_size,
-                log_offset=0, command_timeout=self.command_timeout,
-                max_reconnect_attempts=self.max_reconnect_attempts),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout) if self.timeout else None,
-        )
+        self.defer(trigger=self._trigger(paths.job_dir, remote.job_marker(resolved["run_key"], self.suite), 0),
+                   method_name="execute_complete",
+                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
 
+    def _trigger(self, job_dir: str, marker: str, log_offset: int) -> "RLJobTrigger":
+        return RLJobTrigger(
+            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host, job_id=self.suite,
+            job_dir=job_dir, log_file=f"{job_dir}/stdout.log", exit_code_file=f"{job_dir}/exit_code",
+            remote_os="posix", poll_interval=self.poll_interval, log_chunk_size=self.log_chunk_size,
+            log_offset=log_offset, command_timeout=self.command_timeout,
+            max_reconnect_attempts=self.max_reconnect_attempts, job_marker=marker)
 
-@contextmanager
-def _worker_time(context: Any) -> Iterator[None]:
-    """Add the seconds this resume held a worker to the ``worker_seconds`` XCom (deferral excluded)."""
-    t0 = time.monotonic()
-    try:
-        yield
-    finally:
-        ti = context["ti"]
-        held = float(ti.xcom_pull(task_ids=ti.task_id, key="worker_seconds") or 0.0)
-        ti.xcom_push(key="worker_seconds", value=round(held + time.monotonic() - t0, 3))
+    def defer(self, *, trigger: Any, method_name: str, kwargs: Any = None, timeout: Any = None) -> None:
+        # The parent re-defers with its own trigger class while a job runs; keep ours (and its
+        # on_kill) for the whole life of the job.
+        if not isinstance(trigger, RLJobTrigger) and getattr(self, "_job_marker", None):
+            trigger = self._trigger(trigger.job_dir, self._job_marker, trigger.log_offset)
+        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
 
 def _run(client: Any, script: str) -> tuple[int, str, str]:

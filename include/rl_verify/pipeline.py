@@ -106,9 +106,14 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
         p = validated_params(params)
         values = node_settings(p["node"])
     key = remote.run_key(dag_run_id)
-    with ssh_client(p["node"]) as client, no_retry_on(node.NodeError):
-        resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
-                                       values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
+    with ssh_client(p["node"]) as client:
+        reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],
+                           key, settings.REAP_AFTER_DAYS)
+        for folder in reaped:
+            log.info("Reaped run folder older than %d days: %s", settings.REAP_AFTER_DAYS, folder)
+        with no_retry_on(node.NodeError):
+            resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
+                                           values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
     resolved.update(run_key=key, suites=p["suites"], node=p["node"])
     record.write_json(record.run_record_dir(dag_run_id) / "commit.json", resolved)
     log.info("Commit under test: %s (%s) in worktree %s", resolved["sha"], p["commit"], resolved["worktree"])

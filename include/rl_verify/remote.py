@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from rl_verify.settings import KNOWN_SUITES, RUN_MARKER_ENV
+from rl_verify.settings import JOB_MARKER_ENV, KNOWN_SUITES, RUN_MARKER_ENV
 
 COMMIT_MAX_LEN = 200
 # A git branch, tag or SHA: starts with an alphanumeric, then a conservative subset of what git
@@ -188,30 +188,85 @@ exit 0
     return "\n".join(lines) + "\n"
 
 
-def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str]) -> str:
+def _marked_fn(marker: str) -> str:
+    """Bash function ``marked VALUE``: pids whose environment holds ``marker=VALUE`` exactly.
+
+    Only processes exec'd by a job carry its exported marker, so the shells that run this very
+    script (and the job wrapper itself) are never listed.
+    """
+    return f"""marked() {{
+  for d in /proc/[0-9]*; do
+    {{ tr '\\0' '\\n' < "$d/environ"; }} 2>/dev/null | grep -qxF "{marker}=$1" && echo "${{d#/proc/}}"
+  done
+}}"""
+
+
+def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], job_marker: str,
+                stall_timeout_s: int, tracker_glob: str = "*/logs/exp_tracking/tracker.jsonl") -> str:
     """The command of one training job, run from the worktree by SSHRemoteJobOperator.
 
-    The launch script's exit status is reported but never trusted (it can be 0 after a crash);
-    Ray is stopped when the script returns so the node is free for the next suite.
+    The launch script's exit status is reported but never trusted (it can be 0 after a crash).
+    A node-side watchdog kills the job when its tracker has not grown for ``stall_timeout_s``
+    (0 disables it) and makes the job exit 124 with a ``STALLED at step N`` line; it runs on the
+    node, so it works even while the node is unreachable from Airflow. Ray is stopped when the
+    script returns so the node is free for the next suite.
     """
     argv = " ".join(shlex.quote(a) for a in args)
+    wd, glob = shlex.quote(work_dir), tracker_glob
     # One subshell: the remote-job wrapper redirects and reads the status of the command as a
     # whole, so a multi-line body must be a single compound command.
-    return (
-        f"( cd {shlex.quote(worktree)} && mkdir -p {shlex.quote(work_dir)} || exit 97\n"
-        f"bash -x {shlex.quote(script)} {argv}\n"
-        "rc=$?\n"
-        "ray stop --force >/dev/null 2>&1 || true\n"
-        'echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"\n'
-        "exit $rc )"
-    )
+    return f"""( cd {shlex.quote(worktree)} && mkdir -p {wd} || exit 97
+job={shlex.quote(job_marker)}
+stall={int(stall_timeout_s)}
+{_marked_fn(JOB_MARKER_ENV)}
+bash -x {shlex.quote(script)} {argv} &
+launch=$!
+if [ "$stall" -gt 0 ]; then
+  ( last=-1; since=$(date +%s)
+    while kill -0 "$launch" 2>/dev/null; do
+      size=$(stat -c %s {wd}/{glob} 2>/dev/null | awk '{{s+=$1}} END {{print s+0}}')
+      now=$(date +%s)
+      if [ "$size" != "$last" ]; then last=$size; since=$now
+      elif [ $((now - since)) -ge "$stall" ]; then
+        newest=$(ls -1d {wd}/{glob} 2>/dev/null | sort | tail -n 1)
+        steps=$(grep -c '"response/rewards/mean"' "$newest" 2>/dev/null || echo 0)
+        echo "$steps" > {wd}/.rl-verify-stalled
+        echo "[rl-verify] STALLED at step $steps: the tracker did not grow for $stall s; killing the job"
+        for p in $(marked "$job"); do kill -TERM "$p" 2>/dev/null; done
+        sleep 5
+        for p in $(marked "$job"); do kill -KILL "$p" 2>/dev/null; done
+        break
+      fi
+      sleep 2
+    done ) &
+  watch=$!
+fi
+wait "$launch"
+rc=$?
+[ -n "${{watch:-}}" ] && kill "$watch" 2>/dev/null
+ray stop --force >/dev/null 2>&1 || true
+echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"
+[ -f {wd}/.rl-verify-stalled ] && exit 124
+exit $rc )"""
 
 
-def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str,
+def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str, suite: str,
                     shares: Mapping[str, str]) -> dict[str, str]:
-    """Environment of a training job: the suite's env, WORK_DIR, the share roots, the run marker."""
-    env = {**shares, **spec_env, "WORK_DIR": work_dir, RUN_MARKER_ENV: key}
+    """Environment of a training job: suite env, WORK_DIR, share roots, the run and job markers."""
+    env = {**shares, **spec_env, "WORK_DIR": work_dir, RUN_MARKER_ENV: key,
+           JOB_MARKER_ENV: job_marker(key, suite)}
     return {k: str(v) for k, v in env.items()}
+
+
+def job_marker(key: str, suite: str) -> str:
+    """Value of the job marker every process of one (run, suite) training inherits."""
+    return f"{key}/{suite}"
+
+
+def kill_job_script(job_dir: str, marker_value: str) -> str:
+    """Script: stop one job (its process group, every process carrying its marker) and Ray."""
+    return _stop_script(shlex.quote(job_dir) + "/pid", JOB_MARKER_ENV, marker_value,
+                        stop_ray_if=shlex.quote(job_dir) + "/pid")
 
 
 def cleanup_script(run_dir: str, key: str) -> str:
@@ -219,33 +274,61 @@ def cleanup_script(run_dir: str, key: str) -> str:
 
     TERM first so the launch scripts' EXIT traps can stop their teacher servers, then KILL
     whatever still carries the run marker, then ``ray stop --force``. Prints KILLED/LEFT lines.
+    Ray is stopped only when this run launched a job: a run that failed its prerequisites because
+    another run is training must not stop that run's Ray.
     """
+    pids = shlex.quote(run_dir) + "/jobs/*/pid"
+    return _stop_script(pids, RUN_MARKER_ENV, key, stop_ray_if=pids)
+
+
+def _stop_script(pid_glob: str, marker: str, value: str, stop_ray_if: str) -> str:
     return f"""set -u
-run_dir={shlex.quote(run_dir)}
-key={shlex.quote(key)}
-marked() {{
-  for d in /proc/[0-9]*; do
-    {{ tr '\\0' '\\n' < "$d/environ"; }} 2>/dev/null | grep -qx "{RUN_MARKER_ENV}=$key" && echo "${{d#/proc/}}"
-  done
-}}
-for pidf in "$run_dir"/jobs/*/pid; do
+value={shlex.quote(value)}
+{_marked_fn(marker)}
+for pidf in {pid_glob}; do
   [ -f "$pidf" ] || continue
   p=$(cat "$pidf" 2>/dev/null)
   case "$p" in ''|*[!0-9]*|0|1) continue;; esac
   kill -TERM -"$p" 2>/dev/null && echo "TERM group $p"
 done
-for p in $(marked); do kill -TERM "$p" 2>/dev/null; done
-for i in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(marked)" ] && break; sleep 0.5; done
-for p in $(marked); do
+for p in $(marked "$value"); do kill -TERM "$p" 2>/dev/null; done
+for i in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(marked "$value")" ] && break; sleep 0.5; done
+for p in $(marked "$value"); do
   echo "KILLED $p $(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-200)"
   kill -KILL "$p" 2>/dev/null
 done
-# Ray is stopped only when this run launched a job: a run that failed its prerequisites because
-# another run is training must not stop that run's Ray.
-if ls "$run_dir"/jobs/*/pid >/dev/null 2>&1; then
+if ls {stop_ray_if} >/dev/null 2>&1; then
   ray stop --force >/dev/null 2>&1 && echo "ray stopped" || echo "ray stop failed or ray absent"
 fi
 sleep 0.5
-for p in $(marked); do echo "LEFT $p"; done
+for p in $(marked "$value"); do echo "LEFT $p"; done
+exit 0
+"""
+
+
+def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int) -> str:
+    """Script: remove run folders older than ``max_age_days`` that have no live job.
+
+    Their records were archived by the runs that made them; the worktrees are unregistered from
+    the checkout so git does not keep stale entries. Prints one REAPED line per folder.
+    """
+    return f"""set -u
+runs={q(validate_path(runs_root, 'remote runs dir'))}
+checkout={q(validate_path(checkout, 'node checkout'))}
+keep={shlex.quote(keep_key)}
+[ -d "$runs" ] || exit 0
+find "$runs" -mindepth 1 -maxdepth 1 -type d -mtime +{int(max_age_days)} | while read -r dir; do
+  [ "$(basename "$dir")" = "$keep" ] && continue
+  live=0
+  for pidf in "$dir"/jobs/*/pid; do
+    [ -f "$pidf" ] || continue
+    [ -f "$(dirname "$pidf")/exit_code" ] && continue
+    kill -0 "$(cat "$pidf" 2>/dev/null)" 2>/dev/null && live=1
+  done
+  [ "$live" = 1 ] && continue
+  [ -e "$dir/xtuner/.git" ] && git -C "$checkout" worktree remove --force "$dir/xtuner" 2>/dev/null
+  rm -rf -- "$dir" && echo "REAPED $dir"
+done
+git -C "$checkout" worktree prune 2>/dev/null || true
 exit 0
 """

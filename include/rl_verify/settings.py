@@ -54,6 +54,17 @@ SHORT_COMMAND_TIMEOUT_S = 120
 
 #: Environment variable every process of a run inherits, so cleanup can find them all.
 RUN_MARKER_ENV = "RL_VERIFY_RUN"
+#: Environment variable every process of one (run, suite) training inherits (kill, stall watchdog).
+JOB_MARKER_ENV = "RL_VERIFY_JOB"
+#: A training whose tracker does not grow for this long is killed as stalled (0 disables).
+STALL_TIMEOUT_S = int(os.environ.get("RL_VERIFY_STALL_TIMEOUT_S", "900"))
+#: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, ... 30 s) before failing.
+SSH_RECONNECT_ATTEMPTS = int(os.environ.get("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", "12"))
+#: Cleanup is retried (exponential backoff) until the node is reachable again.
+CLEANUP_RETRIES = int(os.environ.get("RL_VERIFY_CLEANUP_RETRIES", "6"))
+CLEANUP_RETRY_DELAY_S = int(os.environ.get("RL_VERIFY_CLEANUP_RETRY_DELAY_S", "30"))
+#: Run folders on the node older than this (and with no live job) are removed by the reaper.
+REAP_AFTER_DAYS = int(os.environ.get("RL_VERIFY_REAP_AFTER_DAYS", "7"))
 
 _CONN_ID_SAFE = re.compile(r"[^A-Za-z0-9_]")
 
@@ -69,6 +80,8 @@ SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
 #: Long trainings are never retried blindly: the operator re-attaches to the live job instead.
 TRAINING_TASK_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=10)}
 LOCAL_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=30)}
+CLEANUP_TASK_ARGS = {"retries": CLEANUP_RETRIES, "retry_delay": timedelta(seconds=CLEANUP_RETRY_DELAY_S),
+                     "retry_exponential_backoff": True, "execution_timeout": timedelta(minutes=10)}
 DEFAULT_ARGS = {"owner": "ml-infra", "retries": 0}
 
 

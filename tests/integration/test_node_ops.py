@@ -32,8 +32,9 @@ def _launch(sim_node, resolved: dict, suite: str) -> RemoteJobPaths:
     spec = _specs(sim_node, layout.worktree, (suite,))[0]
     paths = RemoteJobPaths(job_id=suite, remote_os="posix", base_dir=layout.jobs_dir)
     key = resolved["run_dir"].rsplit("/", 1)[1]
-    command = remote.job_command(layout.worktree, layout.work_dir(suite), spec.script, spec.args)
-    env = remote.job_environment(spec.env, layout.work_dir(suite), key, sim_node.info["env"])
+    command = remote.job_command(layout.worktree, layout.work_dir(suite), spec.script, spec.args,
+                                 remote.job_marker(key, suite), 0)
+    env = remote.job_environment(spec.env, layout.work_dir(suite), key, suite, sim_node.info["env"])
     status, _, err = node.run_script(sim_node.client, build_posix_wrapper_command(command, paths, env))
     assert status == 0, err
     return paths
@@ -113,3 +114,13 @@ def test_cleanup_kills_every_process_of_the_run_and_stops_ray(sim_node):
     assert "ray stopped" in lines
     assert sim_node.wait_no_processes(timeout=10) == []
     assert not simnode.ray_running(sim_node.state)
+
+
+def test_reaper_removes_old_idle_run_folders_but_keeps_live_and_recent_ones(sim_node):
+    old = _resolve(sim_node, "it-reap-old")
+    recent = _resolve(sim_node, "it-reap-recent")
+    sim_node.run(f"touch -d '10 days ago' {old['run_dir']}")
+    reaped = node.reap(sim_node.client, _runs(sim_node), sim_node.checkout, "unrelated-key", 7)
+    assert old["run_dir"] in reaped and recent["run_dir"] not in reaped
+    rc, out, _ = sim_node.run(f"git -C {sim_node.checkout} worktree list")
+    assert old["worktree"] not in out and recent["worktree"] in out

@@ -73,11 +73,13 @@ def test_generated_scripts_are_valid_bash():
     assert _bash_syntax_ok(remote.resolve_commit_script("~/xtuner", "~/runs", "k-1", "main"))
     assert _bash_syntax_ok(remote.prerequisites_script([("grpo", "model", "/m/Qwen3-8B")], "/runs", "k"))
     assert _bash_syntax_ok(remote.cleanup_script("/runs/k", "k"))
-    assert _bash_syntax_ok(remote.job_command("/wt", "/wt/w", "run.sh", ["a b", "$(x)"]))
+    assert _bash_syntax_ok(remote.job_command("/wt", "/wt/w", "run.sh", ["a b", "$(x)"], "k/grpo", 900))
+    assert _bash_syntax_ok(remote.kill_job_script("/runs/k/jobs/grpo", "k/grpo"))
+    assert _bash_syntax_ok(remote.reap_script("~/runs", "~/xtuner", "k", 7))
 
 
 def test_job_command_quotes_every_argument():
-    cmd = remote.job_command("/wt", "/w", "examples/run.sh", ["$(touch /tmp/pwned)", "a;b"])
+    cmd = remote.job_command("/wt", "/w", "examples/run.sh", ["$(touch /tmp/pwned)", "a;b"], "k/grpo", 0)
     assert "'$(touch /tmp/pwned)'" in cmd and "'a;b'" in cmd
 
 
@@ -100,8 +102,35 @@ def test_job_command_is_one_compound_command_whose_status_and_output_are_kept(tm
     # The remote-job wrapper appends ">>log 2>&1" and reads "$?": both must cover the whole body.
     script = tmp_path / "launch.sh"
     script.write_text("echo training; exit 3\n")
-    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [])
+    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [], "k/grpo", 0)
     log = tmp_path / "log"
     status = subprocess.run(["bash", "-c", f"{body} >>{log} 2>&1; echo $? > {tmp_path / 'ec'}"]).returncode
     assert status == 0 and (tmp_path / "ec").read_text().strip() == "3"
     assert "training" in log.read_text() and "launch script exited 3" in log.read_text()
+
+
+def test_stall_watchdog_kills_a_job_whose_tracker_stops_growing(tmp_path):
+    # A launch script that writes two step rows, then hangs: the watchdog must kill it and say where.
+    work = tmp_path / "w"
+    tracker = work / "20261129000000" / "logs" / "exp_tracking" / "tracker.jsonl"
+    script = tmp_path / "launch.sh"
+    script.write_text(f"mkdir -p {tracker.parent}\n"
+                      f"echo '{{\"step\": 1, \"response/rewards/mean\": 0.5}}' >> {tracker}\n"
+                      f"echo '{{\"step\": 2, \"response/rewards/mean\": 0.5}}' >> {tracker}\n"
+                      "exec sleep 600\n")
+    body = remote.job_command(str(tmp_path), str(work), str(script), [], "k/grpo", 2)
+    # Exported inside the shell, as the remote-job wrapper does: only exec'd children carry it.
+    done = subprocess.run(["bash", "-c", f"export RL_VERIFY_JOB=k/grpo\n{body}"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 124
+    assert "STALLED at step 2" in done.stdout
+    assert (work / ".rl-verify-stalled").read_text().strip() == "2"
+    assert subprocess.run(["pgrep", "-f", "^sleep 600$"]).returncode == 1  # nothing left running
+
+
+def test_watchdog_leaves_a_healthy_job_alone(tmp_path):
+    script = tmp_path / "launch.sh"
+    script.write_text("exit 0\n")
+    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [], "k/grpo", 2)
+    done = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "STALLED" not in done.stdout
