@@ -544,6 +544,66 @@ def stop_node(state: Path) -> None:
     (_root(state) / "state" / "ray_head.pid").unlink(missing_ok=True)
 
 
+def _is_sshd(pid: int) -> bool:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).name.startswith("sshd")
+    except OSError:
+        return False
+
+
+def sshd_down(state: Path) -> list[int]:
+    """Take the node's SSH service down like an outage: stop sshd and drop its established sessions.
+
+    Only sshd processes die: the listener and the per-connection sshd processes below it, so every
+    open SSH connection breaks. Every simulated process - trainers, launch scripts, teachers, Ray,
+    even a command a session was running - keeps running. Until ``sshd_up`` the port refuses
+    connections. Returns the sshd pids that were stopped (empty when sshd was not running).
+    """
+    state = Path(state).resolve()
+    listener = _sshd_pid(state)
+    stopped: list[int] = []
+    if listener is not None:
+        # Freeze the listener so it forks no new session while its sessions are collected.
+        os.kill(listener, signal.SIGSTOP)
+        sessions = [p for p in _descendants(listener) if _is_sshd(p)]
+        os.kill(listener, signal.SIGKILL)
+        _kill_all([listener])
+        _kill_all(sessions, grace=1.0)
+        stopped = [listener, *sessions]
+    (state / "sshd.pid").unlink(missing_ok=True)
+    return stopped
+
+
+def sshd_up(state: Path, timeout: float = 10) -> dict[str, Any]:
+    """Start the node's sshd again: same sshd_config, so the same port and the same host/client keys.
+
+    A no-op when it is already running. Returns node.json; on return sshd accepts connections.
+    """
+    state = Path(state).resolve()
+    cfg = state / "sshd_config"
+    if not cfg.exists():
+        raise RuntimeError(f"{cfg} missing: start the node with start_node first")
+    port = _configured_port(state)
+    if _sshd_pid(state) is None:
+        Path("/run/sshd").mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            # The old listener's socket may linger for a moment: retry until the port is free.
+            res = subprocess.run([str(SSHD), "-f", str(cfg), "-E", str(state / "sshd.log")],
+                                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True)
+            try:
+                _wait_port(port, 2)
+                break
+            except RuntimeError:
+                time.sleep(0.2)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd did not come back on 127.0.0.1:{port} (exit {res.returncode}): "
+                                       f"{res.stderr.strip()}") from None
+    _wait_port(port, timeout)
+    return _read_json(state / "node.json", {})
+
+
 def node_status(state: Path) -> dict[str, Any]:
     """node.json plus liveness: sshd pid, faults, simulated processes."""
     state = Path(state).resolve()
