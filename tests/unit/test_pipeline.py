@@ -1,0 +1,137 @@
+"""Task bodies refuse bad input before any remote command, and fail with the reason when the record
+store cannot be written (rl_verify.pipeline, no Airflow server, no node: SSH is replaced by a spy).
+
+Connections are read the way tasks read them, from ``AIRFLOW_CONN_<ID>`` (the SDK resolves those
+outside a task context too).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rl_verify import pipeline, record
+
+CONN_ID = "rl_sec_test_node"
+
+
+class SSHSpy:
+    """Stands in for pipeline.ssh_client: records every attempt and never connects."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, conn_id: str):
+        self.calls.append(conn_id)
+        raise AssertionError(f"an SSH connection to {conn_id!r} was opened")
+
+
+@pytest.fixture()
+def ssh_spy(monkeypatch) -> SSHSpy:
+    spy = SSHSpy()
+    monkeypatch.setattr(pipeline, "ssh_client", spy)
+    return spy
+
+
+@pytest.fixture()
+def node_conn(monkeypatch, tmp_path):
+    """A pinned SSH connection and sane node settings in the environment (nothing listens there)."""
+    extra = {"key_file": str(tmp_path / "id"), "no_host_key_check": False,
+             "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(
+        {"conn_type": "ssh", "host": "127.0.0.1", "port": 9, "login": "nobody", "extra": extra}))
+    for name, value in {"CI_SHARE_MODEL": "/share/model", "CI_SHARE_DATA": "/share/data",
+                        "CI_SHARE_BASELINE": "/share/baseline", "RL_VERIFY_NODE_CHECKOUT": "/node/xtuner",
+                        "RL_VERIFY_REMOTE_RUNS_DIR": "/node/runs"}.items():
+        monkeypatch.setenv(name, value)
+    return CONN_ID
+
+
+def _params(**changes):
+    return {"commit": "main", "suites": ["grpo", "opd"], "node": CONN_ID, **changes}
+
+
+BAD_PARAMS = {
+    "commit with ;": ({"commit": "main; rm -rf /"}, "'commit'"),
+    "commit with $()": ({"commit": "$(reboot)"}, "'commit'"),
+    "commit with backticks": ({"commit": "`id`"}, "'commit'"),
+    "commit with a newline": ({"commit": "main\nid"}, "'commit'"),
+    "commit with a trailing newline": ({"commit": "main\n"}, "'commit'"),
+    "commit with a space": ({"commit": "main branch"}, "'commit'"),
+    "commit with a leading -": ({"commit": "--upload-pack=evil"}, "'commit'"),
+    "commit over 200 characters": ({"commit": "a" * 201}, "'commit'"),
+    "unknown suite": ({"suites": ["dapo"]}, "'suites'"),
+    "empty suites": ({"suites": []}, "'suites'"),
+    "node with ;": ({"node": "rl_gpu_node;id"}, "'node'"),
+}
+
+
+@pytest.mark.parametrize("label", sorted(BAD_PARAMS))
+def test_resolve_commit_refuses_bad_params_without_retry_and_before_ssh(label, ssh_spy, node_conn):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    changes, field = BAD_PARAMS[label]
+    with pytest.raises(AirflowFailException) as err:  # AirflowFailException: no retry
+        pipeline.resolve_commit(_params(**changes), "manual__bad-input")
+    assert field in str(err.value)
+    assert ssh_spy.calls == []
+
+
+@pytest.mark.parametrize("setting,value", [
+    ("RL_VERIFY_REMOTE_RUNS_DIR", "/node/runs;touch /tmp/pwned"),
+    ("RL_VERIFY_NODE_CHECKOUT", "/node/$(id)"),
+    ("CI_SHARE_MODEL", "/share/`id`"),
+    ("CI_SHARE_DATA", "relative/data"),
+    ("CI_SHARE_BASELINE", "/share/../../etc"),
+])
+def test_unsafe_node_settings_are_refused_naming_the_setting_before_ssh(setting, value, monkeypatch,
+                                                                        ssh_spy, node_conn):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setenv(setting, value)
+    with pytest.raises(AirflowFailException) as err:
+        pipeline.resolve_commit(_params(), "manual__bad-setting")
+    assert setting in str(err.value)
+    assert ssh_spy.calls == []
+
+
+def test_unsafe_share_root_in_connection_extras_is_refused(monkeypatch, node_conn):
+    conn = json.loads(__import__("os").environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"])
+    conn["extra"]["ci_share_data"] = "/share/data;id"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
+    with pytest.raises(ValueError, match="CI_SHARE_DATA"):
+        pipeline.node_settings(CONN_ID)
+
+
+# ------------------------------------------------------------------------------ record store
+
+def _blocked(tmp_path: Path):
+    """run_record_dir replacement pointing below a regular file: not writable, even for root."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder\n")
+    return blocker, (lambda dag_run_id, root=None: blocker / "rl_accuracy_verification" / "run-1")
+
+
+def test_report_into_an_unwritable_record_store_fails_naming_it_and_verdict_says_no_report(tmp_path, monkeypatch):
+    blocker, blocked = _blocked(tmp_path)
+    monkeypatch.setattr(record, "run_record_dir", blocked)
+    with pytest.raises(OSError) as err:
+        pipeline.report("manual__1", _params(), None)
+    assert str(blocker) in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing half-written anywhere
+    with pytest.raises(RuntimeError, match="no report was written"):
+        pipeline.verdict(None)
+
+
+def test_unwritable_record_store_fails_resolve_commit_before_the_node_is_touched(tmp_path, monkeypatch,
+                                                                                ssh_spy, node_conn):
+    """Fail fast: a run whose record cannot be kept must not create a worktree (or reap folders) on
+    the node first; the error names the record folder."""
+    blocker, blocked = _blocked(tmp_path)
+    monkeypatch.setattr(record, "run_record_dir", blocked)
+    with pytest.raises(Exception) as err:
+        pipeline.resolve_commit(_params(), "manual__unwritable")
+    assert ssh_spy.calls == [], "the node was contacted before the record store was found unwritable"
+    assert str(blocker) in str(err.value)
