@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import datetime
 import json
 import os
 import secrets
@@ -622,6 +623,52 @@ class AirflowStack:
                     raise StackError(f"Airflow not healthy in time; last health: {last}\n"
                                      + "\n".join(f"== {n}\n{self.log_tail(n, 15)}" for n in self.procs))
                 time.sleep(0.5)
+
+    _HEARTBEATS = {"scheduler": ("scheduler", "latest_scheduler_heartbeat"),
+                   "triggerer": ("triggerer", "latest_triggerer_heartbeat"),
+                   "dag-processor": ("dag_processor", "latest_dag_processor_heartbeat")}
+
+    def restart_component(self, name: str, timeout: float = 120.0, stop_timeout: float = 5.0) -> float:
+        """Stop one component (its process group and descendants) and start it again.
+
+        Same command, environment and log file as ``start``. Returns (the seconds it took) once
+        /monitor/health is all healthy and, for a component with a heartbeat (scheduler, triggerer,
+        dag-processor), the NEW process has heartbeated. Tests restart e.g. the triggerer while a
+        task is deferred.
+        """
+        if name not in self.procs:
+            raise StackError(f"unknown or stopped component {name!r} (running: {', '.join(self.procs)})")
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        old = self.procs[name]
+        _kill_tree([old.pid], _descendants(old.pid), stop_timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            old.wait(timeout=5)
+        since = time.time()
+        out = open(self.log_dir / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(
+            [self.python, "-m", "airflow", name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=self.state_dir, start_new_session=True,
+        )
+        out.close()
+        self._write_stack_file()
+        self._wait_healthy(deadline=deadline)
+        if name in self._HEARTBEATS:
+            key, field = self._HEARTBEATS[name]
+            with httpx.Client(base_url=self.base_url, timeout=5) as http:
+                while True:
+                    if self.procs[name].poll() is not None:
+                        raise StackError(f"airflow {name} exited with {self.procs[name].returncode} after "
+                                         f"restart:\n{self.log_tail(name)}")
+                    with contextlib.suppress(httpx.HTTPError, ValueError, TypeError):
+                        raw = (http.get("/api/v2/monitor/health").json().get(key) or {}).get(field)
+                        if raw and datetime.datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp() >= since:
+                            break
+                    if time.monotonic() > deadline:
+                        raise StackError(f"airflow {name} did not heartbeat within {timeout}s of its restart:\n"
+                                         f"{self.log_tail(name, 15)}")
+                    time.sleep(0.5)
+        return time.monotonic() - t0
 
     def log_tail(self, component: str, lines: int = 40) -> str:
         return _tail(self.log_dir / f"{component}.log", lines)
