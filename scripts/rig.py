@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from scripts.airflow_stack import AirflowClient, AirflowStack
 from simulator import node as sim
@@ -93,8 +93,12 @@ class Rig:
         self.stop()
 
     def run(self, conf: Mapping[str, Any], decision: str | None = "Approve", timeout: float = 600,
-            standing: bool = False) -> RunOutcome:
-        """Trigger a run, answer the approval with ``decision`` (None: expect no wait), wait for the end."""
+            standing: bool = False, during: Callable[[str], Any] | None = None) -> RunOutcome:
+        """Trigger a run, answer the approval with ``decision`` (None: expect no wait), wait for the end.
+
+        ``during(run_id)``, when given, is called once the approval is answered and before waiting
+        for the end (fault-injection tests use it to act on the running DAG run and the node).
+        """
         assert self.client is not None
         t0 = time.monotonic()
         run_id = self.client.trigger(DAG_ID, conf=dict(conf))
@@ -107,6 +111,8 @@ class Rig:
                                                 params_input={"standing_approval": standing})
             approval = approval or detail
         t1 = time.monotonic()
+        if during is not None:
+            during(run_id)
         state = self.client.wait_for_run(DAG_ID, run_id, timeout=timeout)
         timings["after approval until end"] = time.monotonic() - t1
         tasks = self.client.task_states(DAG_ID, run_id)

@@ -1,0 +1,540 @@
+"""Fault injection through the whole DAG: a real Airflow driving the SIMULATED GPU node.
+
+Each scenario injects one fault into a running DAG run and then checks the same invariants:
+the verdict (or failure class) is the right one, exactly ONE training ran for the run and suite
+(one 14-digit experiment folder in ``runs/<run key>/work/<suite>``), no process of the run is left
+on the node and Ray is stopped, and the record's manifest lists complete files (the tracker
+whenever the node had one, the card and the reports). The module ends by scanning every task
+log for secrets. Per-fault results are printed (``pytest -s``) and written to
+``.state/fault-table.md``.
+
+Two rigs (one at a time, to spare a 2-core machine):
+  main    stall watchdog 10 s, default SSH reconnect budget (12), cleanup retried every few s
+  budget  stall watchdog off, job timeout = budget x 0.01 (grpo 24 s, opd 36 s), reconnect budget 2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rl_verify.remote import run_key  # noqa: E402
+from scripts.rig import DAG_ID, Rig, RunOutcome  # noqa: E402
+from simulator import node as sim  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+STEP_SECONDS = 0.1          # default simulated step time (grpo 45 steps, opd 25 steps)
+STALL_TIMEOUT_S = 10        # > tracker flush (3 steps) + Ray/teacher start-up at every step time used here
+SSHD_OUTAGE_S = 60          # "sshd down 60 s mid-run"
+CLEAN_WAIT_S = 20           # how long a clean node may take after the run ended
+SUMMARY_MARKER = '"response/rewards/mean"'   # only step-summary rows carry it
+EXP_RE = re.compile(r"^\d{14}$")
+TABLE_PATH = ROOT / ".state" / "fault-table.md"
+
+RIG_ENV = {
+    "main": {
+        "RL_VERIFY_STALL_TIMEOUT_S": str(STALL_TIMEOUT_S),
+        "RL_VERIFY_SSH_RECONNECT_ATTEMPTS": "12",
+        "RL_VERIFY_CLEANUP_RETRIES": "8",
+        "RL_VERIFY_CLEANUP_RETRY_DELAY_S": "2",
+    },
+    "budget": {
+        "RL_VERIFY_STALL_TIMEOUT_S": "0",
+        "RL_VERIFY_JOB_TIMEOUT_FACTOR": "0.01",
+        "RL_VERIFY_SSH_RECONNECT_ATTEMPTS": "2",
+        "RL_VERIFY_CLEANUP_RETRIES": "8",
+        "RL_VERIFY_CLEANUP_RETRY_DELAY_S": "2",
+    },
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Results table
+@dataclass
+class FaultResult:
+    fault: str
+    injected: int = 0
+    survived: bool | None = None
+    duplicates: int | None = None
+    leftovers: int | None = None
+    records_lost: int | None = None
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+RESULTS: list[FaultResult] = []
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return str(value)
+
+
+def render_table(results: list[FaultResult]) -> str:
+    head = ("| fault | injected | survived | duplicate trainings | leftover processes | records lost "
+            "| seconds | notes |\n|---|---|---|---|---|---|---|---|\n")
+    rows = "".join(
+        f"| {r.fault} | {r.injected} | {_fmt(r.survived)} | {_fmt(r.duplicates)} | {_fmt(r.leftovers)} "
+        f"| {_fmt(r.records_lost)} | {r.seconds:.0f} | {'; '.join(r.notes).replace('|', '/')} |\n"
+        for r in results)
+    return head + rows
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_table():
+    yield RESULTS
+    table = render_table(RESULTS)
+    TABLE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    TABLE_PATH.write_text("# Fault-injection results (tests/e2e/test_faults.py)\n\n" + table)
+    print("\n\nFault-injection results\n" + table + f"(also in {TABLE_PATH})")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rigs: at most one running at a time; task logs scanned for secrets before a rig goes away
+def _secrets_of(rig: Rig) -> dict[str, str]:
+    """Every secret that must never reach a task log: client key body, demo password, Airflow keys."""
+    assert rig.node and rig.stack
+    out: dict[str, str] = {}
+    key_lines = [ln.strip() for ln in Path(rig.node["client_key"]).read_text().splitlines()
+                 if ln.strip() and not ln.startswith("-----")]
+    out["client private key (body)"] = "".join(key_lines)
+    for i, ln in enumerate(key_lines):
+        if len(ln) >= 16:
+            out[f"client private key (line {i + 1})"] = ln
+    out["demo password"] = rig.stack.password
+    stack_secrets = json.loads((rig.stack.state_dir / "secrets.json").read_text())
+    for name in ("fernet_key", "jwt_secret", "api_secret_key"):
+        out[name] = stack_secrets[name]
+    return out
+
+
+class Rigs:
+    """One running rig at a time; knows every task log it has seen and any secret found in them."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.current: tuple[str, Rig] | None = None
+        self.scanned_files = 0
+        self.leaks: list[str] = []
+
+    def get(self, name: str) -> Rig:
+        if self.current and self.current[0] == name:
+            return self.current[1]
+        self.release()
+        if not sim.SSHD.exists():
+            pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+        state = self.base / name
+        rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+        try:
+            rig.start(extra_env=RIG_ENV[name])
+        except BaseException:
+            rig.stop()
+            raise
+        self.current = (name, rig)
+        return rig
+
+    def scan(self, rig: Rig) -> None:
+        secrets = _secrets_of(rig)
+        logs = rig.stack.home / "logs"
+        for path in sorted(p for p in logs.rglob("*") if p.is_file()):
+            self.scanned_files += 1
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            for what, value in secrets.items():
+                if value and value in text:
+                    self.leaks.append(f"{what} in {path.relative_to(logs)}")
+
+    def release(self) -> None:
+        if not self.current:
+            return
+        _, rig = self.current
+        self.current = None
+        try:
+            rig.stop()   # stop_node needs no sshd: a node left in an outage by a failed test stops too
+        finally:
+            if rig.stack and rig.node:
+                self.scan(rig)
+                shutil.rmtree(rig.stack.home / "logs", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def rigs(tmp_path_factory):
+    pool = Rigs(tmp_path_factory.mktemp("faults"))
+    try:
+        yield pool
+    finally:
+        pool.release()
+
+
+@pytest.fixture()
+def main_rig(rigs):
+    rig = rigs.get("main")
+    _reset_node(rig)
+    yield rig
+    _reset_node(rig)
+
+
+@pytest.fixture()
+def budget_rig(rigs):
+    rig = rigs.get("budget")
+    _reset_node(rig)
+    yield rig
+    _reset_node(rig)
+
+
+def _node_state(rig: Rig) -> Path:
+    return rig.state_dir / "node"
+
+
+def _reset_node(rig: Rig) -> None:
+    state = _node_state(rig)
+    sim.sshd_up(state)
+    sim.clear_faults(state)
+    set_step_seconds(rig, STEP_SECONDS)
+
+
+def set_step_seconds(rig: Rig, seconds: float) -> None:
+    """Simulated step time of the next launches (start_node re-uses the running sshd, rewrites sim.json)."""
+    sim.start_node(_node_state(rig), step_seconds=seconds)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Watching a run and the node
+def _run_dir(rig: Rig, run_id: str) -> Path:
+    return Path(rig.node["root"]) / "runs" / run_key(run_id)
+
+
+def experiment_folders(rig: Rig, run_id: str, suite: str) -> list[Path]:
+    work = _run_dir(rig, run_id) / "work" / suite
+    return sorted(p for p in work.iterdir() if p.is_dir() and EXP_RE.match(p.name)) if work.is_dir() else []
+
+
+def tracked_steps(rig: Rig, run_id: str, suite: str) -> int:
+    """Step-summary rows in the newest tracker of the suite (read on the node's disk: works offline)."""
+    folders = experiment_folders(rig, run_id, suite)
+    tracker = folders[-1] / "logs" / "exp_tracking" / "tracker.jsonl" if folders else None
+    if not tracker or not tracker.exists():
+        return 0
+    return tracker.read_text(errors="replace").count(SUMMARY_MARKER)
+
+
+def wait_until(what: str, predicate: Callable[[], Any], timeout: float, poll: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+def ti(rig: Rig, run_id: str, task_id: str) -> dict[str, Any]:
+    return rig.client.task_instance(DAG_ID, run_id, task_id)
+
+
+def wait_job_running(rig: Rig, run_id: str, suite: str, min_steps: int = 1, timeout: float = 180) -> int:
+    """Wait until run_<suite> is deferred on a live job whose tracker has ``min_steps`` rows."""
+    task = f"run_{suite}"
+
+    def ready() -> bool:
+        state = ti(rig, run_id, task)["state"]
+        if state in ("success", "failed", "upstream_failed", "skipped"):
+            raise AssertionError(f"{task} ended ({state}) before the fault could be injected: "
+                                 + rig.client.task_log(DAG_ID, run_id, task)[-3000:])
+        return state == "deferred" and tracked_steps(rig, run_id, suite) >= min_steps
+
+    wait_until(f"{task} deferred with >= {min_steps} tracked steps", ready, timeout)
+    return tracked_steps(rig, run_id, suite)
+
+
+def training_processes(rig: Rig) -> list[tuple[int, str]]:
+    return [p for p in sim.node_processes(_node_state(rig)) if "--rlsim-train" in p[1]]
+
+
+def wait_node_clean(rig: Rig, timeout: float = CLEAN_WAIT_S) -> list[tuple[int, str]]:
+    """Poll until no process of the node is left and Ray is stopped; return what is still there."""
+    state = _node_state(rig)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = sim.node_processes(state)
+        if not left and not sim.ray_running(state):
+            return []
+        if time.monotonic() > deadline:
+            return left or [(0, "ray still running")]
+        time.sleep(0.5)
+
+
+def all_logs(rig: Rig, run_id: str, task_id: str) -> str:
+    """Every try's log of a task, concatenated."""
+    tries = int(ti(rig, run_id, task_id).get("try_number") or 1)
+    return "\n".join(rig.client.task_log(DAG_ID, run_id, task_id, try_number=n) for n in range(1, tries + 1))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The invariants every scenario ends with
+def manifest_problems(summary: dict[str, Any] | None, rig: Rig, run_id: str, suite: str) -> list[str]:
+    """What the record lacks: unlisted expected files, listed files missing or not matching."""
+    if not summary:
+        return ["no report summary (report task did not succeed)"]
+    record = Path(summary["record"])
+    path = record / "manifest.json"
+    if not path.exists():
+        return [f"no manifest.json in {record}"]
+    listed = {f["path"]: f for f in json.loads(path.read_text())["files"]}
+    problems = []
+    for rel, entry in listed.items():
+        f = record / rel
+        if not f.is_file():
+            problems.append(f"listed but absent: {rel}")
+        elif f.stat().st_size != entry["bytes"] or hashlib.sha256(f.read_bytes()).hexdigest() != entry["sha256"]:
+            problems.append(f"size/sha256 mismatch: {rel}")
+    expected = {"card.md", "report.json", "report.md", "report.html", "commit.json"}
+    folders = experiment_folders(rig, run_id, suite)
+    if folders and (folders[-1] / "logs" / "exp_tracking" / "tracker.jsonl").exists():
+        expected.add(f"{suite}/tracker.jsonl")   # the node had a tracker: it must be archived
+    problems += [f"not archived: {rel}" for rel in sorted(expected - set(listed))]
+    for kind, report_path in (summary.get("report") or {}).items():
+        if not Path(report_path).is_file():
+            problems.append(f"report {kind} missing: {report_path}")
+    return problems
+
+
+def report_json(summary: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(Path(summary["report"]["json"]).read_text())
+
+
+def conclude(rig: Rig, result: FaultResult, out: RunOutcome, suite: str, *, state: str, verdict: str,
+             failure_classes: list[str]) -> None:
+    """Record the scenario's row, then assert verdict, one training, clean node, complete record."""
+    leftovers = wait_node_clean(rig)
+    folders = experiment_folders(rig, out.run_id, suite)
+    lost = manifest_problems(out.summary, rig, out.run_id, suite)
+    got_verdict = (out.summary or {}).get("verdict")
+    got_classes = (out.summary or {}).get("failure_classes")
+    result.survived = out.state == state and got_verdict == verdict and got_classes == failure_classes
+    result.duplicates = max(0, len(folders) - 1)
+    result.leftovers = len(leftovers)
+    result.records_lost = len(lost)
+    result.notes.append(f"{got_verdict} {'+'.join(got_classes or []) or '-'}")
+    if lost:
+        result.notes.append("; ".join(lost))
+    assert out.state == state, json.dumps(out.tasks)
+    assert got_verdict == verdict and got_classes == failure_classes, out.summary
+    assert len(folders) == 1, f"expected exactly one training of {suite}, found {[f.name for f in folders]}"
+    assert leftovers == [], f"left on the node {CLEAN_WAIT_S}s after the run: {leftovers}"
+    assert lost == [], lost
+
+
+@pytest.fixture()
+def result(request):
+    """The scenario's row of the fault table (filled in by the test and by conclude)."""
+    row = FaultResult(fault=request.node.name)
+    t0 = time.monotonic()
+    yield row
+    row.seconds = time.monotonic() - t0
+    if row.survived is None:
+        row.notes.append("test ended before the invariants were checked (see its failure)")
+    RESULTS.append(row)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scenarios on the main rig
+def test_retry_of_a_running_suite_reattaches_to_the_live_job(main_rig, result):
+    result.fault = "retry of a running suite (clear while deferred)"
+    set_step_seconds(main_rig, 0.4)   # ~18 s of training: time to clear it mid-run
+    suite = "grpo"
+    tries: dict[str, Any] = {}
+
+    def clear_mid_run(run_id: str) -> None:
+        before = wait_job_running(main_rig, run_id, suite, min_steps=3)
+        pid_file = _run_dir(main_rig, run_id) / "jobs" / suite / "pid"
+        tries["pid"] = pid_file.read_text().strip()
+        main_rig.client.clear_task(DAG_ID, run_id, [f"run_{suite}"])
+        result.injected += 1
+        wait_until("the cleared task to run again", lambda: int(ti(main_rig, run_id, f"run_{suite}")["try_number"]) >= 2
+                   and ti(main_rig, run_id, f"run_{suite}")["state"] in ("deferred", "success"), 90)
+        tries["steps_at_clear"] = before
+        tries["trainers_after_clear"] = len(training_processes(main_rig))
+
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=clear_mid_run)
+    result.notes.append(f"cleared at step {tries.get('steps_at_clear')}")
+    log = all_logs(main_rig, out.run_id, f"run_{suite}")
+    assert "Re-attaching" in log, log[-3000:]
+    assert (_run_dir(main_rig, out.run_id) / "jobs" / suite / "pid").read_text().strip() == tries["pid"]
+    assert tries["trainers_after_clear"] == 1, "the clear killed the job or started a second one"
+    conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
+
+
+def test_triggerer_restart_while_deferred_keeps_the_single_training(main_rig, result):
+    result.fault = "triggerer restart while deferred"
+    set_step_seconds(main_rig, 0.5)   # ~13 s of OPD training (teachers + Ray) around the restart
+    suite = "opd"
+    seen: dict[str, Any] = {}
+
+    def restart_mid_run(run_id: str) -> None:
+        seen["steps"] = wait_job_running(main_rig, run_id, suite, min_steps=2)
+        seen["restart_s"] = main_rig.stack.restart_component("triggerer")
+        result.injected += 1
+        seen["trainers"] = len(training_processes(main_rig))
+
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=restart_mid_run)
+    result.notes.append(f"restarted at step {seen.get('steps')} in {seen.get('restart_s', 0):.0f}s")
+    assert seen["trainers"] == 1
+    assert int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1, "the restart cost a retry"
+    conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
+
+
+def test_sshd_down_60s_mid_run_job_goes_on_and_monitoring_reconnects(main_rig, result):
+    result.fault = f"sshd down {SSHD_OUTAGE_S} s mid-run"
+    set_step_seconds(main_rig, 0.8)   # ~36 s of GRPO training: it goes on (and ends) during the outage
+    suite = "grpo"
+    seen: dict[str, Any] = {}
+
+    def outage(run_id: str) -> None:
+        state = _node_state(main_rig)
+        seen["steps_before"] = wait_job_running(main_rig, run_id, suite, min_steps=3)
+        sim.sshd_down(state)
+        result.injected += 1
+        try:
+            t0 = time.monotonic()
+            time.sleep(5)
+            seen["trainers_during"] = len(training_processes(main_rig))
+            time.sleep(max(0.0, SSHD_OUTAGE_S - (time.monotonic() - t0)))
+            seen["steps_after"] = tracked_steps(main_rig, run_id, suite)
+            seen["ti_state_during"] = ti(main_rig, run_id, f"run_{suite}")["state"]
+        finally:
+            sim.sshd_up(state)
+
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=outage)
+    result.notes.append(f"steps {seen.get('steps_before')}->{seen.get('steps_after')} during the outage")
+    assert seen["trainers_during"] == 1, "the outage stopped the training"
+    assert seen["steps_after"] > seen["steps_before"], "the training did not go on while sshd was down"
+    assert seen["ti_state_during"] == "deferred", "the monitor gave up within the outage"
+    assert int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1, "reconnect cost a retry"
+    log = all_logs(main_rig, out.run_id, f"run_{suite}").lower()
+    assert "reconnect" in log or "retrying in" in log, log[-3000:]
+    conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
+
+
+def test_kill_from_the_api_stops_the_job_teachers_and_ray(main_rig, result):
+    result.fault = "kill from the API (mark run_opd failed)"
+    set_step_seconds(main_rig, 1.0)   # 25 s of OPD: long enough to be killed mid-run
+    suite = "opd"
+    seen: dict[str, Any] = {}
+
+    def kill(run_id: str) -> None:
+        seen["steps"] = wait_job_running(main_rig, run_id, suite, min_steps=2)
+        state = _node_state(main_rig)
+        assert any("rlsim-teacher" in c for _, c in sim.node_processes(state)) and sim.ray_running(state)
+        main_rig.client.mark_task_failed(DAG_ID, run_id, f"run_{suite}")
+        result.injected += 1
+        t0 = time.monotonic()
+        seen["left"] = wait_node_clean(main_rig)
+        seen["kill_s"] = time.monotonic() - t0
+
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=kill)
+    result.notes.append(f"killed at step {seen.get('steps')}, node clean after {seen.get('kill_s', 0):.0f}s")
+    assert seen["left"] == [], f"still running {CLEAN_WAIT_S}s after the kill: {seen['left']}"
+    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
+    assert tracked_steps(main_rig, out.run_id, suite) < 25, "the job was not killed mid-run"
+    conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+def test_stalled_tracker_is_killed_and_reported_as_stalled_at_step_n(main_rig, result):
+    result.fault = f"stalled tracker (hang, stall timeout {STALL_TIMEOUT_S} s)"
+    suite, at_step = "grpo", 6
+    sim.set_fault(_node_state(main_rig), suite, "hang", at_step=at_step)
+    result.injected += 1
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
+    stalled = f"stalled at step {at_step - 1}"
+    report = json.dumps(report_json(out.summary)) if out.summary else ""
+    assert stalled in report, report[:3000]
+    assert stalled in all_logs(main_rig, out.run_id, f"run_{suite}").lower()
+    assert "infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
+    result.fault = "crash with exit 0"
+    suite = "opd"
+    sim.set_fault(_node_state(main_rig), suite, "crash", at_step=8)
+    result.injected += 1
+    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
+    assert out.tasks[f"run_{suite}"] == "success", out.tasks   # the launch script exited 0: not trusted
+    assert "wrong step count" in main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}")
+    assert "infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Scenarios on the budget rig (no stall watchdog, tiny job timeout, reconnect budget 2)
+def test_sshd_down_past_the_budget_fails_the_task_and_cleans_up_when_the_node_is_back(budget_rig, result):
+    result.fault = "sshd down past the reconnect budget"
+    set_step_seconds(budget_rig, 3.0)   # 75 s of OPD: still training when the node comes back
+    suite = "opd"
+    seen: dict[str, Any] = {}
+
+    def outage(run_id: str) -> None:
+        state = _node_state(budget_rig)
+        seen["steps_before"] = wait_job_running(budget_rig, run_id, suite, min_steps=2)
+        sim.sshd_down(state)
+        result.injected += 1
+        t0 = time.monotonic()
+        try:
+            # Down until the training task has failed for good (all its tries) and cleanup wants the node.
+            wait_until("run_opd to fail for good", lambda: ti(budget_rig, run_id, f"run_{suite}")["state"] == "failed",
+                       120)
+            seen["cleanup_while_down"] = wait_until(
+                "cleanup to try while the node is down",
+                lambda: ti(budget_rig, run_id, "cleanup")["state"] in ("running", "up_for_retry", "failed"), 60)
+        finally:
+            seen["trainers_during"] = len(training_processes(budget_rig))
+            seen["outage_s"] = time.monotonic() - t0
+            sim.sshd_up(state)
+
+    out = budget_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=outage)
+    result.notes.append(f"down {seen.get('outage_s', 0):.0f}s from step {seen.get('steps_before')}")
+    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
+    assert seen["trainers_during"] == 1, "the training should outlive the outage (cleanup must kill it)"
+    assert int(ti(budget_rig, out.run_id, "cleanup")["try_number"]) > 1, "cleanup did not need to retry?"
+    assert tracked_steps(budget_rig, out.run_id, suite) < 25, "cleanup did not stop the job"
+    # the record keeps what cleanup fetched once the node was back
+    record = Path(out.summary["record"]) if out.summary else None
+    assert record and (record / suite / "tracker.jsonl").exists()
+    conclude(budget_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+def test_hang_past_the_timeout_fails_the_task_and_cleanup_kills_the_job(budget_rig, result):
+    result.fault = "hang past the job timeout (watchdog off)"
+    suite, at_step = "grpo", 4
+    sim.set_fault(_node_state(budget_rig), suite, "hang", at_step=at_step)
+    result.injected += 1
+    out = budget_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
+    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
+    assert tracked_steps(budget_rig, out.run_id, suite) == at_step - 1
+    conclude(budget_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+# ----------------------------------------------------------------------------------------------------
+def test_no_secret_in_any_task_log(rigs):
+    """Last: every task log of both rigs (the running one is scanned now) holds no secret."""
+    if rigs.current:
+        rigs.scan(rigs.current[1])
+    assert rigs.scanned_files > 0, "no task log was scanned"
+    assert rigs.leaks == [], rigs.leaks
