@@ -117,6 +117,55 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
         super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
 
+def _marker_of(context: Any, suite: str) -> str:
+    from rl_verify import remote
+
+    resolved = context["ti"].xcom_pull(task_ids="resolve_commit")
+    return remote.job_marker(resolved["run_key"], suite)
+
+
+class RLJobTrigger(SSHRemoteJobTrigger):
+    """The SSH provider's remote-job trigger, plus a kill when a user acts on the task.
+
+    ``on_kill`` runs only when a user marks the deferred task failed/success or clears it (not on
+    a triggerer restart), and stops every process of the job — its group, the teacher servers
+    that left it, Ray — on the node.
+    """
+
+    def __init__(self, *, job_marker: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.job_marker = job_marker
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        _, kwargs = super().serialize()
+        return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "job_marker": self.job_marker}
+
+    async def on_kill(self) -> None:
+        import shlex
+
+        from rl_verify import remote
+
+        script = remote.kill_job_script(self.job_dir, self.job_marker)
+        conn = await self._connect()
+        try:
+            result = await self._run_command(conn, f"bash -c {shlex.quote(script)}")
+            self.log.warning("Killed job %s on user request: %s", self.job_marker, result[1].strip())
+        finally:
+            await self._close(conn)
+
+
+@contextmanager
+def _worker_time(context: Any) -> Iterator[None]:
+    """Add the seconds this resume held a worker to the ``worker_seconds`` XCom (deferral excluded)."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        ti = context["ti"]
+        held = float(ti.xcom_pull(task_ids=ti.task_id, key="worker_seconds") or 0.0)
+        ti.xcom_push(key="worker_seconds", value=round(held + time.monotonic() - t0, 3))
+
+
 def _run(client: Any, script: str) -> tuple[int, str, str]:
     from rl_verify.node import run_script
 
