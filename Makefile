@@ -35,6 +35,7 @@ demo-stop: venv
 
 bench: venv
 	$(PY) scripts/bench_engine.py
+	$(PY) scripts/bench_parse.py
 
 lint: venv
 	$(PY) -m compileall -q include dags scripts simulator tests
