@@ -8,6 +8,7 @@ outside a task context too).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,7 @@ def test_unsafe_node_settings_are_refused_naming_the_setting_before_ssh(setting,
 
 
 def test_unsafe_share_root_in_connection_extras_is_refused(monkeypatch, node_conn):
-    conn = json.loads(__import__("os").environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"])
+    conn = json.loads(os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"])
     conn["extra"]["ci_share_data"] = "/share/data;id"
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
     with pytest.raises(ValueError, match="CI_SHARE_DATA"):
