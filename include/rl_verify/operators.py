@@ -140,6 +140,25 @@ class RLJobTrigger(SSHRemoteJobTrigger):
         _, kwargs = super().serialize()
         return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "job_marker": self.job_marker}
 
+    async def _read_log_chunk(self, conn: Any) -> tuple[str, int]:
+        # The streamed offset is kept beside the job on the node, so a retried task or a restarted
+        # triggerer resumes the remote log where the previous monitor stopped instead of at byte 0.
+        import shlex
+
+        marker = f"{shlex.quote(self.job_dir)}/stream_offset"
+        if not getattr(self, "_resumed", False):
+            self._resumed = True
+            if self.log_offset == 0:
+                _, out, _ = await self._run_command(conn, f"cat {marker} 2>/dev/null")
+                if out.strip().isdigit() and int(out.strip()) > 0:
+                    self.log_offset = int(out.strip())
+                    self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)",
+                                  self.log_offset)
+        chunk, offset = await super()._read_log_chunk(conn)
+        if offset != self.log_offset:
+            await self._run_command(conn, f"echo {int(offset)} > {marker}")
+        return chunk, offset
+
     async def on_kill(self) -> None:
         import shlex
 
