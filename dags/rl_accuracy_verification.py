@@ -40,12 +40,12 @@ POOL = settings.node_pool()
     params={
         "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Commit under test",
                         description="Branch, tag or SHA of the node's XTuner checkout.",
-                        minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$"),
+                        minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
         "suites": Param(list(settings.KNOWN_SUITES), type="array", title="Suites",
                         items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
                         minItems=1, uniqueItems=True),
         "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",
-                      pattern=r"^[A-Za-z0-9_.-]{1,100}$"),
+                      pattern=r"^[A-Za-z0-9_.-]{1,100}(?![\s\S])"),
     },
 )
 def rl_accuracy_verification():

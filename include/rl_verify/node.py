@@ -152,9 +152,26 @@ def _listdir(sftp: "paramiko.SFTPClient", path: str) -> list["paramiko.SFTPAttri
 def _get(sftp: "paramiko.SFTPClient", remote_path: str, local: Path) -> dict[str, Any]:
     local.parent.mkdir(parents=True, exist_ok=True)
     tmp = local.with_name(local.name + ".part")
-    sftp.get(remote_path, str(tmp))
+    try:
+        sftp.get(remote_path, str(tmp))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     tmp.replace(local)
     return {"remote": remote_path, "local": str(local), "bytes": local.stat().st_size}
+
+
+def _get_file(sftp: "paramiko.SFTPClient", remote_path: str, local: Path, what: str,
+              problems: list[str]) -> dict[str, Any] | None:
+    """Copy a regular file; a missing, non-regular or unreadable one becomes a listed problem."""
+    try:
+        if not stat.S_ISREG(sftp.stat(remote_path).st_mode or 0):
+            problems.append(f"{what} unreadable or missing (not a regular file): {remote_path}")
+            return None
+        return _get(sftp, remote_path, local)
+    except OSError as err:
+        problems.append(f"{what} unreadable or missing ({err.strerror or err}): {remote_path}")
+        return None
 
 
 def _mtime(sftp: "paramiko.SFTPClient", path: str) -> float | None:
@@ -165,7 +182,8 @@ def _mtime(sftp: "paramiko.SFTPClient", path: str) -> float | None:
 
 
 def experiment_folders(sftp: "paramiko.SFTPClient", work_dir: str, tracker_glob: str) -> list[str]:
-    """Remote tracker paths of every experiment folder in ``work_dir``, oldest first."""
+    """Remote tracker paths of every 14-digit experiment folder in ``work_dir``, oldest first
+    (whether or not the tracker exists yet)."""
     first, _, rest = tracker_glob.partition("/")
     names = sorted(a.filename for a in _listdir(sftp, work_dir)
                    if stat.S_ISDIR(a.st_mode or 0) and fnmatch.fnmatch(a.filename, first)
@@ -204,12 +222,19 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
                 step = fh.read().decode(errors="replace").strip() or "?"
             meta["problems"].append(f"stalled at step {step}: the tracker stopped growing and the "
                                     "node-side watchdog killed the job")
-        trackers = [t for t in experiment_folders(sftp, work_dir, spec.tracker) if _mtime(sftp, t)]
-        if trackers:
-            meta["files"]["tracker"] = _get(sftp, trackers[-1], dest / "tracker.jsonl")
-            meta["other_experiments"] = trackers[:-1]
+        trackers = experiment_folders(sftp, work_dir, spec.tracker)
+        if not trackers:
+            meta["problems"].append(f"no tracker: no experiment folder matches {work_dir}/{spec.tracker}")
         else:
-            meta["problems"].append(f"no tracker: nothing matches {work_dir}/{spec.tracker}")
+            # The newest launch is the one under test: an older folder's tracker is never used
+            # in its place (that would evaluate a stale training as this run's).
+            meta["other_experiments"] = trackers[:-1]
+            if _mtime(sftp, trackers[-1]) is None:
+                meta["problems"].append(f"no tracker in the newest experiment folder: {trackers[-1]}")
+            else:
+                got = _get_file(sftp, trackers[-1], dest / "tracker.jsonl", "tracker", meta["problems"])
+                if got:
+                    meta["files"]["tracker"] = got
         logs = []
         for attr in _listdir(sftp, work_dir):
             if stat.S_ISREG(attr.st_mode or 0) and any(fnmatch.fnmatch(attr.filename, p) for p in spec.logs):
@@ -219,16 +244,18 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
                 logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
         meta["files"]["logs"] = logs
         if spec.baseline:
-            if _mtime(sftp, spec.baseline) is None:
-                meta["problems"].append(f"baseline tracker unreadable or missing: {spec.baseline}")
-            else:
-                meta["files"]["baseline"] = _get(sftp, spec.baseline, dest / "baseline.jsonl")
+            got = _get_file(sftp, spec.baseline, dest / "baseline.jsonl", "baseline tracker", meta["problems"])
+            if got:
+                meta["files"]["baseline"] = got
         if spec.reference_baseline:
             if _mtime(sftp, spec.reference_baseline) is None:
                 meta["notes"] = [f"no reference baseline at {spec.reference_baseline}: metrics without "
                                  "a golden value are reported as not checked"]
             else:
-                meta["files"]["baseline"] = _get(sftp, spec.reference_baseline, dest / "baseline.jsonl")
+                got = _get_file(sftp, spec.reference_baseline, dest / "baseline.jsonl", "reference baseline",
+                                meta.setdefault("notes", []))
+                if got:
+                    meta["files"]["baseline"] = got
         if spec.checker_dir:
             utils = posixpath.join(spec.checker_dir, "utils")
             got = _get_tree(sftp, utils, dest / "checker" / "autotest" / "utils")

@@ -56,11 +56,16 @@ def ssh_client(conn_id: str) -> Iterator[Any]:
     """An SSH client for the node from the SSH provider's hook (host key pinned by the connection)."""
     from airflow.providers.ssh.hooks.ssh import SSHHook
 
-    hook = SSHHook(ssh_conn_id=conn_id, conn_timeout=20)
+    import paramiko
+
+    hook = SSHHook(ssh_conn_id=conn_id, conn_timeout=20, conn_retry_attempts=2)
     if hook.no_host_key_check or hook.host_key is None:
-        raise ValueError(f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the "
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the "
                          f"node's public host key (ssh-keyscan -t ed25519 HOST) and 'no_host_key_check' to false")
-    client = hook.get_conn()
+    with no_retry_on(paramiko.BadHostKeyException):  # a changed host key is never transient
+        client = hook.get_conn()
     try:
         yield client
     finally:
@@ -105,6 +110,9 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
     with no_retry_on(remote.BadInput, ValueError):
         p = validated_params(params)
         values = node_settings(p["node"])
+    with no_retry_on(OSError):
+        # A run whose record cannot be kept must not touch the node at all.
+        record.ensure_writable(record.run_record_dir(dag_run_id))
     key = remote.run_key(dag_run_id)
     with ssh_client(p["node"]) as client:
         reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],

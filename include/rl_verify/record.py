@@ -48,6 +48,18 @@ def write_atomic(path: Path, data: str | bytes) -> Path:
     return path
 
 
+def ensure_writable(folder: Path) -> Path:
+    """Create ``folder`` and prove a file can be written there; OSError names the folder otherwise."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / ".write-probe", b"")
+        (folder / ".write-probe").unlink()
+    except OSError as err:
+        raise OSError(f"record store folder {folder} cannot be written ({err.strerror or err}): "
+                      f"fix RL_VERIFY_RECORD_ROOT or its permissions") from err
+    return folder
+
+
 def write_json(path: Path, value: Any) -> Path:
     return write_atomic(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 

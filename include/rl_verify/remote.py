@@ -22,6 +22,10 @@ COMMIT_MAX_LEN = 200
 _COMMIT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/+-]*")
 _PATH_RE = re.compile(r"(~/)?[A-Za-z0-9._/+@=,-]+")
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}")
+_REL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
+_GLOB_RE = re.compile(r"[A-Za-z0-9_*][A-Za-z0-9._*/-]*")
+_MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/[a-z0-9_]{1,40}")
 
 
 class BadInput(ValueError):
@@ -73,6 +77,27 @@ def validate_path(value: str, what: str) -> str:
     return value
 
 
+def validate_key(value: str, what: str = "run key") -> str:
+    """A folder name made by :func:`run_key` (letters, digits, . _ -; not '.' or '..')."""
+    if not isinstance(value, str) or not _KEY_RE.fullmatch(value) or value in (".", ".."):
+        raise BadInput(f"{what} {value!r} is not a plain folder name (letters, digits, . _ -)")
+    return value
+
+
+def validate_relative(value: str, what: str, pattern: re.Pattern[str] = _REL_RE) -> str:
+    """A path relative to the worktree: safe characters, no '..', no leading '-' or '/'."""
+    if not isinstance(value, str) or not pattern.fullmatch(value) or ".." in value.split("/"):
+        raise BadInput(f"{what} {value!r} must be a relative path of letters, digits and . _ / - "
+                       f"(no '..', no leading '-' or '/'); fix the suite spec")
+    return value
+
+
+def validate_marker(value: str) -> str:
+    if not isinstance(value, str) or not _MARKER_RE.fullmatch(value):
+        raise BadInput(f"job marker {value!r} must be <run key>/<suite>")
+    return value
+
+
 def q(path: str) -> str:
     """Shell-quote a path, keeping a leading ``~/`` expandable as ``"$HOME"/...``."""
     if path.startswith("~/"):
@@ -115,6 +140,7 @@ def resolve_commit_script(checkout: str, runs_root: str, key: str, commit: str) 
     the ref does not exist, exit 4 that the checkout is missing; stderr says which.
     """
     validate_commit(commit)
+    validate_key(key)
     return f"""set -eu
 checkout={q(validate_path(checkout, 'node checkout'))}
 runs={q(validate_path(runs_root, 'remote runs dir'))}
@@ -161,7 +187,7 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     job of another run, and ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify.
     """
     lines = ["set -u", f"runs={q(validate_path(runs_root, 'remote runs dir'))}",
-             f"key={shlex.quote(key)}",
+             f"key={shlex.quote(validate_key(key))}",
              'chk() { if [ -r "$3" ]; then s=OK; else s=MISSING; fi; '
              'printf "%s\\t%s\\t%s\\t%s\\n" "$s" "$1" "$2" "$3"; }']
     for suite, kind, path in checks:
@@ -212,7 +238,11 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], 
     script returns so the node is free for the next suite.
     """
     argv = " ".join(shlex.quote(a) for a in args)
-    wd, glob = shlex.quote(work_dir), tracker_glob
+    worktree, work_dir = validate_path(worktree, "worktree"), validate_path(work_dir, "WORK_DIR")
+    script = validate_relative(script, "launch script")
+    glob = validate_relative(tracker_glob, "tracker glob", _GLOB_RE)
+    wd = shlex.quote(work_dir)
+    job_marker = validate_marker(job_marker)
     # One subshell: the remote-job wrapper redirects and reads the status of the command as a
     # whole, so a multi-line body must be a single compound command.
     return f"""( cd {shlex.quote(worktree)} && mkdir -p {wd} || exit 97
@@ -265,8 +295,9 @@ def job_marker(key: str, suite: str) -> str:
 
 def kill_job_script(job_dir: str, marker_value: str) -> str:
     """Script: stop one job (its process group, every process carrying its marker) and Ray."""
-    return _stop_script(shlex.quote(job_dir) + "/pid", JOB_MARKER_ENV, marker_value,
-                        stop_ray_if=shlex.quote(job_dir) + "/pid")
+    job_dir = q(validate_path(job_dir, "job dir"))
+    return _stop_script(job_dir + "/pid", JOB_MARKER_ENV, validate_marker(marker_value),
+                        stop_ray_if=job_dir + "/pid")
 
 
 def cleanup_script(run_dir: str, key: str) -> str:
@@ -277,8 +308,8 @@ def cleanup_script(run_dir: str, key: str) -> str:
     Ray is stopped only when this run launched a job: a run that failed its prerequisites because
     another run is training must not stop that run's Ray.
     """
-    pids = shlex.quote(run_dir) + "/jobs/*/pid"
-    return _stop_script(pids, RUN_MARKER_ENV, key, stop_ray_if=pids)
+    pids = q(validate_path(run_dir, "run dir")) + "/jobs/*/pid"
+    return _stop_script(pids, RUN_MARKER_ENV, validate_key(key), stop_ray_if=pids)
 
 
 def _stop_script(pid_glob: str, marker: str, value: str, stop_ray_if: str) -> str:
@@ -315,7 +346,7 @@ def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int)
     return f"""set -u
 runs={q(validate_path(runs_root, 'remote runs dir'))}
 checkout={q(validate_path(checkout, 'node checkout'))}
-keep={shlex.quote(keep_key)}
+keep={shlex.quote(validate_key(keep_key))}
 [ -d "$runs" ] || exit 0
 find "$runs" -mindepth 1 -maxdepth 1 -type d -mtime +{int(max_age_days)} | while read -r dir; do
   [ "$(basename "$dir")" = "$keep" ] && continue

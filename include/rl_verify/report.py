@@ -299,15 +299,10 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None, out_d
 # ----------------------------------------------------------------------------- writing
 
 def atomic_write(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file in the same folder + os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write ``text`` to ``path`` atomically; a failed write leaves neither half a file nor a temp file."""
+    from rl_verify.record import write_atomic
+
+    return write_atomic(Path(path), text)
 
 
 def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None) -> dict[str, Path]:

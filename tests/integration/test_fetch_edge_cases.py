@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import paramiko
+from airflow.sdk.exceptions import AirflowFailException
 import pytest
 
 from rl_verify import node, pipeline, remote
@@ -214,7 +215,8 @@ def test_pinned_right_host_key_connects(monkeypatch, sim_node):
         "allow_host_key_change without host_key"])
 def test_connection_without_a_pinned_host_key_is_refused(monkeypatch, sim_node, changes):
     conn_id = _conn_env(monkeypatch, sim_node, "rl_sec_nopin", **changes)
-    with pytest.raises(ValueError, match="no pinned host key"):
+    # Refused without retry (AirflowFailException): a missing pin is configuration, not a glitch.
+    with pytest.raises(AirflowFailException, match="no pinned host key"):
         with pipeline.ssh_client(conn_id):
             pass
 
@@ -235,8 +237,9 @@ def test_hook_without_host_key_does_not_trust_an_unknown_host(monkeypatch, sim_n
 def test_wrong_pinned_host_key_is_refused(monkeypatch, sim_node, tmp_path, changes):
     conn_id = _conn_env(monkeypatch, sim_node, "rl_sec_wrong", host_key=_other_host_key(tmp_path), **changes)
     started = time.monotonic()
-    with pytest.raises(paramiko.SSHException) as err:  # BadHostKeyException is an SSHException
+    # Refused without retry: a changed host key is never transient.
+    with pytest.raises(AirflowFailException) as err:
         with pipeline.ssh_client(conn_id) as client:
             node.run_script(client, "echo should-not-run")
-    assert isinstance(err.value, paramiko.BadHostKeyException) or "host key" in str(err.value).lower(), err.value
+    assert isinstance(err.value.__cause__, paramiko.BadHostKeyException), err.value
     print(f"refused after {time.monotonic() - started:.1f} s")

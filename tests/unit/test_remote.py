@@ -102,7 +102,7 @@ def test_job_command_is_one_compound_command_whose_status_and_output_are_kept(tm
     # The remote-job wrapper appends ">>log 2>&1" and reads "$?": both must cover the whole body.
     script = tmp_path / "launch.sh"
     script.write_text("echo training; exit 3\n")
-    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [], "k/grpo", 0)
+    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), script.name, [], "k/grpo", 0)
     log = tmp_path / "log"
     status = subprocess.run(["bash", "-c", f"{body} >>{log} 2>&1; echo $? > {tmp_path / 'ec'}"]).returncode
     assert status == 0 and (tmp_path / "ec").read_text().strip() == "3"
@@ -118,7 +118,7 @@ def test_stall_watchdog_kills_a_job_whose_tracker_stops_growing(tmp_path):
                       f"echo '{{\"step\": 1, \"response/rewards/mean\": 0.5}}' >> {tracker}\n"
                       f"echo '{{\"step\": 2, \"response/rewards/mean\": 0.5}}' >> {tracker}\n"
                       "exec sleep 600\n")
-    body = remote.job_command(str(tmp_path), str(work), str(script), [], "k/grpo", 2)
+    body = remote.job_command(str(tmp_path), str(work), script.name, [], "k/grpo", 2)
     # Exported inside the shell, as the remote-job wrapper does: only exec'd children carry it.
     done = subprocess.run(["bash", "-c", f"export RL_VERIFY_JOB=k/grpo\n{body}"], capture_output=True,
                           text=True, timeout=60)
@@ -131,6 +131,6 @@ def test_stall_watchdog_kills_a_job_whose_tracker_stops_growing(tmp_path):
 def test_watchdog_leaves_a_healthy_job_alone(tmp_path):
     script = tmp_path / "launch.sh"
     script.write_text("exit 0\n")
-    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), str(script), [], "k/grpo", 2)
+    body = remote.job_command(str(tmp_path), str(tmp_path / "w"), script.name, [], "k/grpo", 2)
     done = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "STALLED" not in done.stdout
