@@ -92,10 +92,19 @@ def fingerprint(sections: Mapping[str, list[str]]) -> str:
     return hashlib.sha256(json.dumps(sections, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+def _plain(text: str) -> str:
+    """Commit subjects are author-controlled: shown as text, never as HTML or Markdown markup."""
+    import html
+    import re
+
+    return re.sub(r"([\\`*_\[\]<>|#!])", r"\\\1", html.unescape(text or "")).replace("\n", " ")
+
+
 def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], run_id: str) -> str:
     """Full Markdown card: header with the commit under test, then the four sections."""
     lines = [f"# Experiment card — {run_id}", "",
-             f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — {commit.get('subject', '')}",
+             f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — "
+             f"{_plain(commit.get('subject', ''))}",
              f"**Worktree:** `{commit['worktree']}`" + (" — clean" if not commit.get("dirty_stat") else ""), ""]
     if commit.get("dirty_stat"):
         lines += ["**The worktree is dirty:**", "```", commit["dirty_stat"].rstrip(), "```", ""]

@@ -89,3 +89,10 @@ def test_manifest_lists_size_and_sha256(tmp_path):
     manifest = json.loads(record.write_manifest(tmp_path).read_text())
     (entry,) = manifest["files"]
     assert entry["path"] == "grpo/tracker.jsonl" and entry["bytes"] == 12 and len(entry["sha256"]) == 64
+
+
+def test_card_shows_an_author_controlled_commit_subject_as_plain_text():
+    commit = {"sha": "b" * 40, "commit_ref": "main", "subject": "fix <script>alert(1)</script> [x](javascript:y)",
+              "worktree": "/w", "dirty_stat": None}
+    text = card.render_card(commit, _sections(), "manual__1")
+    assert "<script>" not in text and "\\<script\\>" in text and "\\[x\\]" in text
