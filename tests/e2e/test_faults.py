@@ -15,6 +15,7 @@ Two rigs (one at a time, to spare a 2-core machine):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -24,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 import pytest
 
@@ -66,6 +68,9 @@ RIG_ENV = {
 @dataclass
 class FaultResult:
     fault: str
+    rig: Rig | None = None
+    run_id: str | None = None
+    suite: str | None = None
     injected: int = 0
     survived: bool | None = None
     duplicates: int | None = None
@@ -73,6 +78,12 @@ class FaultResult:
     records_lost: int | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def expect(self, ok: Any, message: str) -> None:
+        """A scenario-specific expectation: recorded (not raised) so the row is still measured."""
+        if not ok:
+            self.failures.append(message)
 
 
 RESULTS: list[FaultResult] = []
@@ -131,7 +142,7 @@ class Rigs:
         self.base = base
         self.current: tuple[str, Rig] | None = None
         self.scanned_files = 0
-        self.leaks: list[str] = []
+        self.leaks: set[str] = set()
 
     def get(self, name: str) -> Rig:
         if self.current and self.current[0] == name:
@@ -157,7 +168,7 @@ class Rigs:
             text = path.read_bytes().decode("utf-8", errors="replace")
             for what, value in secrets.items():
                 if value and value in text:
-                    self.leaks.append(f"{what} in {path.relative_to(logs)}")
+                    self.leaks.add(f"{what} in {path.relative_to(logs)}")
 
     def release(self) -> None:
         if not self.current:
@@ -169,7 +180,8 @@ class Rigs:
         finally:
             if rig.stack and rig.node:
                 self.scan(rig)
-                shutil.rmtree(rig.stack.home / "logs", ignore_errors=True)
+                if all(r.survived and not r.failures for r in RESULTS):  # keep the logs of a failure
+                    shutil.rmtree(rig.stack.home / "logs", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -319,38 +331,87 @@ def report_json(summary: dict[str, Any]) -> dict[str, Any]:
     return json.loads(Path(summary["report"]["json"]).read_text())
 
 
-def conclude(rig: Rig, result: FaultResult, out: RunOutcome, suite: str, *, state: str, verdict: str,
-             failure_classes: list[str]) -> None:
-    """Record the scenario's row, then assert verdict, one training, clean node, complete record."""
+def measure(row: FaultResult, rig: Rig, run_id: str, suite: str, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """Fill the row's duplicate trainings, leftover processes and records lost; return the details."""
     leftovers = wait_node_clean(rig)
-    folders = experiment_folders(rig, out.run_id, suite)
-    lost = manifest_problems(out.summary, rig, out.run_id, suite)
+    folders = experiment_folders(rig, run_id, suite)
+    lost = manifest_problems(summary, rig, run_id, suite)
+    row.duplicates = max(0, len(folders) - 1)
+    row.leftovers = len(leftovers)
+    row.records_lost = len(lost)
+    with contextlib.suppress(Exception):
+        tries = {t: int(ti(rig, run_id, t).get("try_number") or 0) for t in (f"run_{suite}", f"fetch_{suite}", "cleanup")}
+        row.notes.append("tries " + " ".join(f"{k.split('_')[0]}={v}" for k, v in tries.items()))
+    if lost:
+        row.notes.append("; ".join(lost))
+    return {"leftovers": leftovers, "folders": folders, "lost": lost}
+
+
+def conclude(rig: Rig, row: FaultResult, out: RunOutcome, suite: str, *, state: str, verdict: str,
+             failure_classes: list[str]) -> None:
+    """Record the scenario's row, then assert verdict, one training, clean node, complete record
+    and every expectation the scenario recorded."""
+    got = measure(row, rig, out.run_id, suite, out.summary)
     got_verdict = (out.summary or {}).get("verdict")
     got_classes = (out.summary or {}).get("failure_classes")
-    result.survived = out.state == state and got_verdict == verdict and got_classes == failure_classes
-    result.duplicates = max(0, len(folders) - 1)
-    result.leftovers = len(leftovers)
-    result.records_lost = len(lost)
-    result.notes.append(f"{got_verdict} {'+'.join(got_classes or []) or '-'}")
-    if lost:
-        result.notes.append("; ".join(lost))
+    row.survived = out.state == state and got_verdict == verdict and got_classes == failure_classes
+    row.notes.insert(0, f"{out.state}: {got_verdict} {'+'.join(got_classes or []) or '-'}")
+    row.notes += row.failures
     assert out.state == state, json.dumps(out.tasks)
     assert got_verdict == verdict and got_classes == failure_classes, out.summary
-    assert len(folders) == 1, f"expected exactly one training of {suite}, found {[f.name for f in folders]}"
-    assert leftovers == [], f"left on the node {CLEAN_WAIT_S}s after the run: {leftovers}"
-    assert lost == [], lost
+    assert len(got["folders"]) == 1, f"expected exactly one training of {suite}, found {[f.name for f in got['folders']]}"
+    assert got["leftovers"] == [], f"left on the node {CLEAN_WAIT_S}s after the run: {got['leftovers']}"
+    assert got["lost"] == [], got["lost"]
+    assert row.failures == [], row.failures
 
 
 @pytest.fixture()
 def result(request):
-    """The scenario's row of the fault table (filled in by the test and by conclude)."""
+    """The scenario's row of the fault table (filled in by the test and by conclude).
+
+    A scenario that failed before ``conclude`` leaves its DAG run possibly stuck (e.g. a deferred
+    task watching a job that died): the run is marked failed here, so the next scenario can start
+    (max_active_runs=1), and the row gets what can still be measured.
+    """
     row = FaultResult(fault=request.node.name)
     t0 = time.monotonic()
     yield row
     row.seconds = time.monotonic() - t0
     if row.survived is None:
-        row.notes.append("test ended before the invariants were checked (see its failure)")
+        row.survived = False
+        row.notes.append("test failed before the run ended (see its failure)")
+        row.notes += row.failures
+        if row.rig and row.run_id:
+            end_stuck_run(row.rig, row.run_id, row)
     RESULTS.append(row)
+
+
+def end_stuck_run(rig: Rig, run_id: str, row: FaultResult) -> None:
+    """Force-fail a DAG run a failed scenario left running, measure the row, then clean the node."""
+    client = rig.client
+    with contextlib.suppress(Exception):
+        sim.sshd_up(_node_state(rig))
+        if client.dag_run(DAG_ID, run_id)["state"] not in ("success", "failed"):
+            client.request("PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", json={"state": "failed"})
+            row.notes.append("DAG run force-failed by the test")
+    if row.suite:
+        with contextlib.suppress(Exception):
+            summary = client.xcom(DAG_ID, run_id, "report")
+            measure(row, rig, run_id, row.suite, summary)
+    sim.kill_node_processes(_node_state(rig))   # a clean node for the next scenario
+
+
+def run_scenario(rig: Rig, row: FaultResult, suite: str, during: Callable[[str], Any] | None = None,
+                 timeout: float = 400) -> RunOutcome:
+    """Trigger a one-suite run of the healthy commit, approve it, call ``during(run_id)``, wait."""
+    row.rig, row.suite = rig, suite
+
+    def hook(run_id: str) -> None:
+        row.run_id = run_id
+        if during is not None:
+            during(run_id)
+
+    return rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=hook, timeout=timeout)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -359,25 +420,31 @@ def test_retry_of_a_running_suite_reattaches_to_the_live_job(main_rig, result):
     result.fault = "retry of a running suite (clear while deferred)"
     set_step_seconds(main_rig, 0.4)   # ~18 s of training: time to clear it mid-run
     suite = "grpo"
-    tries: dict[str, Any] = {}
+    seen: dict[str, Any] = {}
 
     def clear_mid_run(run_id: str) -> None:
-        before = wait_job_running(main_rig, run_id, suite, min_steps=3)
-        pid_file = _run_dir(main_rig, run_id) / "jobs" / suite / "pid"
-        tries["pid"] = pid_file.read_text().strip()
+        seen["steps"] = wait_job_running(main_rig, run_id, suite, min_steps=3)
+        seen["pid"] = (_run_dir(main_rig, run_id) / "jobs" / suite / "pid").read_text().strip()
         main_rig.client.clear_task(DAG_ID, run_id, [f"run_{suite}"])
         result.injected += 1
-        wait_until("the cleared task to run again", lambda: int(ti(main_rig, run_id, f"run_{suite}")["try_number"]) >= 2
-                   and ti(main_rig, run_id, f"run_{suite}")["state"] in ("deferred", "success"), 90)
-        tries["steps_at_clear"] = before
-        tries["trainers_after_clear"] = len(training_processes(main_rig))
 
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=clear_mid_run)
-    result.notes.append(f"cleared at step {tries.get('steps_at_clear')}")
+        def rerun_deferred() -> bool:
+            t = ti(main_rig, run_id, f"run_{suite}")
+            return int(t["try_number"]) >= 2 and t["state"] in ("deferred", "success", "failed")
+
+        wait_until("the cleared task to run again", rerun_deferred, 90)
+        time.sleep(3)   # let any kill the clear caused land
+        # Fail now rather than after the job timeout: a re-run watching a dead job never ends.
+        assert len(training_processes(main_rig)) == 1, (
+            f"clearing run_{suite} killed the running training at step {tracked_steps(main_rig, run_id, suite)} "
+            f"(cleared at step {seen['steps']}); the re-run re-attached to the dying job")
+
+    out = run_scenario(main_rig, result, suite, during=clear_mid_run)
+    result.notes.append(f"cleared at step {seen.get('steps')}")
     log = all_logs(main_rig, out.run_id, f"run_{suite}")
-    assert "Re-attaching" in log, log[-3000:]
-    assert (_run_dir(main_rig, out.run_id) / "jobs" / suite / "pid").read_text().strip() == tries["pid"]
-    assert tries["trainers_after_clear"] == 1, "the clear killed the job or started a second one"
+    result.expect("Re-attaching" in log, "the re-run did not say it re-attached")
+    pid_now = (_run_dir(main_rig, out.run_id) / "jobs" / suite / "pid").read_text().strip()
+    result.expect(pid_now == seen["pid"], f"job pid changed {seen['pid']} -> {pid_now}: a second launch")
     conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
 
 
@@ -393,10 +460,10 @@ def test_triggerer_restart_while_deferred_keeps_the_single_training(main_rig, re
         result.injected += 1
         seen["trainers"] = len(training_processes(main_rig))
 
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=restart_mid_run)
+    out = run_scenario(main_rig, result, suite, during=restart_mid_run)
     result.notes.append(f"restarted at step {seen.get('steps')} in {seen.get('restart_s', 0):.0f}s")
-    assert seen["trainers"] == 1
-    assert int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1, "the restart cost a retry"
+    result.expect(seen["trainers"] == 1, "the restart stopped the training")
+    result.expect(int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1, "the restart cost a retry")
     conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
 
 
@@ -421,14 +488,16 @@ def test_sshd_down_60s_mid_run_job_goes_on_and_monitoring_reconnects(main_rig, r
         finally:
             sim.sshd_up(state)
 
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=outage)
+    out = run_scenario(main_rig, result, suite, during=outage)
     result.notes.append(f"steps {seen.get('steps_before')}->{seen.get('steps_after')} during the outage")
-    assert seen["trainers_during"] == 1, "the outage stopped the training"
-    assert seen["steps_after"] > seen["steps_before"], "the training did not go on while sshd was down"
-    assert seen["ti_state_during"] == "deferred", "the monitor gave up within the outage"
-    assert int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1, "reconnect cost a retry"
+    result.expect(seen["trainers_during"] == 1, "the outage stopped the training")
+    result.expect(seen["steps_after"] > seen["steps_before"], "the training did not go on while sshd was down")
+    result.expect(seen["ti_state_during"] == "deferred", f"run_{suite} was {seen['ti_state_during']} at the "
+                  "end of the outage: the monitor gave up within the reconnect budget")
+    result.expect(int(ti(main_rig, out.run_id, f"run_{suite}")["try_number"]) == 1,
+                  "the outage cost a retry instead of a reconnect")
     log = all_logs(main_rig, out.run_id, f"run_{suite}").lower()
-    assert "reconnect" in log or "retrying in" in log, log[-3000:]
+    result.expect("reconnect" in log or "retrying in" in log, "no reconnect attempt in the task log")
     conclude(main_rig, result, out, suite, state="success", verdict="PASS", failure_classes=[])
 
 
@@ -448,11 +517,12 @@ def test_kill_from_the_api_stops_the_job_teachers_and_ray(main_rig, result):
         seen["left"] = wait_node_clean(main_rig)
         seen["kill_s"] = time.monotonic() - t0
 
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=kill)
+    out = run_scenario(main_rig, result, suite, during=kill)
     result.notes.append(f"killed at step {seen.get('steps')}, node clean after {seen.get('kill_s', 0):.0f}s")
-    assert seen["left"] == [], f"still running {CLEAN_WAIT_S}s after the kill: {seen['left']}"
-    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
-    assert tracked_steps(main_rig, out.run_id, suite) < 25, "the job was not killed mid-run"
+    result.expect(seen["left"] == [], f"still running {CLEAN_WAIT_S}s after the kill: {seen['left']}")
+    result.expect(out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success",
+                  f"task states {out.tasks}")
+    result.expect(tracked_steps(main_rig, out.run_id, suite) < 25, "the job was not killed mid-run")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
 
@@ -461,12 +531,14 @@ def test_stalled_tracker_is_killed_and_reported_as_stalled_at_step_n(main_rig, r
     suite, at_step = "grpo", 6
     sim.set_fault(_node_state(main_rig), suite, "hang", at_step=at_step)
     result.injected += 1
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
+    out = run_scenario(main_rig, result, suite)
     stalled = f"stalled at step {at_step - 1}"
     report = json.dumps(report_json(out.summary)) if out.summary else ""
-    assert stalled in report, report[:3000]
-    assert stalled in all_logs(main_rig, out.run_id, f"run_{suite}").lower()
-    assert "infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    result.expect(stalled in report, f"report does not say {stalled!r}")
+    result.expect(stalled in all_logs(main_rig, out.run_id, f"run_{suite}").lower(),
+                  f"run_{suite} log does not say {stalled!r}")
+    result.expect("infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
+                  "verdict log does not name an infrastructure failure")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
 
@@ -475,10 +547,13 @@ def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
     suite = "opd"
     sim.set_fault(_node_state(main_rig), suite, "crash", at_step=8)
     result.injected += 1
-    out = main_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
-    assert out.tasks[f"run_{suite}"] == "success", out.tasks   # the launch script exited 0: not trusted
-    assert "wrong step count" in main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}")
-    assert "infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    out = run_scenario(main_rig, result, suite)
+    # the launch script exited 0: not trusted, the tracker decides
+    result.expect(out.tasks[f"run_{suite}"] == "success", f"task states {out.tasks}")
+    result.expect("wrong step count" in main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}"),
+                  f"fetch_{suite} log does not say 'wrong step count'")
+    result.expect("infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
+                  "verdict log does not name an infrastructure failure")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
 
@@ -497,26 +572,25 @@ def test_sshd_down_past_the_budget_fails_the_task_and_cleans_up_when_the_node_is
         result.injected += 1
         t0 = time.monotonic()
         try:
-            # Down until the training task has failed for good (all its tries) and cleanup wants the node.
-            wait_until("run_opd to fail for good", lambda: ti(budget_rig, run_id, f"run_{suite}")["state"] == "failed",
-                       120)
-            seen["cleanup_while_down"] = wait_until(
-                "cleanup to try while the node is down",
-                lambda: ti(budget_rig, run_id, "cleanup")["state"] in ("running", "up_for_retry", "failed"), 60)
+            # Down until the training task has failed for good and cleanup has failed once on the node.
+            wait_until("run_opd to fail for good",
+                       lambda: ti(budget_rig, run_id, f"run_{suite}")["state"] == "failed", 120)
+            wait_until("cleanup to fail while the node is down and wait for a retry",
+                       lambda: ti(budget_rig, run_id, "cleanup")["state"] in ("up_for_retry", "failed"), 90)
         finally:
             seen["trainers_during"] = len(training_processes(budget_rig))
             seen["outage_s"] = time.monotonic() - t0
             sim.sshd_up(state)
 
-    out = budget_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"}, during=outage)
+    out = run_scenario(budget_rig, result, suite, during=outage)
     result.notes.append(f"down {seen.get('outage_s', 0):.0f}s from step {seen.get('steps_before')}")
-    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
-    assert seen["trainers_during"] == 1, "the training should outlive the outage (cleanup must kill it)"
-    assert int(ti(budget_rig, out.run_id, "cleanup")["try_number"]) > 1, "cleanup did not need to retry?"
-    assert tracked_steps(budget_rig, out.run_id, suite) < 25, "cleanup did not stop the job"
-    # the record keeps what cleanup fetched once the node was back
+    result.expect(out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success",
+                  f"task states {out.tasks}")
+    result.expect(seen["trainers_during"] == 1, "the training did not outlive the outage (nothing left to kill)")
+    result.expect(tracked_steps(budget_rig, out.run_id, suite) < 25, "cleanup did not stop the job")
+    # the record keeps what was fetched once the node was back
     record = Path(out.summary["record"]) if out.summary else None
-    assert record and (record / suite / "tracker.jsonl").exists()
+    result.expect(record and (record / suite / "tracker.jsonl").exists(), "no tracker in the record")
     conclude(budget_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
 
@@ -525,9 +599,10 @@ def test_hang_past_the_timeout_fails_the_task_and_cleanup_kills_the_job(budget_r
     suite, at_step = "grpo", 4
     sim.set_fault(_node_state(budget_rig), suite, "hang", at_step=at_step)
     result.injected += 1
-    out = budget_rig.run({"commit": "main", "suites": [suite], "node": "rl_gpu_node"})
-    assert out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success", out.tasks
-    assert tracked_steps(budget_rig, out.run_id, suite) == at_step - 1
+    out = run_scenario(budget_rig, result, suite)
+    result.expect(out.tasks[f"run_{suite}"] == "failed" and out.tasks["cleanup"] == "success",
+                  f"task states {out.tasks}")
+    result.expect(tracked_steps(budget_rig, out.run_id, suite) == at_step - 1, "the tracker moved past the hang")
     conclude(budget_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
 
@@ -537,4 +612,4 @@ def test_no_secret_in_any_task_log(rigs):
     if rigs.current:
         rigs.scan(rigs.current[1])
     assert rigs.scanned_files > 0, "no task log was scanned"
-    assert rigs.leaks == [], rigs.leaks
+    assert not rigs.leaks, sorted(rigs.leaks)
