@@ -15,6 +15,7 @@ from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
 from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from rl_verify import settings
 
@@ -55,9 +56,15 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
                 for line in (event.get("log_chunk") or "").splitlines():
                     self.log.info("[remote] %s", line)
                 stalled = [l for l in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in l]
-                raise RuntimeError(stalled[-1].replace("[rl-verify] ", "") if stalled else
-                                   "the job was killed as stalled (exit 124)")
-            super().execute_complete(context, event)
+                raise AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
+                                           "the job was killed as stalled (exit 124)")
+            try:
+                super().execute_complete(context, event)
+            except AirflowException as err:
+                if event.get("done") and event.get("exit_code") not in (None, 0):
+                    # The job ran to its end: a retry would only re-attach to the same exit code.
+                    raise AirflowFailException(str(err)) from err
+                raise
 
     def _launch_or_attach(self, context: Any) -> None:
         from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
@@ -159,10 +166,36 @@ class RLJobTrigger(SSHRemoteJobTrigger):
             await self._run_command(conn, f"echo {int(offset)} > {marker}")
         return chunk, offset
 
+    async def _task_state(self) -> str | None:
+        """The task's state as the scheduler now sees it, or None when it cannot be read."""
+        ti = getattr(self, "task_instance", None)
+        if ti is None:
+            return None
+        try:
+            from asgiref.sync import sync_to_async
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+        except Exception as err:  # a state we cannot read must not kill a training
+            self.log.warning("Could not read the task state: %s", err)
+            return None
+        by_task = states.get(ti.run_id, states)
+        state = by_task.get(ti.task_id) if isinstance(by_task, dict) else None
+        return str(getattr(state, "value", state)) if state is not None else None
+
     async def on_kill(self) -> None:
         import shlex
 
         from rl_verify import remote
+
+        # Airflow calls this for "clear" as well as for "mark failed/success". A cleared task
+        # comes back and re-attaches to the live job, so only a task that ended is killed here;
+        # when the state cannot be read, the DAG's cleanup task (one_failed) does the kill.
+        state = await self._task_state()
+        if state not in ("failed", "success", "skipped", "upstream_failed", "removed"):
+            self.log.info("Task state is %s (cleared or rescheduled): the job keeps running for re-attach", state)
+            return
 
         script = remote.kill_job_script(self.job_dir, self.job_marker)
         conn = await self._connect()

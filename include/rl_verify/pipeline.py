@@ -19,10 +19,6 @@ from rl_verify.suite import SuiteSpec, load_suite
 log = logging.getLogger(__name__)
 
 
-class InfrastructureFailure(RuntimeError):
-    """The run could not produce a trustworthy tracker (crash, wrong step count, no tracker...)."""
-
-
 # --- configuration (read at run time, never at parse time) ----------------------------------------
 
 def node_settings(conn_id: str) -> dict[str, str]:
@@ -184,7 +180,10 @@ def fetch(suite: str, resolved: Mapping[str, Any], dag_run_id: str) -> dict[str,
                     meta["work_dir"], ", ".join(meta["other_experiments"]))
     record.write_json(dest / "fetch.json", meta)
     if meta["problems"]:
-        raise InfrastructureFailure(f"{suite}: " + "; ".join(meta["problems"]))
+        from airflow.sdk.exceptions import AirflowFailException
+
+        # Not retried: the files on the node will not change by asking again.
+        raise AirflowFailException(f"{suite}: " + "; ".join(meta["problems"]))
     return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
 
 

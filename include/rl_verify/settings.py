@@ -77,8 +77,9 @@ def node_pool(conn_id: str = DEFAULT_NODE_CONN_ID) -> str:
 #: default_args per kind of task.
 SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
                        "execution_timeout": timedelta(minutes=10)}
-#: Long trainings are never retried blindly: the operator re-attaches to the live job instead.
-TRAINING_TASK_ARGS = {"retries": 1, "retry_delay": timedelta(seconds=10)}
+#: No automatic retry: a failed or timed-out training would only be re-attached and fail again.
+#: A cleared task (or a restarted worker/triggerer) re-attaches to the live job of its run.
+TRAINING_TASK_ARGS = {"retries": 0}
 LOCAL_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=30)}
 CLEANUP_TASK_ARGS = {"retries": CLEANUP_RETRIES, "retry_delay": timedelta(seconds=CLEANUP_RETRY_DELAY_S),
                      "retry_exponential_backoff": True, "execution_timeout": timedelta(minutes=10)}
