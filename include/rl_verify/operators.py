@@ -97,6 +97,11 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
                 if status != 0:
                     raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
                 self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, paths.job_dir, work_dir)
+            elif state == "dead":
+                # Started, no exit code, no process: killed (or the node rebooted). Waiting for it
+                # would only run into the timeout; relaunching would be a second training.
+                raise AirflowFailException(f"the {self.suite} job of this run ({paths.job_dir}) died without an "
+                                           "exit code (killed or node restarted); not launching a second training")
             else:
                 self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, paths.job_dir)
 
