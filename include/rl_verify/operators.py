@@ -87,7 +87,7 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
         with pipeline.ssh_client(resolved["node"]) as client:
             state = job_state(client, paths.job_dir)
             if state == "absent":
-                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
+                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"], self.suite)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args,
                                              remote.job_marker(resolved["run_key"], self.suite),
@@ -241,10 +241,10 @@ else echo absent; fi""")
     return out.strip() or "absent"
 
 
-def _refuse_if_busy(client: Any, runs_root: str, key: str) -> None:
+def _refuse_if_busy(client: Any, runs_root: str, key: str, suite: str) -> None:
     from rl_verify import node, remote
 
-    status, out, err = _run(client, remote.prerequisites_script([], runs_root, key))
+    status, out, err = _run(client, remote.prerequisites_script([], runs_root, key, own_suite=suite))
     busy = node.parse_prerequisites(out).busy
     if busy:
         raise RuntimeError("; ".join(busy) + " — not launching a second training on this node")

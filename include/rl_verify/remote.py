@@ -67,6 +67,12 @@ def validate_suites(value: object, known: Sequence[str] = KNOWN_SUITES) -> list[
     return [s for s in known if s in value]
 
 
+def validate_suite_name(value: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9_]{1,40}", value):
+        raise BadInput(f"suite name {value!r} must be lower-case letters, digits or _")
+    return value
+
+
 def validate_path(value: str, what: str) -> str:
     """Return ``value`` if it is a plain absolute or ``~/`` path made of safe characters."""
     if not isinstance(value, str) or not _PATH_RE.fullmatch(value) or ".." in value.split("/"):
@@ -180,7 +186,8 @@ fi
 """
 
 
-def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str) -> str:
+def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str,
+                         own_suite: str | None = None) -> str:
     """Script: check every (suite, kind, path) and whether the node is busy, in one round trip.
 
     Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
@@ -188,6 +195,9 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     """
     lines = ["set -u", f"runs={q(validate_path(runs_root, 'remote runs dir'))}",
              f"key={shlex.quote(validate_key(key))}",
+             # Before launching suite S only S's own job is "ours": another suite of the same run
+             # that is still live (e.g. a cleared task) keeps the node busy too.
+             'mine="$runs/$key/"' + (f"jobs/{shlex.quote(validate_suite_name(own_suite))}/" if own_suite else ""),
              'chk() { if [ -r "$3" ]; then s=OK; else s=MISSING; fi; '
              'printf "%s\\t%s\\t%s\\t%s\\n" "$s" "$1" "$2" "$3"; }']
     for suite, kind, path in checks:
@@ -195,7 +205,7 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     lines.append("""for pidf in "$runs"/*/jobs/*/pid; do
   [ -f "$pidf" ] || continue
   job=$(dirname "$pidf")
-  case "$job" in "$runs/$key/"*) continue;; esac
+  case "$job/" in "$mine"*) continue;; esac
   [ -f "$job/exit_code" ] && continue
   p=$(cat "$pidf" 2>/dev/null)
   case "$p" in ''|*[!0-9]*) continue;; esac

@@ -124,3 +124,20 @@ def test_reaper_removes_old_idle_run_folders_but_keeps_live_and_recent_ones(sim_
     assert old["run_dir"] in reaped and recent["run_dir"] not in reaped
     rc, out, _ = sim_node.run(f"git -C {sim_node.checkout} worktree list")
     assert old["worktree"] not in out and recent["worktree"] in out
+
+
+def test_a_live_job_of_another_suite_of_the_same_run_keeps_the_node_busy(sim_node):
+    resolved = _resolve(sim_node, "it-same-run")
+    key = resolved["run_dir"].rsplit("/", 1)[1]
+    simnode.set_fault(sim_node.state, "grpo", "hang", at_step=2)
+    try:
+        _launch(sim_node, resolved, "grpo")
+        script = remote.prerequisites_script([], _runs(sim_node), key, own_suite="opd")
+        busy = node.parse_prerequisites(node.run_script(sim_node.client, script)[1]).busy
+        assert any("suite grpo" in b for b in busy), busy
+        # ...while the grpo task itself (re-attaching) does not see its own job as foreign.
+        script = remote.prerequisites_script([], _runs(sim_node), key, own_suite="grpo")
+        assert node.parse_prerequisites(node.run_script(sim_node.client, script)[1]).busy == []
+    finally:
+        node.cleanup(sim_node.client, resolved["run_dir"], key)
+        simnode.clear_faults(sim_node.state)
