@@ -583,12 +583,7 @@ class AirflowStack:
         try:
             self._run("db", "migrate")
             for name in COMPONENTS:
-                out = open(self.log_dir / f"{name}.log", "ab")
-                self.procs[name] = subprocess.Popen(
-                    [self.python, "-m", "airflow", name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, cwd=self.state_dir, start_new_session=True,
-                )
-                out.close()
+                self._launch(name)
             self._write_stack_file()
             self._wait_healthy(deadline=t0 + timeout)
         except BaseException:
@@ -596,6 +591,14 @@ class AirflowStack:
             raise
         self.started_in = time.monotonic() - t0
         return self
+
+    def _launch(self, name: str) -> None:
+        """Start one component in its own session, appending to its log file."""
+        with open(self.log_dir / f"{name}.log", "ab") as out:
+            self.procs[name] = subprocess.Popen(
+                [self.python, "-m", "airflow", name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=self.state_dir, start_new_session=True,
+            )
 
     def _write_stack_file(self) -> None:
         info = {"base_url": self.base_url, "port": self.port, "username": USERNAME,
@@ -645,12 +648,7 @@ class AirflowStack:
         with contextlib.suppress(subprocess.TimeoutExpired):
             old.wait(timeout=5)
         since = time.time()
-        out = open(self.log_dir / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(
-            [self.python, "-m", "airflow", name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, cwd=self.state_dir, start_new_session=True,
-        )
-        out.close()
+        self._launch(name)
         self._write_stack_file()
         self._wait_healthy(deadline=deadline)
         if name in self._HEARTBEATS:
