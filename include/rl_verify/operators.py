@@ -148,6 +148,14 @@ class RLJobTrigger(SSHRemoteJobTrigger):
         super().__init__(**kwargs)
         self.job_marker = job_marker
 
+    def _reconnect_delay(self, attempt: int) -> float:
+        # Capped at 10 s (the provider caps at 30-60 s): after an outage the monitor is back
+        # within ~10 s of the node; the budget is the number of attempts (~10 s each past the 4th).
+        import random
+
+        base = min(2 ** (attempt - 1), 10)
+        return base + random.uniform(0, 1)
+
     def serialize(self) -> tuple[str, dict[str, Any]]:
         _, kwargs = super().serialize()
         return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "job_marker": self.job_marker}

@@ -58,8 +58,9 @@ RUN_MARKER_ENV = "RL_VERIFY_RUN"
 JOB_MARKER_ENV = "RL_VERIFY_JOB"
 #: A training whose tracker does not grow for this long is killed as stalled (0 disables).
 STALL_TIMEOUT_S = int(os.environ.get("RL_VERIFY_STALL_TIMEOUT_S", "900"))
-#: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, ... 30 s) before failing.
-SSH_RECONNECT_ATTEMPTS = int(os.environ.get("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", "12"))
+#: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before
+#: failing: 36 attempts is about 6 minutes of node outage.
+SSH_RECONNECT_ATTEMPTS = int(os.environ.get("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", "36"))
 #: Cleanup is retried (exponential backoff) until the node is reachable again.
 CLEANUP_RETRIES = int(os.environ.get("RL_VERIFY_CLEANUP_RETRIES", "6"))
 CLEANUP_RETRY_DELAY_S = int(os.environ.get("RL_VERIFY_CLEANUP_RETRY_DELAY_S", "30"))

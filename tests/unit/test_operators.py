@@ -122,3 +122,10 @@ def test_approvers_restrict_who_may_answer(monkeypatch):
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice, bob")
     op = CardApprovalOperator(task_id="approve")
     assert op.assigned_users == [{"id": "alice", "name": "alice"}, {"id": "bob", "name": "bob"}]
+
+
+def test_reconnect_backoff_is_capped_so_the_monitor_returns_soon_after_an_outage():
+    trigger = _trigger()
+    delays = [trigger._reconnect_delay(n) for n in range(1, 13)]
+    assert delays[0] < 2 and max(delays) <= 11
+    assert 60 < sum(delays) < 140  # 12 attempts ride out a 60 s outage
