@@ -97,6 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n  node processes left by the run: {len(leftovers)}")
     verdict = summary.get("verdict", "UNKNOWN (no report)")
     print(f"\n  VERDICT: {verdict}")
+    if summary and verdict != "PASS":
+        report = json.loads(Path(summary["report"]["json"]).read_text())
+        for suite in report.get("suites", []):
+            breached = sorted({f"{c['metric']} (step {c['step']})" if c.get("step") is not None else c["metric"]
+                               for c in suite.get("checks", []) if c.get("passed") is False})
+            print(f"  {suite['suite']}: {suite['verdict']} ({suite.get('failure_class')}); breached: "
+                  f"{', '.join(breached) or '-'}")
+            for step in suite.get("next_steps", []):
+                print(f"    next step: {step}")
     if summary:
         print(f"  report:  {summary['report'].get('md', summary['record'])}")
         print(f"  record:  {summary['record']}")
