@@ -96,3 +96,14 @@ def test_card_shows_an_author_controlled_commit_subject_as_plain_text():
               "worktree": "/w", "dirty_stat": None}
     text = card.render_card(commit, _sections(), "manual__1")
     assert "<script>" not in text and "\\<script\\>" in text and "\\[x\\]" in text
+
+
+def test_record_is_published_to_an_object_storage_root(tmp_path):
+    local = tmp_path / "local" / "run-1"
+    (local / "grpo").mkdir(parents=True)
+    (local / "report.md").write_text("# PASS\n")
+    (local / "grpo" / "tracker.jsonl").write_text('{"step": 1}\n')
+    store = tmp_path / "store"
+    where = record.publish(local, root=f"file://{store}")
+    assert (store / "rl_accuracy_verification" / "run-1" / "grpo" / "tracker.jsonl").read_text() == '{"step": 1}\n'
+    assert where.endswith("rl_accuracy_verification/run-1")
