@@ -93,7 +93,8 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
                                              remote.job_marker(resolved["run_key"], self.suite),
                                              settings.STALL_TIMEOUT_S, spec.tracker)
                 env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares)
-                status, out, err = _run(client, build_posix_wrapper_command(command, paths, env))
+                status, out, err = _run(client, remote.submit_script(
+                    build_posix_wrapper_command(command, paths, env), paths.job_dir))
                 if status != 0:
                     raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
                 self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, paths.job_dir, work_dir)

@@ -290,6 +290,17 @@ echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"
 exit $rc )"""
 
 
+def submit_script(wrapper: str, job_dir: str) -> str:
+    """The provider's detached-job wrapper, then a short wait until the job has written its pid.
+
+    The wrapper returns before the detached job records its pid; waiting for it makes the job
+    visible to every later busy check at once (no window for a second launch).
+    """
+    pid = q(validate_path(job_dir, "job dir")) + "/pid"
+    return (wrapper.rstrip("\n") + "\n"
+            f"for i in $(seq 100); do [ -s {pid} ] && break; sleep 0.05; done >/dev/null 2>&1\n")
+
+
 def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str, suite: str,
                     shares: Mapping[str, str]) -> dict[str, str]:
     """Environment of a training job: suite env, WORK_DIR, share roots, the run and job markers."""

@@ -35,7 +35,8 @@ def _launch(sim_node, resolved: dict, suite: str) -> RemoteJobPaths:
     command = remote.job_command(layout.worktree, layout.work_dir(suite), spec.script, spec.args,
                                  remote.job_marker(key, suite), 0)
     env = remote.job_environment(spec.env, layout.work_dir(suite), key, suite, sim_node.info["env"])
-    status, _, err = node.run_script(sim_node.client, build_posix_wrapper_command(command, paths, env))
+    status, _, err = node.run_script(sim_node.client, remote.submit_script(
+        build_posix_wrapper_command(command, paths, env), paths.job_dir))
     assert status == 0, err
     return paths
 
@@ -85,9 +86,6 @@ def test_prerequisites_list_every_missing_input_in_one_error(sim_node):
 def test_job_runs_detached_and_fetch_archives_tracker_logs_baseline_and_checker(sim_node, tmp_path):
     resolved = _resolve(sim_node, "it-fetch")
     paths = _launch(sim_node, resolved, "grpo")
-    # While it runs, another run sees the node as busy and names this run and suite.
-    with pytest.raises(node.PrerequisitesError, match=r"node busy: run it-fetch-\w+, suite grpo"):
-        node.check_prerequisites(sim_node.client, [], _runs(sim_node), remote.run_key("another-run"))
     assert _wait_exit(sim_node, paths) == "0"
     spec = _specs(sim_node, resolved["worktree"], ("grpo",))[0]
     meta = node.fetch_suite(sim_node.client, spec, remote.RunLayout(resolved["run_dir"]), tmp_path)
@@ -131,7 +129,10 @@ def test_a_live_job_of_another_suite_of_the_same_run_keeps_the_node_busy(sim_nod
     key = resolved["run_dir"].rsplit("/", 1)[1]
     simnode.set_fault(sim_node.state, "grpo", "hang", at_step=2)
     try:
-        _launch(sim_node, resolved, "grpo")
+        _launch(sim_node, resolved, "grpo")  # hangs at step 2: live for the whole test
+        # Another run sees the node as busy, naming this run and suite (right after submission).
+        with pytest.raises(node.PrerequisitesError, match=r"node busy: run it-same-run-\w+, suite grpo"):
+            node.check_prerequisites(sim_node.client, [], _runs(sim_node), remote.run_key("another-run"))
         script = remote.prerequisites_script([], _runs(sim_node), key, own_suite="opd")
         busy = node.parse_prerequisites(node.run_script(sim_node.client, script)[1]).busy
         assert any("suite grpo" in b for b in busy), busy

@@ -95,6 +95,9 @@ BUILDERS = {
     "cleanup_script": (
         dict(run_dir=GOOD["abs2"], key=GOOD["key"]),
         {"run_dir": "abs", "key": "key"}),
+    "submit_script": (
+        dict(wrapper="echo submitted\n", job_dir=GOOD["abs2"] + "/jobs/grpo"),
+        {"job_dir": "abs"}),
     "reap_script": (
         dict(runs_root=GOOD["abs"], checkout=GOOD["abs"], keep_key=GOOD["key"], max_age_days=7),
         {"runs_root": "abs", "checkout": "abs", "keep_key": "key"}),
