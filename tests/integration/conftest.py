@@ -6,9 +6,9 @@ refused), never AutoAddPolicy. Helpers live in sim_ssh.py.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,39 +17,36 @@ pytest.importorskip("paramiko")
 from sim_ssh import STEP_SECONDS, Node, pinned_client, simnode  # noqa: E402
 
 
-def _start(state: Path) -> Node:
+@contextmanager
+def _running_node(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Node]:
+    """Start a simulated node in a fresh state dir, yield it connected, stop it and remove it."""
+    if not simnode.SSHD.exists():
+        # A failure, not a skip: `make test` installs sshd, so a missing one is a broken setup.
+        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+    state = tmp_path_factory.mktemp(name)
     info = simnode.start_node(state, step_seconds=STEP_SECONDS)
     assert json.loads((state / "node.json").read_text()) == info
-    return Node(state=state, info=info, client=pinned_client(info))
-
-
-@pytest.fixture(scope="session")
-def sim_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    """The session's simulated node (started once, stopped at the end)."""
-    if not simnode.SSHD.exists():
-        pytest.skip("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh")
-    state = tmp_path_factory.mktemp("rlsim-node")
-    node = _start(state)
-    try:
-        yield node
-    finally:
-        node.client.close()
-        simnode.stop_node(state)
-
-
-@pytest.fixture()
-def fresh_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    """A second, private node for tests that must stop the node themselves."""
-    if not simnode.SSHD.exists():
-        pytest.skip("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh")
-    state = tmp_path_factory.mktemp("rlsim-fresh")
-    node = _start(state)
+    node = Node(state=state, info=info, client=pinned_client(info))
     try:
         yield node
     finally:
         node.client.close()
         simnode.stop_node(state)
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def sim_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """The session's simulated node (started once, stopped at the end)."""
+    with _running_node(tmp_path_factory, "rlsim-node") as node:
+        yield node
+
+
+@pytest.fixture()
+def fresh_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A second, private node for tests that must stop the node themselves."""
+    with _running_node(tmp_path_factory, "rlsim-fresh") as node:
+        yield node
 
 
 @pytest.fixture()
