@@ -100,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     if summary and verdict != "PASS":
         report = json.loads(Path(summary["report"]["json"]).read_text())
         for suite in report.get("suites", []):
-            breached = sorted({f"{c['metric']} (step {c['step']})" if c.get("step") is not None else c["metric"]
-                               for c in suite.get("checks", []) if c.get("passed") is False})
-            print(f"  {suite['suite']}: {suite['verdict']} ({suite.get('failure_class')}); breached: "
-                  f"{', '.join(breached) or '-'}")
+            breached = sorted({c["metric"] + (f" (first breach at step {c['first_breach_step']})"
+                                              if c.get("first_breach_step") is not None else "")
+                               for c in suite.get("checks", []) if c.get("passed") is False and not c.get("missing")})
+            missing = sorted({c["metric"] for c in suite.get("checks", []) if c.get("missing")})
+            print(f"  {suite['suite']}: {suite['verdict']} ({suite.get('failure_class')})"
+                  + (f"; breached: {', '.join(breached)}" if breached else "")
+                  + (f"; not measured: {', '.join(missing)}" if missing else ""))
             for step in suite.get("next_steps", []):
                 print(f"    next step: {step}")
     if summary:

@@ -39,14 +39,16 @@ def _run_compare(args: argparse.Namespace) -> int:
         from rl_verify.opd import compare_opd
 
         result = compare_opd(Path(args.current), out, golden=Path(args.golden) if args.golden else None,
-                             baseline=Path(args.baseline) if args.baseline else None)
-    paths = write_report(out, [result], ReportMeta(commit=args.commit))
-    print(f"{result.suite}: {result.verdict}")
+                             baseline=Path(args.baseline) if args.baseline else None,
+                             missing_reference="no --baseline tracker was given (pass --baseline BASE.jsonl, a "
+                                               "tracker of a 25-step run of the baseline config, to compare them)")
+    paths = write_report(out, [result], ReportMeta(commit=args.commit, commit_hint="not given (pass --commit SHA)"))
+    print(f"{result.suite}: {result.verdict}" + (f" ({result.failure_class})" if result.failure_class else ""))
     for line in result.abnormal:
         print(f"  abnormal: {line}")
     for check in result.checks:
         if check.passed is False:
-            print(f"  FAIL {check.metric} step={check.step} baseline={check.baseline} current={check.current} "
+            print(f"  {'MISSING' if check.missing else 'FAIL'} {check.metric} step={check.step} baseline={check.baseline} current={check.current} "
                   f"error={check.error} threshold={check.operator} {check.threshold} ({check.note})")
     for step in result.next_steps:
         print(f"  {step}")

@@ -16,6 +16,7 @@ import ast
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.errors import CheckerError, InputError
-from rl_verify.model import FAIL, PASS, Check, SuiteResult, metric_error, verdict_of, within
-from rl_verify.nextsteps import STEP_COUNT, suggest
+from rl_verify.model import (FAIL, PASS, STEP_COUNT, Check, SuiteResult, failure_class_of, metric_error,
+                             missing_findings, verdict_of, within)
+from rl_verify.nextsteps import suggest
+from rl_verify.shapes import ComparedPoint, classify
 from rl_verify.tracker import Point, Tracker, read_tracker, write_sanitised
 
 SUITE = "grpo"
@@ -35,6 +38,7 @@ CHECKER_FOLDER = "checker"           # the checker's working folder inside the o
 CHECKER_RUN_ID = "rl-verify"         # GITHUB_RUN_ID given to the checker: its PNG lands in <cwd>/<id>/
 STEP_ROUND = 5                       # the checker rounds step-by-step errors to 5 decimals
 STDERR_TAIL_CHARS = 3000
+_CHECKER_STEP = re.compile(r"\bstep (\d+)\b")
 
 # Runs inside the subprocess. Kept as a file in the working folder so a human can re-run it.
 RUNNER = '''\
@@ -161,6 +165,39 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def checker_reasons(message: str) -> dict[str, str]:
+    """{metric: reason} from the checker's "Some metric check failed: {...}" message ({} if unparsable)."""
+    _, sep, tail = message.partition("failed:")
+    if sep:
+        try:
+            parsed = ast.literal_eval(tail.strip())
+        except (ValueError, SyntaxError):
+            return {}
+        if isinstance(parsed, dict):
+            return {str(k): str(v) for k, v in parsed.items()}
+    return {}
+
+
+def translate_checker_step(reason: str, breach_index: int | None, breach_step: int | None) -> str | None:
+    """Say which tracker step the checker's own "step N" in ``reason`` is, or None when it needs no saying.
+
+    The checker counts the step-summary rows itself (the real one from 0); the report speaks in the
+    tracker's step numbers. ``breach_index`` is the 0-based row index of the first breaching row,
+    ``breach_step`` that row's tracker step.
+    """
+    match = _CHECKER_STEP.search(reason)
+    if match is None or breach_index is None or breach_step is None:
+        return None
+    number = int(match.group(1))
+    if number == breach_step:
+        return None
+    if number == breach_index:
+        return f"checker index {number} (counted from 0) = step {breach_step}"
+    if number == breach_index + 1:
+        return f"checker row {number} (counted from 1) = step {breach_step}"
+    return f"checker's own step {number}; the first breaching tracker step is {breach_step}"
+
+
 def failed_metrics(message: str, metrics: list[str]) -> set[str] | None:
     """Metric names the checker's "Some metric check failed: {metric: reason, ...}" message names.
 
@@ -201,8 +238,13 @@ def _worst(errors: list[float]) -> int:
     return best_i
 
 
-def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles: dict[str, float]) -> Check:
-    """The display row for one assert_info entry, applying the threshold as the checker does."""
+def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles: dict[str, float],
+                 checker_reason: str | None = None) -> Check:
+    """The display row for one assert_info entry, applying the threshold as the checker does.
+
+    ``checker_reason`` is what the checker said of this metric, if it failed it: its own step number
+    is translated into the tracker's (see ``translate_checker_step``).
+    """
     metric, threshold = entry["metric"], float(entry["threshold"])
     method, operator = entry.get("method", "absolute"), entry.get("operator", "<")
     q = entry.get("aggregate", percentiles.get(metric))
@@ -213,24 +255,29 @@ def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles
                      note="absent from both trackers: the checker skips it", **row)
     if len(b) != len(c):
         return Check(step=None, baseline=float(len(b)), current=float(len(c)), error=None, passed=False,
-                     note=f"series length mismatch: baseline has {len(b)} values, current {len(c)} "
-                          "(the checker fails this metric)", **row)
+                     missing=True, note=f"missing values: baseline has {len(b)} values, current {len(c)} "
+                                        "(the checker fails this metric; nothing comparable was measured)", **row)
     errors = [metric_error(x.value, y.value, method) for x, y in zip(b, c)]
     stepwise = [round(e, STEP_ROUND) for e in errors]
     breach = next((i for i, e in enumerate(stepwise) if not within(e, operator, threshold)), None)
     first_breach = c[breach].step if breach is not None else None
+    shape = classify([ComparedPoint(y.step, y.value, e, not within(e, operator, threshold))
+                      for y, e in zip(c, stepwise)], threshold)
+    row.update(shape=shape.kind if shape else None, shape_text=shape.text if shape else "")
+    translated = translate_checker_step(checker_reason or "", breach, first_breach)
+    said = f"; {translated}" if translated else ""
     if q is not None:
         agg = _percentile(errors, float(q))
         return Check(step=None, baseline=_mean(b), current=_mean(c), error=agg, passed=within(agg, operator, threshold),
                      first_breach_step=first_breach,
                      note=f"error = p{q:g} of {len(errors)} per-step {method} errors (steps {c[0].step}-{c[-1].step}); "
                           f"baseline/current = mean over those step-summary rows"
-                          + (f"; first step whose own error breaks the bound: {first_breach}" if first_breach else ""),
-                     **row)
+                          + (f"; first step whose own error breaks the bound: {first_breach}" if first_breach else "")
+                          + said, **row)
     worst = _worst(stepwise)
     note = f"worst of {len(errors)} steps (baseline line {b[worst].line}, current line {c[worst].line}); error rounded to 5 decimals"
     if breach is not None:
-        note += f"; checker fails at the first breaking step {first_breach}"
+        note += f"; the checker fails it at the first breaking step, step {first_breach}{said}"
     return Check(step=c[worst].step, baseline=b[worst].value, current=c[worst].value, error=stepwise[worst],
                  passed=breach is None, first_breach_step=first_breach, note=note, **row)
 
@@ -256,13 +303,15 @@ def final_eval_check(base: Tracker, cur: Tracker, spec: dict[str, Any], baseline
                          f"use the GRPO baseline tracker, which records {metric} at its final step")
     row = dict(metric=metric, threshold=threshold, operator=operator, method=method, source="final-eval")
     if cp is None:
-        return Check(step=None, baseline=bp.value, current=None, error=None, passed=False,
+        return Check(step=None, baseline=bp.value, current=None, error=None, passed=False, missing=True,
                      note=f"missing: the current tracker has no {metric} (baseline step {bp.step}, line {bp.line})",
                      **row)
     error = metric_error(bp.value, cp.value, method)
+    shape = classify([ComparedPoint(cp.step, cp.value, error, not within(error, operator, threshold))], threshold)
     return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error,
                  passed=within(error, operator, threshold),
                  first_breach_step=None if within(error, operator, threshold) else cp.step,
+                 shape=shape.kind if shape else None, shape_text=shape.text if shape else "",
                  note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
                       f"current step {cp.step} line {cp.line}", **row)
 
@@ -286,7 +335,7 @@ def reconcile(checks: list[Check], outcome: CheckerOutcome, metrics: list[str]) 
     if outcome.step_count:
         for c in checks:
             if c.source == "checker" and c.metric != STEP_COUNT:
-                c.passed = None
+                c.passed, c.missing, c.shape, c.shape_text = None, False, None, ""
                 c.note += "; not judged: the checker stopped at the step-count assertion"
         return notes
     named = set() if outcome.ok else failed_metrics(outcome.message, metrics)
@@ -306,6 +355,22 @@ def reconcile(checks: list[Check], outcome: CheckerOutcome, metrics: list[str]) 
             c.note += f"; package computed {c.passed}, checker verdict stands"
             c.passed = verdict
     return notes
+
+
+def _translation(check: Check) -> str | None:
+    match = re.search(r"checker (?:index|row|'s own step) [^;]*", check.note)
+    return f"{check.metric}: {match.group(0)}" if match else None
+
+
+def step_times(base: Tracker, cur: Tracker, metric: str = "time/step") -> dict[str, Any] | None:
+    """Observed seconds per step: current mean and slowest step, baseline mean (None without data)."""
+    b, c = base.series(metric), cur.series(metric)
+    finite = [p for p in c if math.isfinite(p.value)]
+    if not finite or not b:
+        return None
+    slowest = max(finite, key=lambda p: p.value)
+    return {"current_mean": _mean(finite), "current_max": slowest.value, "current_max_step": slowest.step,
+            "baseline_mean": _mean(b)}
 
 
 def _panels(base: Tracker, cur: Tracker, entries: list[dict[str, Any]], final_spec: dict[str, Any]):
@@ -360,8 +425,9 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     outcome = run_checker(checker_dir, workdir, base_copy, cur_copy, assert_info, timeout_s)
 
     percentiles = {k: float(v) for k, v in spec.get("percentile_metrics", {}).items()}
+    reasons = checker_reasons(outcome.message) if not outcome.ok else {}
     checks = [step_count_check(base, cur, outcome)]
-    checks += [metric_check(e, base, cur, percentiles) for e in entries]
+    checks += [metric_check(e, base, cur, percentiles, reasons.get(e["metric"])) for e in entries]
     abnormal = base.abnormal + cur.abnormal  # each already names its file:line
     abnormal += reconcile(checks, outcome, metrics)
     expected = spec.get("expected_steps")
@@ -371,17 +437,23 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     if wall is not None:
         checks.append(wall)
 
+    if checks[0].passed is False:
+        abnormal.append(f"Wrong step count: the current tracker has {cur.steps} RL step-summary rows, the baseline "
+                        f"{base.steps}; the checker judged no metric")
+    abnormal += missing_findings(checks)
     verdict = verdict_of(checks, extra_failure=not outcome.ok)
-    first_steps = {m: s[0].step for m in metrics if (s := cur.series(m))}
     result = SuiteResult(
-        suite=SUITE, verdict=verdict, failure_class=None if verdict == PASS else "accuracy", checks=checks,
+        suite=SUITE, verdict=verdict, failure_class=failure_class_of(checks, verdict), checks=checks,
         abnormal=abnormal, trackers={"baseline": str(baseline), "current": str(current),
                                      "checker baseline copy": str(base_copy), "checker current copy": str(cur_copy)},
         checker=outcome.to_dict(),
         details={"case_name": CASE_NAME, "checker_dir": str(checker_dir), "assert_info": assert_info,
-                 "baseline_steps": base.steps, "current_steps": cur.steps},
+                 "baseline_steps": base.steps, "current_steps": cur.steps,
+                 "step_times": step_times(base, cur),
+                 "checker_step_translations": [t for c in checks if (t := _translation(c))]},
     )
-    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class, first_steps)
+    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class,
+                                step_times=result.details["step_times"])
     if plot:
         from rl_verify.plots import plot_panels
 

@@ -17,6 +17,12 @@ from typing import Any
 
 PASS = "PASS"
 FAIL = "FAIL"
+# Failure classes: each one names a different next step (see ``failure_class_of``).
+ACCURACY, PERFORMANCE, INFRASTRUCTURE = "accuracy", "performance", "infrastructure"
+FAILURE_CLASSES = (ACCURACY, PERFORMANCE, INFRASTRUCTURE)
+# Checks that measure machine speed, not accuracy: alone, they make a FAIL a performance failure.
+TIMING_METRICS = ("time/step", "e2e wall time")
+STEP_COUNT = "RL steps"
 SOURCES = ("checker", "golden", "final-eval", "wall-time")
 NON_FINITE_STRINGS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 INFERENCE_PREFIX = "Inference:"
@@ -56,6 +62,10 @@ class Check:
     table), "final-eval" (GRPO final eval/accuracy) or "wall-time".
     ``first_breach_step`` is the first step whose own error breaks the bound (for aggregates: the
     first per-step error above the threshold); it feeds the next-step rules.
+    ``missing`` marks a row that could not be measured (no current value where one was expected):
+    it fails the verdict as an infrastructure problem, never as a breach.
+    ``shape``/``shape_text`` describe how a failing metric left its bound (``rl_verify.shapes``).
+    Every step is the tracker's own step number (eval-only row = 0, RL steps from 1).
     """
 
     metric: str
@@ -70,6 +80,14 @@ class Check:
     source: str
     note: str = ""
     first_breach_step: int | None = None
+    missing: bool = False
+    shape: str | None = None
+    shape_text: str = ""
+
+    @property
+    def breached(self) -> bool:
+        """True when a measured value is outside its threshold (a missing value is not a breach)."""
+        return self.passed is False and not self.missing
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (non-finite floats as strings, see module docstring)."""
@@ -86,8 +104,8 @@ class Check:
 class SuiteResult:
     """The verdict of one suite (grpo or opd) with everything the report needs.
 
-    ``verdict`` is "PASS" or "FAIL"; ``failure_class`` is None (PASS), "accuracy" or
-    "infrastructure". ``next_steps`` strings each start with "Inference:". ``trackers`` maps a
+    ``verdict`` is "PASS" or "FAIL"; ``failure_class`` is None (PASS), "accuracy", "performance" or
+    "infrastructure" (see ``failure_class_of``). ``next_steps`` strings each start with "Inference:". ``trackers`` maps a
     role ("baseline", "current", "golden") to the path the numbers came from.
     """
 
@@ -151,6 +169,47 @@ class SuiteResult:
             checker=data.get("checker"),
             details=dict(data.get("details", {})),
         )
+
+
+def failure_class_of(checks: list[Check], verdict: str) -> str | None:
+    """The class of a FAIL, chosen by the next step it calls for (None for a PASS).
+
+    ``infrastructure`` when the run did not produce what was to be measured (wrong step count,
+    missing values); ``accuracy`` when a non-timing metric is outside its threshold; else
+    ``performance`` when only time checks (``TIMING_METRICS``) breached. A wrong step count wins over
+    everything (the checker judged nothing); an accuracy breach wins over missing values elsewhere
+    (the measured breach is the stronger signal; the missing values stay in the abnormal findings).
+    A non-finite step time is bad data, so ``infrastructure``. A FAIL with none of these (a checker that failed without naming a metric) is ``infrastructure``.
+    """
+    if verdict == PASS:
+        return None
+    failed = [c for c in checks if c.passed is False]
+    if any(c.metric == STEP_COUNT for c in failed):
+        return INFRASTRUCTURE
+    if any(c.breached and c.metric not in TIMING_METRICS for c in failed):
+        return ACCURACY
+    if any(c.missing for c in failed):
+        return INFRASTRUCTURE
+    # A NaN step time is a logging defect, not a slow run.
+    if any(c.breached for c in failed) and all(_finite(c.current) for c in failed if c.breached):
+        return PERFORMANCE
+    return INFRASTRUCTURE
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def missing_findings(checks: list[Check]) -> list[str]:
+    """One abnormal finding per metric that could not be measured (never reported as a breach)."""
+    out = []
+    unmeasured = [c for c in checks if c.missing and c.passed is False]
+    for metric in sorted({c.metric for c in unmeasured}):
+        rows = [c for c in unmeasured if c.metric == metric]
+        steps = [str(c.step) for c in rows if c.step is not None]
+        out.append(f"Missing data: {metric} not measured" + (f" at step(s) {', '.join(steps)}" if steps else "")
+                   + f" ({rows[0].note.removeprefix('missing: ')}); not a breach, the run is incomplete")
+    return out
 
 
 def verdict_of(checks: list[Check], extra_failure: bool = False) -> str:

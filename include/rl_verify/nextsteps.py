@@ -1,32 +1,36 @@
-"""Runbook section 3 ("Interpreting results") as code.
+"""Runbook section 3 ("Interpreting results") as code, applied by the shape of each breach.
 
 Every string returned starts with "Inference:" because it is a reading of the measurements, not a
-measurement. Rules (runbook section 3):
+measurement, and states the shape it reads ("jump at step 10, stays outside"). Runbook rules are
+applied only to the breaches they describe:
 
-* breach already at step 1 / the first eval point -> initialisation or config (weight mapping,
-  seed, data order), not the training loop;
-* breach that appears later (gradual divergence) -> training loop (loss, advantage, KL, weight sync);
-* ``mismatch/mismatch_k3_kl`` breach -> train/inference consistency (logprob path, weight update,
-  rollout backend), listed first for GRPO;
+* outside its bound at step 1 / the first eval point (``from-start``) -> initialisation or config
+  (weight mapping, seed, data order), not the training loop;
+* grows into its bound and stays there (``gradual``) -> the training loop (loss, advantage, KL,
+  weight sync);
+* ``mismatch/mismatch_k3_kl`` breach (any shape) -> train/inference consistency (logprob path,
+  weight update, rollout backend), listed first for GRPO;
 * OPD ``distill_kl`` breach with healthy rewards -> teacher path (teacher endpoints, sampled tokens,
   distillation loss); rewards-only drift -> rollout/judger, not distillation.
 
-Plus: PASS -> one "no action" line; infrastructure failures -> check the logs, not an accuracy signal.
+Shapes no runbook rule describes (a jump that stays, an isolated point, an intermittent breach,
+NaN/Infinity, a metric compared at one point only) get a suggestion of their own, marked as not
+coming from the runbook. Performance failures (only time checks) name both readings: a slower
+commit and a slow or contended node, with the observed step times. Infrastructure failures say
+that no metric was judged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
-from rl_verify.model import Check
+from rl_verify.model import INFRASTRUCTURE, STEP_COUNT, TIMING_METRICS, Check
+from rl_verify.shapes import ComparedPoint, Shape, classify
 
 MISMATCH = "mismatch/mismatch_k3_kl"
 DISTILL_KL = "distillation/reduced_distillation_kl"
 REWARDS = "response/rewards/mean"
-STEP_COUNT = "RL steps"
-FINAL_EVAL_SOURCES = ("final-eval",)
-# Metrics whose breach says nothing about accuracy (machine speed), excluded from the accuracy rules.
-TIMING_METRICS = ("time/step", "e2e wall time")
 
 
 def infrastructure_steps(reason: str) -> list[str]:
@@ -43,96 +47,133 @@ def pass_steps() -> list[str]:
     return ["Inference: no action needed; every checked metric is within its threshold."]
 
 
-def _failed(checks: Iterable[Check]) -> list[Check]:
-    return [c for c in checks if c.passed is False]
-
-
-def _first_breach(metric: str, checks: list[Check]) -> int | None:
-    """Earliest step at which ``metric`` breaks its bound, from per-point checks or aggregates."""
-    steps = [c.first_breach_step if c.first_breach_step is not None else c.step
-             for c in checks if c.metric == metric and c.passed is False]
-    known = [s for s in steps if s is not None]
-    return min(known) if known else None
-
-
-def _first_compared(metric: str, checks: list[Check], first_steps: Mapping[str, int]) -> int | None:
-    """First step at which ``metric`` is compared at all (step 1 for GRPO, first eval point for OPD)."""
-    if metric in first_steps:
-        return first_steps[metric]
-    steps = [c.step for c in checks if c.metric == metric and c.step is not None and c.passed is not None]
-    return min(steps) if steps else None
-
-
 def _names(metrics: Iterable[str]) -> str:
     return ", ".join(sorted(set(metrics)))
 
 
+def shape_of(metric: str, checks: list[Check]) -> Shape | None:
+    """The breach shape of ``metric``: as the engine recorded it, else read from its per-point rows."""
+    for c in checks:
+        if c.metric == metric and c.breached and c.shape:
+            return Shape(c.shape, c.first_breach_step if c.first_breach_step is not None else -1, c.shape_text)
+    points = [ComparedPoint(c.step, c.current, c.error, c.breached) for c in checks
+              if c.metric == metric and c.step is not None and c.passed is not None and not c.missing]
+    threshold = next((c.threshold for c in checks if c.metric == metric and c.threshold is not None), None)
+    return classify(points, threshold)
+
+
+def _said(shapes: Mapping[str, Shape | None], metrics: Iterable[str]) -> str:
+    return "; ".join(f"{m}: {shapes[m].text}" if shapes.get(m) else f"{m}: shape not known"
+                     for m in sorted(set(metrics)))
+
+
+def _shape_rule(kind: str, metrics: list[str], shapes: Mapping[str, Shape | None]) -> str | None:
+    said = _said(shapes, metrics)
+    if kind == "from-start":
+        return (f"Inference: {said}. Runbook section 3: a metric already off at step 1 / the first eval point "
+                "points to initialisation or config differences (weight mapping, seed, data order), not the "
+                "training loop.")
+    if kind == "gradual":
+        return (f"Inference: {said}. Runbook section 3: a metric that diverges gradually points to the training "
+                "loop (loss, advantage, KL, weight sync).")
+    if kind == "jump":
+        return (f"Inference: {said}. No runbook rule describes a jump that stays: look at what happens at that "
+                "step in the training log (an epoch or data boundary, an eval, a weight sync or checkpoint "
+                "reload) and at the commit's changes to it.")
+    if kind == "isolated":
+        return (f"Inference: {said}. One point outside its bound says little about its cause (no runbook rule "
+                "matches a single point): re-run once to see whether it repeats before bisecting.")
+    if kind == "intermittent":
+        return (f"Inference: {said}. An on-and-off breach matches no runbook rule: compare it with the run-to-run "
+                "spread the thresholds were calibrated on (a noisier commit or a noisy node) before bisecting.")
+    if kind == "non-finite":
+        return (f"Inference: {said}. The training diverged numerically: read the loss and grad norm in the "
+                "training log just before the first non-finite step.")
+    if kind == "single-point":
+        return (f"Inference: {said}. A metric compared at one point has no shape to read; the per-step curves "
+                "in the plots show where the run left the baseline.")
+    return None
+
+
+def _performance(timing: list[Check], step_times: Mapping[str, Any] | None) -> str:
+    observed = []
+    for c in timing:
+        if c.metric == "e2e wall time" and c.current is not None:
+            observed.append(f"e2e wall time {c.current:.0f} s against a budget of {c.operator} {c.threshold:g} s")
+        elif c.current is not None and c.baseline is not None:
+            at = f" at step {c.step}" if c.step is not None else ""
+            observed.append(f"{c.metric} {c.current:.4g} s vs baseline {c.baseline:.4g} s{at}")
+    if step_times:
+        cur_mean, base_mean = step_times.get("current_mean"), step_times.get("baseline_mean")
+        cur_max, max_step = step_times.get("current_max"), step_times.get("current_max_step")
+        if cur_mean is not None and base_mean is not None:
+            observed.append(f"time/step mean {cur_mean:.4g} s vs baseline {base_mean:.4g} s"
+                            + (f", slowest step {max_step} at {cur_max:.4g} s" if cur_max is not None else ""))
+    return (f"Inference: {_names(c.metric for c in timing)} over budget ({'; '.join(observed)}). Either the commit "
+            "under test is slower, or the node was slow or contended (another job on its GPUs, throttling, a slow "
+            "share): re-run on an idle node; if it is still slow, profile the commit.")
+
+
 def suggest(suite: str, checks: list[Check], verdict: str, failure_class: str | None = None,
-            first_steps: Mapping[str, int] | None = None, reason: str = "") -> list[str]:
+            reason: str = "", step_times: Mapping[str, Any] | None = None) -> list[str]:
     """Next-step suggestions for one suite, each starting with "Inference:".
 
-    ``first_steps`` maps a metric to the first step it is compared at, when the checks alone do
-    not tell (GRPO aggregates); otherwise the earliest calibrated check step is used.
+    ``reason`` is the cause of an infrastructure failure found before any comparison;
+    ``step_times`` (current_mean, current_max, current_max_step, baseline_mean) feeds the
+    performance suggestion with the observed step times.
     """
-    if failure_class == "infrastructure":
-        return infrastructure_steps(reason or "see abnormal findings")
     if verdict == "PASS":
         return pass_steps()
-    first_steps = first_steps or {}
-    failed = _failed(checks)
+    if failure_class == INFRASTRUCTURE and reason:
+        return infrastructure_steps(reason)
+    failed = [c for c in checks if c.passed is False]
     out: list[str] = []
-    missing = [c for c in failed if "missing" in c.note.lower()]
-    non_finite = [c for c in failed if c.current is not None and c.current != c.current]
     step_count = [c for c in failed if c.metric == STEP_COUNT]
-    accuracy = [c for c in failed if c.metric not in TIMING_METRICS and c.metric != STEP_COUNT
-                and c not in missing]
-    failed_metrics = {c.metric for c in accuracy}
+    missing = [c for c in failed if c.missing]
+    breached = [c for c in failed if c.breached and c.metric != STEP_COUNT]
+    accuracy = sorted({c.metric for c in breached if c.metric not in TIMING_METRICS})
+    timing = [c for c in breached if c.metric in TIMING_METRICS]
+    shapes = {m: shape_of(m, checks) for m in accuracy}
 
-    if MISMATCH in failed_metrics:
-        out.append("Inference: mismatch/mismatch_k3_kl breached: train/inference inconsistency. Check first "
-                   "the logprob path, the weight update/sync into the rollout engine and the rollout backend"
-                   + (" (check this before anything else for GRPO)." if suite == "grpo" else "."))
     if step_count:
         c = step_count[0]
-        out.append(f"Inference: the current run has {c.current} RL steps vs {c.baseline} in the baseline: the run "
-                   "stopped early (crash, OOM, killed) or total_epochs/global_batch_size/dataset size changed. "
-                   "Read the end of the training log before trusting any metric.")
+        out.append(f"Inference: the current run has {c.current:.0f} RL steps vs {c.baseline:.0f} in the baseline: "
+                   "the run stopped early (crash, OOM, killed) or total_epochs/global_batch_size/dataset size "
+                   "changed. Read the end of the training log; no metric was judged.")
     if missing:
-        out.append(f"Inference: {_names(c.metric for c in missing)} missing from the current tracker at some "
-                   "points: the run stopped before them or the metric was renamed/not logged; check the "
-                   "training log and the config (eval interval, total steps).")
-    if non_finite:
-        out.append(f"Inference: {_names(c.metric for c in non_finite)} became NaN/Infinity: training diverged "
-                   "numerically; look at the first non-finite step in the tracker and the loss/grad-norm "
-                   "around it.")
-    if suite == "opd" and DISTILL_KL in failed_metrics and REWARDS not in failed_metrics:
-        out.append("Inference: distill_kl breached while rewards stay within threshold: suspect the teacher "
-                   "path (teacher endpoints, sampled tokens sent to the teachers, distillation loss).")
-    if suite == "opd" and failed_metrics == {REWARDS}:
-        out.append("Inference: only rewards drift: suspect rollout or the judger (reward function, answer "
-                   "parsing), not distillation.")
-
-    early, gradual = [], []
-    for metric in sorted(failed_metrics):
-        first = _first_breach(metric, accuracy)
-        start = _first_compared(metric, checks, first_steps)
-        if first is None or start is None:
-            continue
-        (early if first <= start else gradual).append((metric, first))
-    if early:
-        out.append("Inference: " + _names(m for m, _ in early) + " already off at the first compared step "
-                   f"({', '.join(f'{m}: step {s}' for m, s in early)}): points to initialisation or config "
-                   "differences (weight mapping, seed, data order), not the training loop.")
-    if gradual:
-        out.append("Inference: " + _names(m for m, _ in gradual) + " diverge gradually (first breach "
-                   f"{', '.join(f'{m}: step {s}' for m, s in gradual)}): points to the training loop "
-                   "(loss, advantage, KL, weight sync).")
-    timing = [c for c in failed if c.metric in TIMING_METRICS]
+        where = "; ".join(f"{m} at step(s) {', '.join(str(c.step) for c in missing if c.metric == m and c.step is not None) or 'n/a'}"
+                          for m in sorted({c.metric for c in missing}))
+        out.append(f"Inference: not measured ({where}): the run stopped before those points, or the eval interval "
+                   "or a metric name changed; read the training log and the config. Missing values are not an "
+                   "accuracy signal.")
+    if MISMATCH in accuracy:
+        out.append(f"Inference: {_said(shapes, [MISMATCH])}. Runbook section 3: a mismatch/mismatch_k3_kl breach "
+                   "means train/inference inconsistency: check the logprob path, the weight update/sync into the "
+                   "rollout engine and the rollout backend"
+                   + (" first, before anything else for GRPO." if suite == "grpo" else "."))
+    if suite == "opd" and DISTILL_KL in accuracy and REWARDS not in accuracy:
+        out.append(f"Inference: {_said(shapes, [DISTILL_KL])}, rewards within threshold. Runbook section 3: suspect "
+                   "the teacher path (teacher endpoints, sampled tokens sent to the teachers, distillation loss).")
+    if suite == "opd" and accuracy == [REWARDS]:
+        out.append(f"Inference: {_said(shapes, [REWARDS])}, only rewards drift. Runbook section 3: suspect rollout "
+                   "or the judger (reward function, answer parsing), not distillation.")
+    by_kind: dict[str, list[str]] = {}
+    for metric in accuracy:
+        shape = shapes[metric]
+        if shape is not None:
+            by_kind.setdefault(shape.kind, []).append(metric)
+    # Non-finite first: NaN explains every other reading of the same metric.
+    for kind in ("non-finite", "from-start", "gradual", "jump", "intermittent", "isolated", "single-point"):
+        if kind in by_kind:
+            line = _shape_rule(kind, by_kind[kind], shapes)
+            if line:
+                out.append(line)
+    unknown = [m for m in accuracy if shapes[m] is None]
+    if unknown:
+        out.append(f"Inference: {_names(unknown)} outside threshold; read the failing rows of the metric table.")
     if timing:
-        out.append(f"Inference: {_names(c.metric for c in timing)} over budget: a slowdown in the code under "
-                   "test or a contended/slow node; compare time/step against the baseline and check the node "
-                   "before calling it a regression.")
+        out.append(_performance(timing, step_times))
     if not out:
-        out.append("Inference: the verdict is FAIL; read the failing rows of the metric table and the "
-                   "abnormal findings above.")
+        out += infrastructure_steps(reason or "the verdict is FAIL but no check names a metric; see the abnormal "
+                                             "findings")
     return out

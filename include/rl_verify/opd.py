@@ -6,9 +6,12 @@ Promises:
   carries them at that step (step 0 is the eval-only row), training metrics from step-summary row N.
   Step 0 has no training metrics ("-" in the golden table), so none are compared there.
 * ``response/response_len/mean`` and ``time/step`` have no golden values: their reference comes from
-  ``baseline`` (a tracker) when given; otherwise the row is reported with ``passed=None`` and the
-  reason in ``note``. ``time/step`` is reference only (machine-dependent): never failing.
-* A golden point or metric missing from the current tracker is a FAIL ("missing"), never a pass.
+  ``baseline`` (a tracker) when given; otherwise the rows are reported with ``passed=None`` and one
+  abnormal finding says how to provide the reference (``missing_reference``: the caller's words, so
+  a DAG report names the path on the node and the CLI its flag). ``time/step`` is reference only
+  (machine-dependent): never failing.
+* A golden point or metric missing from the current tracker is a FAIL marked ``missing`` (an
+  infrastructure failure and an abnormal finding, never a breach), never a pass.
 * Eval points beyond the calibrated range (a 50-step run) are listed as "not calibrated" (passed None).
 """
 
@@ -21,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.errors import InputError
-from rl_verify.model import PASS, Check, SuiteResult, metric_error, verdict_of, within
+from rl_verify.model import (Check, SuiteResult, failure_class_of, metric_error, missing_findings, verdict_of,
+                             within)
 from rl_verify.nextsteps import suggest
+from rl_verify.shapes import ComparedPoint, classify
 from rl_verify.tracker import EVAL_PREFIX, Point, Tracker, read_tracker
 
 SUITE = "opd"
@@ -31,6 +36,7 @@ GOLDEN_FILE = Path(__file__).parent / "data" / "opd_golden_2026-10-26.json"
 ERROR_DIGITS = 10
 # A long run (hundreds of eval points past the calibrated range) is summarised, not listed in full.
 MAX_UNCALIBRATED_POINTS = 20
+NO_REFERENCE = "not compared: the golden table has no value for it and there is no reference baseline"
 
 
 def load_golden(path: str | Path | None = None) -> dict[str, Any]:
@@ -85,8 +91,7 @@ def _reference(metric: str, step: int, golden: dict[str, Any], golden_path: Path
     if value is not None:
         return value, f"golden table {golden_path.name} step {step}"
     if base is None:
-        return None, ("no baseline value: the golden table has none for this metric; "
-                      "pass --baseline BASE.jsonl to compare it")
+        return None, NO_REFERENCE
     point = base.value_at(metric, step)
     if point is None:
         return None, f"no baseline value: baseline tracker {base.path} has no {metric} at step {step}"
@@ -107,14 +112,12 @@ def point_check(metric: str, spec: dict[str, Any], step: int, golden: dict[str, 
     row = dict(metric=metric, step=step, threshold=threshold, operator=operator, method=method, source="golden")
     where = "eval row" if metric.startswith(EVAL_PREFIX) else "step-summary row"
     if cp is None:
-        return Check(baseline=ref, current=None, error=None,
-                     passed=None if (reference_only or not calibrated) else False,
-                     first_breach_step=None if (reference_only or not calibrated) else step,
-                     note=f"missing: no {metric} in a current {where} at step {step}; reference: {ref_note}", **row)
+        judged = not (reference_only or not calibrated)
+        return Check(baseline=ref, current=None, error=None, passed=False if judged else None, missing=judged,
+                     note=f"missing: no {metric} in a current {where} at step {step}", **row)
     cur_note = f"current line {cp.line}"
     if ref is None:
-        return Check(baseline=None, current=cp.value, error=None, passed=None,
-                     note=f"{ref_note}; {cur_note}", **row)
+        return Check(baseline=None, current=cp.value, error=None, passed=None, note=f"{ref_note}; {cur_note}", **row)
     error = metric_error(ref, cp.value, method)
     error = round(error, ERROR_DIGITS) if math.isfinite(error) else error
     ok = within(error, operator, threshold)
@@ -150,6 +153,20 @@ def uncalibrated_steps(cur: Tracker, golden: dict[str, Any]) -> list[int]:
     return sorted(steps)
 
 
+def add_shapes(checks: list[Check]) -> None:
+    """Classify how each failing metric left its bound over its eval points; mark its failing rows."""
+    for metric in dict.fromkeys(c.metric for c in checks):
+        rows = [c for c in checks if c.metric == metric and c.step is not None and c.passed is not None
+                and not c.missing]
+        shape = classify([ComparedPoint(c.step, c.current, c.error, c.passed is False) for c in rows],
+                         rows[0].threshold if rows else None)
+        if shape is None:
+            continue
+        for c in rows:
+            if c.passed is False:
+                c.shape, c.shape_text = shape.kind, shape.text
+
+
 def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: list[str]):
     from rl_verify.plots import Panel
 
@@ -171,9 +188,11 @@ def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: li
 
 
 def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseline: Path | None = None,
-                plot: bool = True) -> SuiteResult:
+                plot: bool = True, missing_reference: str | None = None) -> SuiteResult:
     """OPD verdict: every golden eval point of the current tracker against the golden table.
 
+    ``missing_reference`` says, in the caller's terms, why there is no reference baseline and how
+    to provide one; it ends the abnormal finding about metrics left uncompared.
     Raises ``InputError`` for a missing/malformed tracker or golden file.
     """
     golden_path = Path(golden).resolve() if golden is not None else GOLDEN_FILE
@@ -201,11 +220,17 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
                         "listed as not calibrated (record a 50-step CI baseline before judging them)"
                         + (f"; only the first {MAX_UNCALIBRATED_POINTS} are listed" if len(extra) > MAX_UNCALIBRATED_POINTS else ""))
 
+    uncompared = sorted({c.metric for c in checks if c.note.startswith(NO_REFERENCE)})
+    if uncompared:
+        abnormal.append(f"{', '.join(uncompared)} not compared: the golden table has no values for them and "
+                        + (missing_reference or "no reference baseline tracker was given") + ".")
+    add_shapes(checks)
+    abnormal += missing_findings(checks)
     verdict = verdict_of(checks)
     trackers = {"current": str(current), "golden": str(golden_path)}
     if base is not None:
         trackers["baseline"] = base.path
-    result = SuiteResult(suite=SUITE, verdict=verdict, failure_class=None if verdict == PASS else "accuracy",
+    result = SuiteResult(suite=SUITE, verdict=verdict, failure_class=failure_class_of(checks, verdict),
                          checks=checks, abnormal=abnormal, trackers=trackers,
                          details={"golden_source": table.get("source"), "eval_points": table["eval_points"],
                                   "current_steps": cur.steps})

@@ -202,16 +202,36 @@ def compare(suite: str, dag_run_id: str, commit: str | None) -> dict[str, Any]:
         result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
                                             remote_work_dir=meta["work_dir"])
     else:
+        node_name = (record.read_json(record.run_record_dir(dag_run_id) / "commit.json") or {}).get("node")
         try:
-            result = _run_engine(spec, suite_dir, out, meta)
+            result = _run_engine(spec, suite_dir, out, meta, node_name)
         except InputError as err:
             result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
+    if meta is not None:
+        result.abnormal += fetch_findings(meta)
     record.write_json(suite_dir / "result.json", result.to_dict())
     log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     return result.to_dict()
 
 
-def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any]):
+def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
+    """What the fetch step noticed that the report must show (notes, ignored experiment folders)."""
+    out = [f"fetch: {note}" for note in meta.get("notes") or []]
+    if meta.get("other_experiments"):
+        out.append(f"fetch: several experiment folders in {meta['work_dir']}; the newest was evaluated, not used: "
+                   + ", ".join(meta["other_experiments"]))
+    return out
+
+
+def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) -> str:
+    """Why a suite has no reference baseline and how to provide one, in a DAG user's terms."""
+    return (f"there is no reference baseline at {path} on node {node_name or '?'}: to compare them, put the tracker "
+            f"of a {spec.expected_steps}-step run of the baseline config there (the suite spec's reference_baseline, "
+            f"{spec.reference_baseline}; CI_SHARE_BASELINE comes from the node connection's extras, an Airflow "
+            "Variable or the environment)")
+
+
+def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any], node_name: str | None = None):
     if spec.compare == "grpo":
         from rl_verify.grpo import compare_grpo
 
@@ -222,9 +242,11 @@ def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, 
     from rl_verify.suite import data_file
 
     baseline = suite_dir / "baseline.jsonl"
+    missing = meta.get("reference_baseline_missing")
     return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
                        golden=data_file(spec.golden) if spec.golden else None,
-                       baseline=baseline if baseline.exists() else None)
+                       baseline=baseline if baseline.exists() else None,
+                       missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
 
 
 def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -263,7 +285,38 @@ def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, An
     classes = sorted({r.failure_class for r in results if r.failure_class})
     return {"verdict": verdict, "failure_classes": classes, "record": where,
             "report": {k: str(v) for k, v in written.items()},
-            "failed_suites": [r.suite for r in results if not r.passed]}
+            "failed_suites": [r.suite for r in results if not r.passed],
+            "suites": [suite_summary(r) for r in results]}
+
+
+def suite_summary(result: Any) -> dict[str, Any]:
+    """Verdict, class, breached and unmeasured metrics of one suite (small: it travels through XCom)."""
+    breached: dict[str, int | None] = {}
+    for c in result.checks:
+        if c.breached and c.metric not in breached:
+            breached[c.metric] = c.first_breach_step
+    return {"suite": result.suite, "verdict": result.verdict, "failure_class": result.failure_class,
+            "breached": [{"metric": m, "first_breach_step": s} for m, s in breached.items()],
+            "missing": sorted({c.metric for c in result.checks if c.missing})}
+
+
+def verdict_message(summary: Mapping[str, Any]) -> str:
+    """One line naming, per failed suite, its failure class and what breached (or what is missing)."""
+    parts = []
+    for suite in summary.get("suites") or []:
+        if suite["verdict"] == "PASS":
+            continue
+        what = ", ".join(f"{b['metric']}" + (f" from step {b['first_breach_step']}"
+                                             if b.get("first_breach_step") is not None else "")
+                         for b in suite.get("breached", []))
+        said = f"breached: {what}" if what else ""
+        if suite.get("missing"):
+            said += ("; " if said else "") + "not measured: " + ", ".join(suite["missing"])
+        parts.append(f"{suite['suite']} {suite.get('failure_class') or 'unknown'} failure" + (f" ({said})" if said else ""))
+    if not parts:
+        classes = summary.get("failure_classes") or ["unknown"]
+        parts = [f"{' + '.join(classes)} failure in suite(s) {', '.join(summary.get('failed_suites', []))}"]
+    return f"FAIL: {'; '.join(parts)}; report: {summary['record']}"
 
 
 def _safe_suites(params: Mapping[str, Any]) -> list[str]:
@@ -303,9 +356,7 @@ def verdict(summary: Mapping[str, Any] | None) -> str:
 
         raise AirflowSkipException("experiment card rejected: nothing was launched")
     if summary["verdict"] != "PASS":
-        classes = summary.get("failure_classes") or ["unknown"]
-        raise RuntimeError(f"FAIL ({' + '.join(classes)} failure) in suite(s) "
-                           f"{', '.join(summary.get('failed_suites', []))}; report: {summary['record']}")
+        raise RuntimeError(verdict_message(summary))
     return "PASS"
 
 

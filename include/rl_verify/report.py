@@ -10,6 +10,11 @@ report.json is strict JSON (non-finite floats as the strings "NaN"/"Infinity"/"-
 suite it also carries that suite's keys at the top level (suite, checks, trackers, abnormal,
 next_steps, ...), which is what the CLI report is read by.
 
+No sentence is left empty: a section with nothing to say (no abnormal finding, no tracker, no next
+step) is left out, and the commit line is written only when there is a commit or ``commit_hint``.
+Steps are the tracker's own numbers; the table says which step its values come from (the eval
+point, or the worst step of a step-by-step metric) and, separately, the first breaching step.
+
 The HTML is self-contained (PNGs embedded as base64 data URIs) and every string that can come
 from a tracker or a path is passed through ``html.escape``. All files are written atomically.
 """
@@ -42,6 +47,8 @@ class ReportMeta:
     paths: dict[str, dict[str, str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     overall: str | None = None
+    #: What to say when ``commit`` is None, in the reader's terms (a CLI flag, or the failed task).
+    commit_hint: str | None = None
 
 
 def overall_verdict(suites: list[SuiteResult]) -> str:
@@ -112,8 +119,10 @@ def fmt_number(value: float | None) -> str:
     return str(value)
 
 
-def fmt_result(passed: bool | None) -> str:
-    return {True: "pass", False: "FAIL", None: "n/a"}[passed]
+def fmt_result(check: Check) -> str:
+    if check.missing:
+        return "missing"
+    return {True: "pass", False: "FAIL", None: "n/a"}[check.passed]
 
 
 def fmt_threshold(check: Check) -> str:
@@ -123,7 +132,11 @@ def fmt_threshold(check: Check) -> str:
 
 
 def fmt_step(check: Check) -> str:
-    return "aggregate" if check.step is None else str(check.step)
+    return "all steps" if check.step is None else str(check.step)
+
+
+def fmt_first_breach(check: Check) -> str:
+    return "-" if check.first_breach_step is None or not check.breached else str(check.first_breach_step)
 
 
 def _md_cell(text: str) -> str:
@@ -132,18 +145,40 @@ def _md_cell(text: str) -> str:
 
 
 def _check_cells(check: Check) -> list[str]:
-    return [fmt_step(check), check.metric, fmt_number(check.baseline), fmt_number(check.current),
-            fmt_number(check.error), fmt_threshold(check), check.method, fmt_result(check.passed), check.source,
-            check.note]
+    note = check.note + (f"; shape: {check.shape_text}" if check.shape_text else "")
+    return [check.metric, fmt_step(check), fmt_first_breach(check), fmt_number(check.baseline),
+            fmt_number(check.current), fmt_number(check.error), fmt_threshold(check), check.method,
+            fmt_result(check), check.source, note]
 
 
-HEADERS = ["step", "metric", "baseline", "current", "error", "threshold", "method", "result", "source", "note"]
+HEADERS = ["metric", "values at step (eval point, or worst step)", "first breach at step", "baseline", "current",
+           "error", "threshold", "method", "result", "source", "note"]
+RESULT_COLUMN = HEADERS.index("result")
 
 
-def _sources_line(suite: SuiteResult) -> str:
+def _sources_line(suite: SuiteResult) -> str | None:
+    """Where the table's numbers come from; None when no tracker was read (nothing to say)."""
     parts = [f"{role}: {path}" for role, path in suite.trackers.items()]
+    if not parts:
+        return None
     return ("Measurements: every baseline/current number comes from these files (line numbers in the note "
-            "column): " + "; ".join(parts) + ". Wall time, when present, is measured by the caller.")
+            "column): " + "; ".join(parts) + "."
+            + (" The e2e wall time is the launch-to-end duration given by the caller (in a DAG run: the job's "
+               "start and end on the node)."
+               if any(c.metric == "e2e wall time" for c in suite.checks) else ""))
+
+
+def _checker_line(suite: SuiteResult) -> str | None:
+    """The checker's own words, with its step numbers translated into the tracker's."""
+    if suite.checker is None:
+        return None
+    reason = f" (reason: {suite.checker['reason']})" if suite.checker.get("reason") else ""
+    line = (f"Checker (checkout's check_rl_result): ok={suite.checker.get('ok')}{reason}: "
+            f"{suite.checker.get('message', '')}")
+    translations = suite.details.get("checker_step_translations") or []
+    if translations:
+        line += " [in tracker steps: " + "; ".join(translations) + "]"
+    return line
 
 
 # ----------------------------------------------------------------------------- Markdown
@@ -163,52 +198,67 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
     if meta.notes:
         lines.append("")
     abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
-    lines += ["## Abnormal findings", ""]
-    lines += [f"- {a}" for a in abnormal] or ["- none"]
-    lines.append("")
+    if abnormal:
+        lines += ["## Abnormal findings", ""] + [f"- {a}" for a in abnormal] + [""]
     for suite in suites:
         lines += _suite_markdown(suite, out_dir)
-    lines += ["## Tracker and log paths", ""]
-    for suite in suites:
-        for role, path in suite.trackers.items():
-            lines.append(f"- {suite.suite} {role}: `{path}`")
-        if suite.checker:
-            for key in ("workdir", "stdout", "stderr", "step_summary"):
-                if suite.checker.get(key):
-                    lines.append(f"- {suite.suite} checker {key}: `{suite.checker[key]}`")
-    for suite_name, paths in meta.paths.items():
-        for role, path in paths.items():
-            lines.append(f"- {suite_name} {role}: `{path}`")
-    lines += ["", "## Commit under test", ""]
-    lines.append(f"- commit: `{meta.commit}`" if meta.commit else "- commit: not given (pass --commit SHA)")
-    if meta.commit_ref:
-        lines.append(f"- requested ref: `{meta.commit_ref}`")
-    if meta.diff_stat:
-        lines += ["- worktree was dirty; diff stat:", "", "```", meta.diff_stat, "```"]
-    if meta.dag_run_id:
-        lines.append(f"- DAG run: `{meta.dag_run_id}`")
-    if meta.node:
-        lines.append(f"- node: `{meta.node}`")
-    lines += ["", "## Suggested next steps (inference, not measurement)", ""]
-    for suite in suites:
-        lines += [f"- [{suite.suite}] {step}" for step in suite.next_steps]
-    lines.append("")
+    paths = _path_items(suites, meta)
+    if paths:
+        lines += ["## Tracker and log paths", ""] + [f"- {label}: `{path}`" for label, path in paths] + [""]
+    commit = _commit_items(meta)
+    if commit:
+        lines += ["## Commit under test", ""]
+        for label, value in commit:
+            if label == "diff stat":
+                lines += ["- worktree was dirty; diff stat:", "", "```", value, "```"]
+            else:
+                lines.append(f"- {label}: `{value}`" if label != "commit hint" else f"- commit: {value}")
+        lines.append("")
+    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps]
+    if steps:
+        lines += ["## Suggested next steps (inference, not measurement)", ""] + [f"- {s}" for s in steps] + [""]
     return "\n".join(lines)
+
+
+def _path_items(suites: list[SuiteResult], meta: ReportMeta) -> list[tuple[str, str]]:
+    items = []
+    for suite in suites:
+        items += [(f"{suite.suite} {role}", path) for role, path in suite.trackers.items()]
+        if suite.checker:
+            items += [(f"{suite.suite} checker {key}", str(suite.checker[key]))
+                      for key in ("workdir", "stdout", "stderr", "step_summary") if suite.checker.get(key)]
+    for suite_name, paths in meta.paths.items():
+        items += [(f"{suite_name} {role}", path) for role, path in paths.items()]
+    return items
+
+
+def _commit_items(meta: ReportMeta) -> list[tuple[str, str]]:
+    items: list[tuple[str, str]] = []
+    if meta.commit:
+        items.append(("commit", meta.commit))
+    elif meta.commit_hint:
+        items.append(("commit hint", meta.commit_hint))
+    for label, value in (("requested ref", meta.commit_ref), ("diff stat", meta.diff_stat),
+                         ("DAG run", meta.dag_run_id), ("node", meta.node)):
+        if value:
+            items.append((label, value))
+    return items
 
 
 def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
     lines = [f"## {suite.suite}: {suite.verdict}" + (f" ({suite.failure_class})" if suite.failure_class else ""), ""]
-    if suite.checker is not None:
-        reason = f" (reason: {suite.checker['reason']})" if suite.checker.get("reason") else ""
-        lines += [f"Checker (checkout's check_rl_result): ok={suite.checker.get('ok')}{reason}: "
-                  f"`{_md_cell(str(suite.checker.get('message', '')))}`", ""]
+    checker = _checker_line(suite)
+    if checker:
+        lines += [_md_cell(checker), ""]
     if suite.checks:
         lines.append("| " + " | ".join(HEADERS) + " |")
         lines.append("|" + "---|" * len(HEADERS))
         for check in suite.checks:
             lines.append("| " + " | ".join(_md_cell(c) for c in _check_cells(check)) + " |")
         lines.append("")
-    lines += [_sources_line(suite), ""]
+    sources = _sources_line(suite)
+    if sources:
+        lines += [sources, ""]
     for plot in suite.plots:
         rel = _rel(plot, out_dir)
         lines.append(f"![{Path(plot).name}]({rel})")
@@ -245,54 +295,55 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None, out_d
     for note in meta.notes:
         out.append(f"<blockquote>{e(note)}</blockquote>")
     abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
-    out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
-    out += [f"<li>{e(a)}</li>" for a in abnormal] or ["<li>none</li>"]
-    out.append("</ul></div>")
+    if abnormal:
+        out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
+        out += [f"<li>{e(a)}</li>" for a in abnormal]
+        out.append("</ul></div>")
     for suite in suites:
         out.append(f"<h2>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
                    f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h2>")
-        if suite.checker is not None:
-            out.append(f"<p>Checker (checkout's check_rl_result): ok={e(str(suite.checker.get('ok')))}"
-                       f"{e(' (reason: ' + str(suite.checker['reason']) + ')' if suite.checker.get('reason') else '')}: "
-                       f"<code>{e(str(suite.checker.get('message', '')))}</code></p>")
+        checker = _checker_line(suite)
+        if checker:
+            out.append(f"<p>{e(checker)}</p>")
         if suite.checks:
             out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
             for check in suite.checks:
                 cells = _check_cells(check)
                 out.append("<tr>" + "".join(
-                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == 7 else f"<td>{e(cell)}</td>"
+                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else f"<td>{e(cell)}</td>"
                     for i, cell in enumerate(cells)) + "</tr>")
             out.append("</table>")
-        out.append(f"<p>{e(_sources_line(suite))}</p>")
+        sources = _sources_line(suite)
+        if sources:
+            out.append(f"<p>{e(sources)}</p>")
         for plot in suite.plots:
             uri = _data_uri(plot)
             if uri:
                 out.append(f"<p><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\"></p>")
             else:
                 out.append(f"<p>plot missing: {e(plot)}</p>")
-    out.append("<h2>Tracker and log paths</h2><ul>")
-    for suite in suites:
-        out += [f"<li>{e(suite.suite)} {e(role)}: <code>{e(path)}</code></li>" for role, path in suite.trackers.items()]
-        if suite.checker:
-            out += [f"<li>{e(suite.suite)} checker {e(k)}: <code>{e(str(suite.checker[k]))}</code></li>"
-                    for k in ("workdir", "stdout", "stderr", "step_summary") if suite.checker.get(k)]
-    for suite_name, paths in meta.paths.items():
-        out += [f"<li>{e(suite_name)} {e(role)}: <code>{e(path)}</code></li>" for role, path in paths.items()]
-    out.append("</ul><h2>Commit under test</h2><ul>")
-    out.append(f"<li>commit: <code>{e(meta.commit)}</code></li>" if meta.commit else
-               "<li>commit: not given (pass --commit SHA)</li>")
-    if meta.commit_ref:
-        out.append(f"<li>requested ref: <code>{e(meta.commit_ref)}</code></li>")
-    if meta.diff_stat:
-        out.append(f"<li>worktree was dirty; diff stat:<pre>{e(meta.diff_stat)}</pre></li>")
-    if meta.dag_run_id:
-        out.append(f"<li>DAG run: <code>{e(meta.dag_run_id)}</code></li>")
-    if meta.node:
-        out.append(f"<li>node: <code>{e(meta.node)}</code></li>")
-    out.append("</ul><h2>Suggested next steps (inference, not measurement)</h2><ul>")
-    for suite in suites:
-        out += [f"<li>[{e(suite.suite)}] {e(step)}</li>" for step in suite.next_steps]
-    out.append("</ul></body></html>")
+    paths = _path_items(suites, meta)
+    if paths:
+        out.append("<h2>Tracker and log paths</h2><ul>")
+        out += [f"<li>{e(label)}: <code>{e(path)}</code></li>" for label, path in paths]
+        out.append("</ul>")
+    commit = _commit_items(meta)
+    if commit:
+        out.append("<h2>Commit under test</h2><ul>")
+        for label, value in commit:
+            if label == "diff stat":
+                out.append(f"<li>worktree was dirty; diff stat:<pre>{e(value)}</pre></li>")
+            elif label == "commit hint":
+                out.append(f"<li>commit: {e(value)}</li>")
+            else:
+                out.append(f"<li>{e(label)}: <code>{e(value)}</code></li>")
+        out.append("</ul>")
+    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps]
+    if steps:
+        out.append("<h2>Suggested next steps (inference, not measurement)</h2><ul>")
+        out += [f"<li>{e(step)}</li>" for step in steps]
+        out.append("</ul>")
+    out.append("</body></html>")
     return "\n".join(out)
 
 

@@ -97,8 +97,15 @@ def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, sui
     (entry,) = report["suites"]
     assert any(hint in s for s in entry["next_steps"]), entry["next_steps"]
     assert all(s.startswith("Inference") for s in entry["next_steps"])
+    # One class everywhere: the run's summary, report.json, report.md and the verdict task's message.
+    assert entry["failure_class"] == "accuracy" and report["failure_class"] == "accuracy"
+    assert f"**FAIL**: {suite} FAIL (accuracy)" in Path(out.summary["report"]["md"]).read_text()
     log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
-    assert "accuracy failure" in log
+    assert f"FAIL: {suite} accuracy failure (breached: {metric} from step" in log
+    # Every breach carries its shape and tracker step; the first suggestion states the shape.
+    breach = next(c for c in _checks(report, suite) if c["metric"] == metric and c["passed"] is False)
+    assert breach["shape"] and breach["first_breach_step"] is not None
+    assert breach["shape_text"] in " ".join(entry["next_steps"])
     _assert_node_clean(node_state)
 
 

@@ -347,10 +347,44 @@ def measure(row: FaultResult, rig: Rig, run_id: str, suite: str, summary: dict[s
     return {"leftovers": leftovers, "folders": folders, "lost": lost}
 
 
+def class_agreement(rig: Rig, out: RunOutcome, failure_classes: list[str]) -> list[str]:
+    """Problems with the failure class: the run's summary, report.json, report.md and the verdict
+    task's message must all say the same class."""
+    if not out.summary or out.summary.get("verdict") != "FAIL":
+        return []
+    problems = []
+    report = report_json(out.summary)
+    if sorted({s["failure_class"] for s in report["suites"] if s["failure_class"]}) != failure_classes:
+        problems.append(f"report.json classes {[s['failure_class'] for s in report['suites']]} != {failure_classes}")
+    md = Path(out.summary["report"]["md"]).read_text()
+    for suite in report["suites"]:
+        if suite["failure_class"] and f"{suite['suite']} FAIL ({suite['failure_class']})" not in md:
+            problems.append(f"report.md does not say '{suite['suite']} FAIL ({suite['failure_class']})'")
+    log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    for cls in failure_classes:
+        if f"{cls} failure" not in log:
+            problems.append(f"the verdict task's message does not say '{cls} failure'")
+    return problems
+
+
+def report_gist(out: RunOutcome) -> str:
+    """Headline, class and first suggested next step of the run's report (for the fault table)."""
+    if not out.summary:
+        return "no report"
+    md = Path(out.summary["report"]["md"]).read_text().splitlines()
+    headline = next((line.strip("*") for line in md if line.startswith("**")), "?")
+    report = report_json(out.summary)
+    first = next((s for suite in report["suites"] for s in suite["next_steps"]), "-")
+    return f"report: {headline} / first next step: {first[:160]}"
+
+
 def conclude(rig: Rig, row: FaultResult, out: RunOutcome, suite: str, *, state: str, verdict: str,
              failure_classes: list[str]) -> None:
-    """Record the scenario's row, then assert verdict, one training, clean node, complete record
-    and every expectation the scenario recorded."""
+    """Record the scenario's row, then assert verdict, class agreement, one training, clean node,
+    complete record and every expectation the scenario recorded."""
+    row.failures += class_agreement(rig, out, failure_classes)
+    with contextlib.suppress(Exception):
+        row.notes.append(report_gist(out))
     got = measure(row, rig, out.run_id, suite, out.summary)
     got_verdict = (out.summary or {}).get("verdict")
     got_classes = (out.summary or {}).get("failure_classes")

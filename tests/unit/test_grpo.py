@@ -14,7 +14,7 @@ import pytest
 
 from conftest import dump_rows, grpo_rows
 from rl_verify.errors import CheckerError, InputError
-from rl_verify.grpo import CASE_NAME, CHECKER_RUN_ID, compare_grpo, failed_metrics
+from rl_verify.grpo import CASE_NAME, CHECKER_RUN_ID, compare_grpo, failed_metrics, translate_checker_step
 
 
 def run(tmp_path, base_rows, cur_rows, checker_dir, tail="", **kw):
@@ -141,6 +141,51 @@ def test_nan_in_a_checked_metric_fails_and_is_abnormal(tmp_path, checker_dir):
     assert row.passed is False and math.isnan(row.error)
     assert result.verdict == "FAIL"
     assert any("time/step is NaN" in a for a in result.abnormal)
+    assert result.failure_class == "infrastructure"  # a NaN step time is bad data, not a slow run
+
+
+def test_checker_step_index_is_translated_into_the_tracker_step(tmp_path, checker_dir):
+    cur = grpo_rows(mismatch=lambda i: 1e-5 + (0.0002 if i >= 10 else 0))
+    result = run(tmp_path, grpo_rows(), cur, checker_dir)
+    row = check(result, "mismatch/mismatch_k3_kl")
+    assert "at step 9" in result.checker["message"]  # the checker counts its rows from 0
+    assert row.first_breach_step == 10 and "checker index 9 (counted from 0) = step 10" in row.note
+    assert result.details["checker_step_translations"] == [
+        "mismatch/mismatch_k3_kl: checker index 9 (counted from 0) = step 10"]
+    assert row.shape == "jump" and row.shape_text.startswith("jump at step 10")
+
+
+@pytest.mark.parametrize("reason,expected", [
+    ("at step 9: absolute error 0.0002", "checker index 9 (counted from 0) = step 10"),
+    ("step 10: absolute error 0.0002", None),
+    ("step 11: x", "checker's own step 11; the first breaching tracker step is 10"),
+    ("p80 absolute error 0.2 not < 0.1", None),
+])
+def test_translate_checker_step(reason, expected):
+    assert translate_checker_step(reason, 9, 10) == expected
+
+
+def test_only_time_checks_breached_is_a_performance_failure_with_the_step_times(tmp_path, checker_dir):
+    cur = grpo_rows(time_step=lambda i: 40.0 + (12.0 if i == 30 else 0))
+    result = run(tmp_path, grpo_rows(), cur, checker_dir, wall_time_s=2500.0)
+    assert result.verdict == "FAIL" and result.failure_class == "performance"
+    assert result.details["step_times"]["current_max_step"] == 30
+    (line,) = result.next_steps
+    assert "slowest step 30 at 52 s" in line and "slow or contended" in line and "slower" in line
+
+
+def test_missing_final_eval_is_infrastructure_and_an_abnormal_finding(tmp_path, checker_dir):
+    cur = [{k: v for k, v in r.items() if k != "eval/accuracy"} for r in grpo_rows()]
+    result = run(tmp_path, grpo_rows(), cur, checker_dir)
+    assert result.failure_class == "infrastructure" and check(result, "eval/accuracy").missing
+    assert any(a.startswith("Missing data: eval/accuracy not measured") for a in result.abnormal)
+
+
+def test_rewards_off_from_step_1_point_to_init_or_config(tmp_path, checker_dir):
+    result = run(tmp_path, grpo_rows(), grpo_rows(rewards=lambda i: 0.9), checker_dir)
+    row = check(result, "response/rewards/mean")
+    assert result.failure_class == "accuracy" and row.shape == "from-start"
+    assert any("first compared step 1" in s and "initialisation or config" in s for s in result.next_steps)
 
 
 def test_checker_runs_isolated_in_its_own_folder_with_env_and_package_interpreter(tmp_path):

@@ -1,14 +1,25 @@
-"""Pins runbook section 3 as code: every suggestion is marked "Inference:" and follows the rules."""
+"""Pins runbook section 3 as code: every suggestion is marked "Inference:", states the shape of the
+breach it reads, and applies a runbook rule only to the shape that rule describes."""
 
 from __future__ import annotations
 
 from rl_verify.model import Check, SuiteResult
 from rl_verify.nextsteps import suggest
 
+THRESHOLD = 0.1
 
-def c(metric, step, passed, first=None, note="", current=0.5, source="golden"):
-    return Check(metric=metric, step=step, baseline=0.5, current=current, error=0.0, threshold=0.1, operator="<",
-                 method="absolute", passed=passed, source=source, note=note, first_breach_step=first)
+
+def c(metric, step, passed, error=None, current=0.5, missing=False, source="golden", note=""):
+    if error is None:
+        error = 0.2 if passed is False else 0.01
+    return Check(metric=metric, step=step, baseline=0.5, current=current, error=error, threshold=THRESHOLD,
+                 operator="<", method="absolute", passed=passed, source=source, note=note, missing=missing,
+                 first_breach_step=step if passed is False else None)
+
+
+def curve(metric, errors, first_step=5, every=5):
+    """Per-point checks of one metric with the given errors (breach where error >= THRESHOLD)."""
+    return [c(metric, first_step + i * every, not e >= THRESHOLD, error=e) for i, e in enumerate(errors)]
 
 
 def text(lines):
@@ -17,7 +28,7 @@ def text(lines):
 
 def test_every_suggestion_is_marked_as_inference():
     cases = [suggest("grpo", [c("time/step", 1, False)], "FAIL"), suggest("opd", [], "PASS"),
-             suggest("opd", [c("eval/gsm8k/acc", 0, False)], "FAIL"),
+             suggest("opd", curve("eval/gsm8k/acc", [0.2, 0.2]), "FAIL"),
              suggest("grpo", [], "FAIL", failure_class="infrastructure", reason="node down")]
     assert all(s.startswith("Inference:") for lines in cases for s in lines)
 
@@ -27,44 +38,67 @@ def test_pass_gives_a_short_no_action_line():
         "Inference: no action needed; every checked metric is within its threshold."]
 
 
-def test_breach_at_the_first_eval_point_points_to_init_or_config():
-    checks = [c("eval/gsm8k/acc", 0, False), c("eval/gsm8k/acc", 5, False), c("eval/gsm8k/acc", 10, True)]
-    out = text(suggest("opd", checks, "FAIL"))
-    assert "initialisation or config" in out and "weight mapping" in out and "training loop (" not in out
+def test_breach_from_the_first_eval_point_points_to_init_or_config_only():
+    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.2, 0.2, 0.01], first_step=0), "FAIL"))
+    assert "outside its bound from the first compared step 0" in out
+    assert "initialisation or config" in out and "weight mapping" in out and "points to the training loop" not in out
 
 
-def test_breach_at_step_1_of_a_grpo_aggregate_points_to_init_or_config():
-    checks = [c("response/rewards/mean", None, False, first=1, source="checker")]
-    out = text(suggest("grpo", checks, "FAIL", first_steps={"response/rewards/mean": 1}))
-    assert "initialisation or config" in out
-
-
-def test_gradual_divergence_points_to_the_training_loop():
-    checks = [c("eval/gsm8k/acc", 0, True), c("eval/gsm8k/acc", 5, True), c("eval/gsm8k/acc", 15, False)]
-    out = text(suggest("opd", checks, "FAIL"))
+def test_gradual_growth_points_to_the_training_loop_only():
+    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.02, 0.06, 0.09, 0.12, 0.15]), "FAIL"))
+    assert "grows into the bound" in out and "outside from step 20" in out
     assert "training loop" in out and "advantage" in out and "initialisation" not in out
 
 
+def test_jump_that_stays_is_not_called_gradual_and_names_its_step():
+    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.01, 0.01, 0.3, 0.3, 0.3]), "FAIL"))
+    assert "jump at step 15" in out and "No runbook rule describes a jump" in out
+    assert "gradual" not in out and "training loop" not in out and "initialisation" not in out
+
+
+def test_single_breach_at_the_last_eval_point_is_isolated_not_gradual():
+    out = text(suggest("opd", curve("eval/geo3k/acc", [0.01, 0.01, 0.01, 0.01, 0.2]), "FAIL"))
+    assert "single breach at step 25 (the last compared point)" in out and "re-run once" in out
+    assert "gradual" not in out and "training loop" not in out
+
+
+def test_single_nan_gets_one_numerical_suggestion_not_three_causes():
+    checks = curve("response/rewards/mean", [0.01, 0.01, 0.01, 0.01, 0.01])
+    checks[2] = c("response/rewards/mean", 15, False, error=float("nan"), current=float("nan"))
+    out = suggest("opd", checks, "FAIL")
+    said = text(out)
+    assert "NaN/Infinity only at step 15" in said and "diverged numerically" in said
+    assert "gradual" not in said and "initialisation" not in said and "rollout or the judger" in said
+
+
+def test_shape_recorded_by_the_engine_is_used_for_an_aggregate_row():
+    row = c("response/rewards/mean", None, False, source="checker")
+    row.shape, row.shape_text, row.first_breach_step = "from-start", "outside its bound from the first compared step 1", 1
+    out = text(suggest("grpo", [row], "FAIL"))
+    assert "first compared step 1" in out and "initialisation or config" in out
+
+
 def test_mismatch_breach_points_to_train_inference_consistency_first_for_grpo():
-    checks = [c("response/rewards/mean", None, False, first=20, source="checker"),
-              c("mismatch/mismatch_k3_kl", 12, False, first=12, source="checker")]
-    out = suggest("grpo", checks, "FAIL", first_steps={"response/rewards/mean": 1, "mismatch/mismatch_k3_kl": 1})
-    assert out[0].startswith("Inference: mismatch") and "logprob path" in out[0] and "rollout backend" in out[0]
+    mismatch = c("mismatch/mismatch_k3_kl", 12, False, source="checker")
+    mismatch.shape, mismatch.shape_text = "jump", "jump at step 12 (error 0.0002; 1e-05 at step 11), stays outside"
+    out = suggest("grpo", [c("response/rewards/mean", None, True, source="checker"), mismatch], "FAIL")
+    assert out[0].startswith("Inference: mismatch/mismatch_k3_kl: jump at step 12")
+    assert "logprob path" in out[0] and "rollout backend" in out[0] and "before anything else for GRPO" in out[0]
 
 
 def test_distill_kl_breach_with_healthy_rewards_points_to_the_teacher_path():
-    checks = [c("distillation/reduced_distillation_kl", 10, False), c("response/rewards/mean", 10, True)]
+    checks = curve("distillation/reduced_distillation_kl", [0.2, 0.2]) + curve("response/rewards/mean", [0.01, 0.01])
     out = text(suggest("opd", checks, "FAIL"))
     assert "teacher path" in out and "teacher endpoints" in out
 
 
 def test_distill_kl_breach_with_bad_rewards_is_not_blamed_on_the_teacher_alone():
-    checks = [c("distillation/reduced_distillation_kl", 10, False), c("response/rewards/mean", 10, False)]
+    checks = curve("distillation/reduced_distillation_kl", [0.2, 0.2]) + curve("response/rewards/mean", [0.2, 0.2])
     assert "teacher path" not in text(suggest("opd", checks, "FAIL"))
 
 
 def test_rewards_only_drift_points_to_rollout_or_judger_not_distillation():
-    checks = [c("response/rewards/mean", 10, False), c("distillation/reduced_distillation_kl", 10, True)]
+    checks = curve("response/rewards/mean", [0.2, 0.2]) + curve("distillation/reduced_distillation_kl", [0.01, 0.01])
     out = text(suggest("opd", checks, "FAIL"))
     assert "rollout or the judger" in out and "not distillation" in out
 
@@ -76,8 +110,18 @@ def test_infrastructure_failure_gets_its_own_suggestion():
     assert result.details == {"host": "n1"}
 
 
-def test_missing_and_timing_failures_have_their_own_suggestions():
-    checks = [c("eval/gsm8k/acc", 20, False, note="missing: no value", current=None),
-              Check("e2e wall time", None, None, 3000.0, 3000.0, 2400.0, "<", "value", False, "wall-time")]
-    out = text(suggest("grpo", checks, "FAIL"))
-    assert "missing from the current tracker" in out and "over budget" in out
+def test_missing_values_are_not_read_as_a_breach():
+    checks = curve("eval/gsm8k/acc", [0.01, 0.01]) + [c("eval/gsm8k/acc", 20, False, current=None, missing=True)]
+    out = text(suggest("opd", checks, "FAIL", failure_class="infrastructure"))
+    assert "not measured (eval/gsm8k/acc at step(s) 20)" in out and "not an accuracy signal" in out
+    assert "initialisation" not in out and "training loop" not in out and "single breach" not in out
+
+
+def test_performance_failure_names_a_slower_commit_and_a_slow_node_with_the_step_times():
+    checks = [Check("time/step", 30, 45.0, 57.0, 12.0, 10.0, "<", "absolute", False, "checker"),
+              Check("e2e wall time", None, None, 2500.0, 2500.0, 2400.0, "<", "value", False, "wall-time")]
+    times = {"current_mean": 52.1, "current_max": 57.0, "current_max_step": 30, "baseline_mean": 45.3}
+    (line,) = suggest("grpo", checks, "FAIL", failure_class="performance", step_times=times)
+    assert "commit under test is slower" in line and "slow or contended" in line
+    assert "time/step mean 52.1 s vs baseline 45.3 s, slowest step 30 at 57 s" in line
+    assert "e2e wall time 2500 s against a budget of < 2400 s" in line

@@ -81,7 +81,10 @@ def test_response_len_and_time_step_without_baseline_are_not_judged(tmp_path):
     result = run(tmp_path, opd_rows())
     for metric in (LEN, "time/step"):
         row = at(result, metric, 5)
-        assert row.passed is None and row.baseline is None and "--baseline" in row.note
+        assert row.passed is None and row.baseline is None and "no reference baseline" in row.note
+        assert "--baseline" not in row.note  # a CLI flag belongs to the CLI's own words only
+    (finding,) = [a for a in result.abnormal if "not compared" in a]
+    assert finding.startswith(f"{LEN}, time/step not compared") and "no reference baseline tracker was given" in finding
 
 
 def test_response_len_uses_the_baseline_tracker_relative_18_percent(tmp_path):
@@ -141,7 +144,32 @@ def test_distill_kl_breach_with_healthy_rewards_points_at_the_teacher_path(tmp_p
     rows = opd_rows(change=lambda m, s, v: v + 0.05 if (m == KL and s >= 15) else v)
     result = run(tmp_path, rows)
     assert any("teacher path" in s for s in result.next_steps)
-    assert any("gradually" in s for s in result.next_steps)
+    # +0.05 from step 15 on, exact before: a jump that stays, not a gradual divergence.
+    assert any("jump at step 15" in s for s in result.next_steps)
+    assert not any("gradual" in s for s in result.next_steps)
+
+
+def test_missing_reference_is_said_in_the_callers_words(tmp_path):
+    result = run(tmp_path, opd_rows(), missing_reference="there is no reference baseline at /share/x on node n1")
+    assert any(a.endswith("there is no reference baseline at /share/x on node n1.") for a in result.abnormal)
+
+
+def test_missing_eval_rows_are_an_infrastructure_failure_not_a_breach(tmp_path):
+    rows = opd_rows(drop={(GSM8K, 20), ("eval/geo3k/acc", 20)})
+    result = run(tmp_path, rows)
+    assert result.verdict == "FAIL" and result.failure_class == "infrastructure"
+    row = at(result, GSM8K, 20)
+    assert row.missing and row.passed is False and not row.breached
+    assert any(a.startswith("Missing data: eval/geo3k/acc not measured at step(s) 20") for a in result.abnormal)
+    assert any(a.startswith("Missing data: eval/gsm8k/acc not measured at step(s) 20") for a in result.abnormal)
+    assert "not measured" in result.next_steps[0]
+
+
+def test_only_a_time_check_cannot_fail_opd_so_a_breach_is_accuracy(tmp_path):
+    rows = opd_rows(change=lambda m, s, v: v + 0.2 if (m == REWARDS and s >= 5) else v)
+    result = run(tmp_path, rows)
+    assert result.failure_class == "accuracy"
+    assert any("from the first compared step 5" in s and "initialisation or config" in s for s in result.next_steps)
 
 
 def test_plot_is_written(tmp_path):

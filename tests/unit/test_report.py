@@ -72,7 +72,8 @@ def test_non_finite_numbers_are_written_as_strings_in_strict_json(tmp_path):
 
 def test_markdown_follows_runbook_order_with_abnormal_findings_on_top():
     md = render_markdown([suite()], ReportMeta(commit="b" * 40))
-    order = ["# RL accuracy verification: FAIL", "## Abnormal findings", "| step | metric | baseline | current | error",
+    order = ["# RL accuracy verification: FAIL", "## Abnormal findings",
+             "| metric | values at step (eval point, or worst step) | first breach at step | baseline | current | error",
              "## Tracker and log paths", "## Commit under test", "## Suggested next steps (inference"]
     positions = [md.index(marker) for marker in order]
     assert positions == sorted(positions)
@@ -93,7 +94,7 @@ def test_html_escapes_tracker_strings_and_embeds_pngs(tmp_path):
 
 def test_markdown_table_cells_cannot_be_broken_by_pipes():
     md = render_markdown([suite(metric="a|b\nc")], ReportMeta())
-    row = next(line for line in md.splitlines() if line.startswith("| 5 |"))
+    row = next(line for line in md.splitlines() if "| 5 |" in line)
     assert "a\\|b c" in row
 
 
@@ -123,3 +124,89 @@ def test_html_escapes_a_script_metric_name_and_value_coming_from_a_tracker(tmp_p
     assert result.verdict == "FAIL"  # a non-numeric value never passes
     page = write_report(tmp_path / "out", [result], ReportMeta())["html"].read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(&#x27;m&#x27;)&lt;/script&gt;" in page
+
+
+# ----------------------------------------------------------------------------- no empty sentence, per class
+EMPTY_PATTERNS = [r":\s*\.", r"\(\s*\)", r"\bNone\b", r"\bnan\b", r"``", r"\[\s*\]", r":\s*;", r":\s*$"]
+
+
+def _class_reports(tmp_path):
+    """One real engine result per failure class (and a PASS), each with the rows it would show."""
+    from conftest import CHECKER_DIR, dump_rows, grpo_rows, opd_rows
+    from rl_verify.grpo import compare_grpo
+    from rl_verify.opd import compare_opd
+
+    def opd(name, **kw):
+        cur = dump_rows(tmp_path / f"{name}.jsonl", opd_rows(**kw))
+        return compare_opd(cur, tmp_path / name, plot=False)
+
+    def grpo(name, cur_rows, **kw):
+        base = dump_rows(tmp_path / f"{name}.base.jsonl", grpo_rows())
+        cur = dump_rows(tmp_path / f"{name}.jsonl", cur_rows)
+        return compare_grpo(base, cur, CHECKER_DIR, tmp_path / name, plot=False, **kw)
+
+    return {
+        "pass": opd("pass"),
+        "accuracy": opd("accuracy", change=lambda m, s, v: v + 0.05 if (m == "eval/gsm8k/acc" and s >= 10) else v),
+        "missing eval rows": opd("missing", drop={("eval/gsm8k/acc", 20), ("eval/geo3k/acc", 20)}),
+        "performance": grpo("perf", grpo_rows(time_step=lambda i: 40.0 + (12.0 if i == 30 else 0)), wall_time_s=2500.0),
+        "step count": grpo("short", grpo_rows(steps=30)),
+        "infrastructure": SuiteResult.infrastructure("grpo", "no tracker: no experiment folder matches /w/*/t.jsonl"),
+    }
+
+
+def _prose(text: str, html: bool) -> list[str]:
+    """Lines of a rendered report outside its tables (and code blocks)."""
+    import re
+
+    if html:
+        text = re.sub(r"<table>.*?</table>", "", text, flags=re.S)
+        text = re.sub(r"<style>.*?</style>", "", text, flags=re.S)
+        text = re.sub(r"</?(span|b|code)\b[^>]*>", "", text)
+        text = re.sub(r"<[^>]+>", "\n", text)
+        return [line for line in text.splitlines() if line.strip()]
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("|") and line != "```"]
+
+
+def test_no_report_of_any_class_has_an_empty_or_placeholder_sentence(tmp_path):
+    import re
+
+    from rl_verify.report import render_html
+
+    results = _class_reports(tmp_path)
+    assert results["accuracy"].failure_class == "accuracy"
+    assert results["performance"].failure_class == "performance"
+    assert results["missing eval rows"].failure_class == "infrastructure"
+    assert results["step count"].failure_class == "infrastructure"
+    for name, result in results.items():
+        for meta in (ReportMeta(commit="c" * 40, dag_run_id="manual__1"), ReportMeta()):
+            for html, text in ((False, render_markdown([result], meta)), (True, render_html([result], meta))):
+                for line in _prose(text, html):
+                    for pattern in EMPTY_PATTERNS:
+                        assert not re.search(pattern, line), f"{name} ({'html' if html else 'md'}): {line!r}"
+
+
+def test_sections_with_nothing_to_say_are_left_out():
+    bare = SuiteResult.infrastructure("opd", "ssh connection refused")
+    md = render_markdown([bare], ReportMeta())
+    assert "## Tracker and log paths" not in md and "## Commit under test" not in md
+    assert "Measurements:" not in md and "pass --commit" not in md
+    passing = render_markdown([suite(passed=True)], ReportMeta(commit="d" * 40))
+    assert "## Abnormal findings" not in passing and "- none" not in passing
+
+
+def test_commit_hint_is_the_callers_words():
+    md = render_markdown([suite()], ReportMeta(commit_hint="not given (pass --commit SHA)"))
+    assert "- commit: not given (pass --commit SHA)" in md
+
+
+def test_table_headers_say_which_step_the_values_come_from():
+    md = render_markdown([suite()], ReportMeta())
+    assert "values at step (eval point, or worst step)" in md and "first breach at step" in md
+
+
+def test_missing_value_shows_as_missing_not_as_a_fail():
+    result = suite()
+    result.checks[0].current, result.checks[0].missing = None, True
+    row = next(line for line in render_markdown([result], ReportMeta()).splitlines() if "| 5 |" in line)
+    assert "| missing |" in row and "| FAIL |" not in row

@@ -88,10 +88,12 @@ def _check_one(metric_info, base_rows, cur_rows):
         if not _within(aggregated, operator, threshold):
             return (f"p{percentile} {method} error {aggregated} not {operator} {threshold}")
         return None
+    # The real checker names the failing step by its row index counted from 0 (observed: "at step 9"
+    # for tracker step 10); the double does the same so the report's translation is exercised.
     for index, error in enumerate(errors):
         error = round(error, ROUND_DIGITS)
         if not _within(error, operator, threshold):
-            return (f"step {index + 1}: {method} error {error} not {operator} {threshold} "
+            return (f"at step {index}: {method} error {error} not {operator} {threshold} "
                     f"(base {base[index]}, current {cur[index]})")
     return None
 

@@ -1,0 +1,100 @@
+"""The shape of a breach: how a failing metric left its bound, read from its compared points.
+
+Runbook section 3 gives two rules that depend on *when* a metric left its bound (at step 1 / the
+first eval point -> initialisation or config; diverging gradually -> the training loop). A rule is
+only applied to a breach of the shape it describes, so every failing metric is first classified:
+
+* ``non-finite``: a compared current value is NaN or +-Infinity;
+* ``single-point``: the metric is compared at one point only (GRPO's final ``eval/accuracy``);
+* ``from-start``: outside its bound already at the first compared point;
+* ``isolated``: exactly one compared point outside its bound, later than the first;
+* ``intermittent``: several points outside, with points inside between them or after them;
+* ``jump``: outside from step N to the last compared point, and the point before N used less
+  than half of the threshold (``JUMP_RATIO``): the error leapt across the bound in one step;
+* ``gradual``: outside from step N to the last compared point, and the point before N already
+  used at least half of the threshold: the error grew into the bound.
+
+Steps are the tracker's own step numbers (eval-only row = 0, RL steps from 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: A point whose error is below this fraction of the threshold is "well inside" its bound; a breach
+#: that follows such a point is a jump, not a gradual growth.
+JUMP_RATIO = 0.5
+
+KINDS = ("non-finite", "single-point", "from-start", "isolated", "intermittent", "jump", "gradual")
+
+
+@dataclass(frozen=True)
+class ComparedPoint:
+    """One compared point of a metric: its step, the current value, the error and whether it breached."""
+
+    step: int
+    current: float | None
+    error: float | None
+    breached: bool
+
+
+@dataclass(frozen=True)
+class Shape:
+    """``kind`` (one of ``KINDS``), the first breaching step and a sentence that states the shape."""
+
+    kind: str
+    first_step: int
+    text: str
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _steps(points: Sequence[ComparedPoint]) -> str:
+    steps = [p.step for p in points]
+    if len(steps) <= 4:
+        return ", ".join(str(s) for s in steps)
+    return f"{steps[0]}, {steps[1]}, ..., {steps[-1]} ({len(steps)} steps)"
+
+
+def classify(points: Sequence[ComparedPoint], threshold: float | None) -> Shape | None:
+    """The shape of the breach in ``points`` (in step order), or None when no point breached."""
+    points = sorted(points, key=lambda p: p.step)
+    breached = [p for p in points if p.breached]
+    if not breached:
+        return None
+    first = breached[0]
+    non_finite = [p for p in points if p.current is not None and not _finite(p.current)]
+    if non_finite:
+        where = "only at step" if len(non_finite) == 1 else "at steps"
+        return Shape("non-finite", non_finite[0].step, f"NaN/Infinity {where} {_steps(non_finite)}")
+    if len(points) == 1:
+        return Shape("single-point", first.step, f"compared at step {first.step} only (error {_fmt(first.error)})")
+    after = [p for p in points if p.step > first.step]
+    stays = all(p.breached for p in after)
+    if first.step == points[0].step:
+        tail = ("and stays outside to step " + str(points[-1].step)) if stays else \
+            f"{len(breached)} of {len(points)} compared points outside"
+        return Shape("from-start", first.step, f"outside its bound from the first compared step {first.step}, {tail}")
+    if len(breached) == 1:
+        where = "the last compared point" if first.step == points[-1].step else "the points around it are inside"
+        return Shape("isolated", first.step, f"single breach at step {first.step} ({where})")
+    if not stays:
+        return Shape("intermittent", first.step,
+                     f"{len(breached)} breaches at steps {_steps(breached)}, with points inside between or after them")
+    before = [p for p in points if p.step < first.step][-1]
+    ratio = (before.error / threshold) if (threshold and _finite(before.error)) else None
+    if ratio is not None and ratio < JUMP_RATIO:
+        return Shape("jump", first.step,
+                     f"jump at step {first.step} (error {_fmt(first.error)}; {_fmt(before.error)} at step "
+                     f"{before.step}), stays outside to step {points[-1].step}")
+    return Shape("gradual", first.step,
+                 f"grows into the bound: error {_fmt(before.error)} at step {before.step}, outside from step "
+                 f"{first.step} to step {points[-1].step}")

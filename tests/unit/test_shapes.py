@@ -1,0 +1,72 @@
+"""Pins the breach shapes the next-step rules are chosen by (tracker step numbers throughout)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rl_verify.shapes import JUMP_RATIO, ComparedPoint, classify
+
+THRESHOLD = 0.1
+
+
+def series(errors: list[float], first_step: int = 1, every: int = 1, currents: list[float] | None = None):
+    currents = currents or [0.5] * len(errors)
+    return [ComparedPoint(first_step + i * every, cur, err, not err < THRESHOLD)
+            for i, (err, cur) in enumerate(zip(errors, currents))]
+
+
+def test_no_breach_has_no_shape():
+    assert classify(series([0.01, 0.02, 0.09]), THRESHOLD) is None
+
+
+def test_breach_at_the_first_compared_step_is_from_start_and_says_whether_it_stays():
+    stays = classify(series([0.2, 0.3, 0.2]), THRESHOLD)
+    assert stays.kind == "from-start" and stays.first_step == 1 and "stays outside to step 3" in stays.text
+    once = classify(series([0.2, 0.01, 0.01]), THRESHOLD)
+    assert once.kind == "from-start" and "1 of 3 compared points outside" in once.text
+
+
+def test_first_eval_point_of_an_opd_series_counts_as_the_start():
+    shape = classify(series([0.05, 0.05], first_step=0, every=5) + series([0.2], first_step=10), THRESHOLD)
+    assert shape.kind == "isolated" and shape.first_step == 10
+    assert classify(series([0.2, 0.01], first_step=5, every=5), THRESHOLD).kind == "from-start"
+
+
+def test_single_breach_later_is_isolated_and_names_the_last_point():
+    last = classify(series([0.01, 0.02, 0.01, 0.2], first_step=5, every=5), THRESHOLD)
+    assert last.kind == "isolated" and last.first_step == 20 and "last compared point" in last.text
+    middle = classify(series([0.01, 0.2, 0.01]), THRESHOLD)
+    assert middle.kind == "isolated" and "around it are inside" in middle.text
+
+
+def test_breaches_with_inside_points_between_are_intermittent():
+    shape = classify(series([0.01, 0.2, 0.01, 0.2, 0.01]), THRESHOLD)
+    assert shape.kind == "intermittent" and shape.first_step == 2
+
+
+def test_leap_from_well_inside_to_outside_that_stays_is_a_jump():
+    shape = classify(series([0.01, 0.01, 0.3, 0.3, 0.3]), THRESHOLD)
+    assert shape.kind == "jump" and shape.first_step == 3
+    assert shape.text.startswith("jump at step 3") and "stays outside to step 5" in shape.text
+
+
+def test_growth_into_the_bound_that_stays_is_gradual():
+    shape = classify(series([0.02, 0.05, 0.08, 0.11, 0.14]), THRESHOLD)
+    assert shape.kind == "gradual" and shape.first_step == 4 and "outside from step 4" in shape.text
+
+
+@pytest.mark.parametrize("before,kind", [(THRESHOLD * JUMP_RATIO - 1e-9, "jump"), (THRESHOLD * JUMP_RATIO, "gradual")])
+def test_jump_ratio_boundary(before, kind):
+    assert classify(series([0.0, before, 0.2, 0.2]), THRESHOLD).kind == kind
+
+
+def test_non_finite_value_wins_over_every_other_reading():
+    shape = classify(series([0.01, math.nan, 0.01], currents=[0.5, math.nan, 0.5]), THRESHOLD)
+    assert shape.kind == "non-finite" and shape.first_step == 2 and "only at step 2" in shape.text
+
+
+def test_a_metric_compared_once_has_a_single_point_shape():
+    shape = classify([ComparedPoint(45, 0.8, 0.1, True)], THRESHOLD)
+    assert shape.kind == "single-point" and "step 45 only" in shape.text
