@@ -3,6 +3,7 @@
 #   make test            all tests: unit, integration (simulated node over real sshd), e2e (real Airflow)
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
+#   make gallery         report headline, class and first next step for every simulated regression
 #   make lint            byte-compile + ruff if installed
 #   make clean           remove .venv, .state, caches
 
@@ -12,7 +13,7 @@ COMMIT ?=
 KEEP ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo demo-stop bench lint clean ensure-sshd
+.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd
 
 venv:
 	./scripts/bootstrap.sh
@@ -32,6 +33,10 @@ demo: venv ensure-sshd
 
 demo-stop: venv
 	$(PY) scripts/demo.py --stop
+
+# What the report says (headline, class, first next step) for every simulated regression.
+gallery: venv ensure-sshd
+	$(PY) scripts/report_gallery.py
 
 bench: venv
 	$(PY) scripts/bench_engine.py

@@ -100,7 +100,7 @@ def _checker_file(checker_dir: Path) -> Path:
     target = checker_dir / "utils" / "check_metric.py"
     if not target.is_file():
         raise InputError("no utils/check_metric.py under the checker dir", checker_dir, None,
-                         "pass the checkout's autotest folder (<checkout>/autotest) as --checker-dir")
+                         "the checker dir must be the checkout's autotest folder (<checkout>/autotest)")
     return target
 
 
@@ -320,7 +320,7 @@ def wall_time_check(wall_time_s: float, spec: dict[str, Any]) -> Check:
     """e2e wall time (seconds, measured by the caller) against the budget."""
     if not isinstance(wall_time_s, (int, float)) or not math.isfinite(wall_time_s) or wall_time_s < 0:
         raise InputError(f"wall time must be a non-negative number of seconds, got {wall_time_s!r}", None, None,
-                         "pass --wall-time-s with the launch-to-end duration in seconds")
+                         "the wall time must be the launch-to-end duration of the run in seconds")
     threshold = float(spec["threshold_s"])
     operator = spec.get("operator", "<")
     return Check(metric=spec.get("metric", "e2e wall time"), step=None, baseline=None, current=float(wall_time_s),

@@ -136,3 +136,35 @@ def test_unwritable_record_store_fails_resolve_commit_before_the_node_is_touched
         pipeline.resolve_commit(_params(), "manual__unwritable")
     assert ssh_spy.calls == [], "the node was contacted before the record store was found unwritable"
     assert str(blocker) in str(err.value)
+
+
+def test_compare_in_a_dag_names_the_missing_reference_on_the_node_and_keeps_every_fetch_note(monkeypatch, tmp_path):
+    from conftest import dump_rows, opd_rows
+
+    run_dir = tmp_path / "record"
+    monkeypatch.setattr(record, "run_record_dir", lambda run_id, root=None: run_dir)
+    record.write_json(run_dir / "commit.json", {"node": "gpu_node_7"})
+    (run_dir / "opd").mkdir(parents=True)
+    dump_rows(run_dir / "opd" / "tracker.jsonl", opd_rows())
+    record.write_json(run_dir / "opd" / "fetch.json", {
+        "suite": "opd", "work_dir": "/node/runs/r/work/opd", "files": {}, "problems": [],
+        "notes": ["reference baseline unreadable or missing (Permission denied): /share/other.jsonl"],
+        "other_experiments": ["/node/runs/r/work/opd/20261130101010/logs/exp_tracking/tracker.jsonl"],
+        "reference_baseline_missing": "/share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl"})
+    result = pipeline.compare("opd", "manual__1", None)
+    findings = " ".join(result["abnormal"])
+    assert "no reference baseline at /share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl on node gpu_node_7" in findings
+    assert "${CI_SHARE_BASELINE}" in findings and "--baseline" not in json.dumps(result)
+    assert "fetch: reference baseline unreadable or missing (Permission denied)" in findings
+    assert "fetch: several experiment folders in /node/runs/r/work/opd; the newest was evaluated" in findings
+
+
+def test_verdict_message_names_each_failed_suite_with_its_class_and_what_breached():
+    summary = {"verdict": "FAIL", "record": "/records/r", "failure_classes": ["accuracy", "infrastructure"],
+               "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
+                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 10}]},
+                          {"suite": "opd", "verdict": "FAIL", "failure_class": "infrastructure",
+                           "breached": [], "missing": ["eval/gsm8k/acc"]}]}
+    assert pipeline.verdict_message(summary) == (
+        "FAIL: grpo accuracy failure (breached: mismatch/mismatch_k3_kl from step 10); "
+        "opd infrastructure failure (not measured: eval/gsm8k/acc); report: /records/r")

@@ -210,3 +210,17 @@ def test_missing_value_shows_as_missing_not_as_a_fail():
     result.checks[0].current, result.checks[0].missing = None, True
     row = next(line for line in render_markdown([result], ReportMeta()).splitlines() if "| 5 |" in line)
     assert "| missing |" in row and "| FAIL |" not in row
+
+
+def test_engine_and_report_words_name_no_cli_flag():
+    """CLI flags belong to the CLI's own output: the engine's and the report's words are read in DAG
+    reports too (the CLI passes its flag hints in through ``missing_reference``/``commit_hint``)."""
+    import re
+    from pathlib import Path
+
+    import rl_verify
+
+    package = Path(rl_verify.__file__).parent
+    for name in ("grpo.py", "opd.py", "report.py", "nextsteps.py", "model.py", "shapes.py", "tracker.py"):
+        for number, line in enumerate((package / name).read_text().splitlines(), 1):
+            assert not re.search(r"[\"' (]--[a-z][a-z-]+", line), f"{name}:{number}: {line.strip()}"

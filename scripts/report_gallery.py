@@ -1,0 +1,61 @@
+"""`make gallery`: what the report says for every simulated regression, through the real DAG.
+
+Starts one rig (simulated node + local Airflow, short steps), runs each regression branch of the
+simulated checkout (and the healthy tip) with both suites, and prints per suite the report's
+headline, failure class and first suggested next step, then the same as a Markdown table (also
+written to .state/report-gallery.md). Faults are covered by tests/e2e/test_faults.py, whose table
+(.state/fault-table.md) carries the same three columns.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.rig import Rig  # noqa: E402
+from simulator import node as sim  # noqa: E402
+
+STATE = ROOT / ".state" / "gallery"
+OUT = ROOT / ".state" / "report-gallery.md"
+COMMITS = ["main"] + [branch for branch, _, _ in sim.REGRESSION_BRANCHES.values()]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def main() -> int:
+    if STATE.exists():
+        if (STATE / "node" / "node.json").exists():
+            sim.stop_node(STATE / "node")
+        shutil.rmtree(STATE)
+    rows = []
+    with Rig(STATE, STATE / "records", step_seconds=0.1) as rig:
+        for commit in COMMITS:
+            out = rig.run({"commit": commit, "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, timeout=900)
+            if not out.summary:
+                rows.append((commit, "-", f"no report ({out.state})", "-", "-"))
+                continue
+            report = json.loads(Path(out.summary["report"]["json"]).read_text())
+            md = Path(out.summary["report"]["md"]).read_text().splitlines()
+            headline = next((line.strip("*") for line in md if line.startswith("**")), "?")
+            for suite in report["suites"]:
+                first = (suite["next_steps"] or ["-"])[0]
+                rows.append((commit, suite["suite"], headline, suite["failure_class"] or "-", first))
+                print(f"{commit} [{suite['suite']}] {headline}\n  class: {suite['failure_class']}\n  next: {first}\n",
+                      flush=True)
+    table = ("| commit | suite | report headline | class | first suggested next step |\n|---|---|---|---|---|\n"
+             + "".join("| " + " | ".join(_cell(str(c)) for c in row) + " |\n" for row in rows))
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text("# Report gallery (scripts/report_gallery.py)\n\n" + table)
+    print(table + f"\n(also in {OUT})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
