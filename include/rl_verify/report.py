@@ -139,6 +139,11 @@ def fmt_first_breach(check: Check) -> str:
     return "-" if check.first_breach_step is None or not check.breached else str(check.first_breach_step)
 
 
+def suites_summary(suites: list[SuiteResult]) -> str:
+    """"grpo FAIL (accuracy), opd PASS": each suite's verdict with its failure class."""
+    return ", ".join(f"{s.suite} {s.verdict}" + (f" ({s.failure_class})" if s.failure_class else "") for s in suites)
+
+
 def _md_cell(text: str) -> str:
     """Markdown table cell: no pipes or newlines from tracker strings can break the table."""
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
@@ -189,7 +194,7 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
     computed = overall_verdict(suites)
     verdict = meta.overall or computed
     lines = [f"# RL accuracy verification: {verdict}", ""]
-    summary = ", ".join(f"{s.suite} {s.verdict}" + (f" ({s.failure_class})" if s.failure_class else "") for s in suites)
+    summary = suites_summary(suites)
     lines.append(f"**{verdict}**" + (f" (computed {computed})" if verdict != computed else "")
                  + (f": {summary}" if summary else ": no suite evaluated"))
     lines.append("")
@@ -290,7 +295,7 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None, out_d
            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.FAIL{color:#cf222e;font-weight:bold}"
            ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
            f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
-    summary = ", ".join(f"{s.suite} {s.verdict}" for s in suites) or "no suite evaluated"
+    summary = suites_summary(suites) or "no suite evaluated"
     out.append(f"<p><b>{e(verdict)}</b>{e(f' (computed {computed})' if verdict != computed else '')}: {e(summary)}</p>")
     for note in meta.notes:
         out.append(f"<blockquote>{e(note)}</blockquote>")
