@@ -43,7 +43,7 @@ def main() -> int:
                 continue
             report = json.loads(Path(out.summary["report"]["json"]).read_text())
             md = Path(out.summary["report"]["md"]).read_text().splitlines()
-            headline = next((line.strip("*") for line in md if line.startswith("**")), "?")
+            headline = next((line.replace("**", "") for line in md if line.startswith("**")), "?")
             for suite in report["suites"]:
                 first = (suite["next_steps"] or ["-"])[0]
                 rows.append((commit, suite["suite"], headline, suite["failure_class"] or "-", first))

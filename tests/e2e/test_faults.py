@@ -372,7 +372,7 @@ def report_gist(out: RunOutcome) -> str:
     if not out.summary:
         return "no report"
     md = Path(out.summary["report"]["md"]).read_text().splitlines()
-    headline = next((line.strip("*") for line in md if line.startswith("**")), "?")
+    headline = next((line.replace("**", "") for line in md if line.startswith("**")), "?")
     report = report_json(out.summary)
     first = next((s for suite in report["suites"] for s in suite["next_steps"]), "-")
     return f"report: {headline} / first next step: {first[:160]}"
