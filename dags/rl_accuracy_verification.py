@@ -7,7 +7,9 @@ accuracy aligned with the baselines, following the team's runbook:
 1. **resolve_commit** — clean per-run git worktree at `commit` on the node; full SHA recorded.
 2. **check_prerequisites** — every input of every selected suite checked in one SSH round trip.
 3. **experiment_card** + **approve** — a human approves the card (目标 / 判读标准 / 最小规模 / 前置条件).
-   Scheduled runs proceed on a standing approval of the same card.
+   Scheduled runs proceed on a standing approval of the same card, verified against the recorded
+   human response that granted it; an unanswered card ends the run NOT APPROVED (timed out) before
+   the next scheduled run is due.
 4. **run_grpo / run_opd** — detached, deferrable SSH jobs, one training per node at a time (pool).
 5. **fetch_* / compare_*** — trackers archived, compared per metric (GRPO through the checkout's own
    `check_rl_result`; OPD at every eval point against the golden table).
@@ -62,10 +64,11 @@ def rl_accuracy_verification():
         return pipeline.check_prerequisites(resolved)
 
     @task(**settings.LOCAL_TASK_ARGS)
-    def experiment_card(resolved, prereq, run_id=None):
+    def experiment_card(resolved, prereq, run_id=None, dag_run=None):
         from rl_verify import pipeline
 
-        return pipeline.experiment_card(resolved, prereq, run_id)
+        gaps = pipeline.schedule_gaps(dag_run.run_type, dag_run.logical_date)
+        return {**pipeline.experiment_card(resolved, prereq, run_id, gaps), "gaps": gaps}
 
     @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
     def fetch(suite, resolved, run_id=None):
@@ -83,7 +86,8 @@ def rl_accuracy_verification():
     def report(params=None, run_id=None, ti=None):
         from rl_verify import pipeline
 
-        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"))
+        card = ti.xcom_pull(task_ids="experiment_card") or {}
+        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(ti=None):

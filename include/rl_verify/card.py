@@ -1,15 +1,19 @@
 """The experiment card shown at the approval: 目标 / 判读标准 / 最小规模 / 前置条件.
 
 The card is built from the suite specs and the versioned threshold files, so what a human approves
-is exactly what the comparison will apply. Its fingerprint covers everything except the commit and
-the date: a standing approval for nightly runs stays valid while the fingerprint is unchanged.
+is exactly what the comparison will apply. A standing approval for nightly runs is bound to the
+*experiment* fingerprint (``experiment_fingerprint``): the suites' specs as written (scale, step
+counts, eval points, budgets, launch scripts and configs relative to the checkout, inputs relative to
+the share roots) and their threshold/golden data with its version. Nothing run-specific enters it
+(run id, worktree path, date, commit, the node's resolved paths), so two runs of the same card share
+it and any defining change gives another.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from rl_verify.suite import SuiteSpec, data_file
 
@@ -87,9 +91,18 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
             "最小规模 minimum scale": scale, "前置条件 prerequisites (verified on the node)": prereq}
 
 
-def fingerprint(sections: Mapping[str, list[str]]) -> str:
-    """Stable hash of the card content that a standing approval is bound to."""
-    return hashlib.sha256(json.dumps(sections, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:16]
+def experiment_definition(specs: Iterable[SuiteSpec],
+                          data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded) and its data."""
+    data = data or _thresholds
+    return {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in sorted(specs, key=lambda s: s.name)}
+
+
+def experiment_fingerprint(specs: Iterable[SuiteSpec],
+                           data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None) -> str:
+    """Stable hash of ``experiment_definition``: what a standing approval is bound to."""
+    text = json.dumps(experiment_definition(specs, data), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _plain(text: str) -> str:
@@ -100,7 +113,8 @@ def _plain(text: str) -> str:
     return re.sub(r"([\\`*_\[\]<>|#!])", r"\\\1", html.unescape(text or "")).replace("\n", " ")
 
 
-def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], run_id: str) -> str:
+def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], run_id: str,
+                fingerprint: str, notes: Iterable[str] = ()) -> str:
     """Full Markdown card: header with the commit under test, then the four sections."""
     lines = [f"# Experiment card — {run_id}", "",
              f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — "
@@ -110,5 +124,8 @@ def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], ru
         lines += ["**The worktree is dirty:**", "```", commit["dirty_stat"].rstrip(), "```", ""]
     for title, body in sections.items():
         lines += [f"## {title}", "", *body, ""]
-    lines.append(f"Card fingerprint: `{fingerprint(sections)}`")
+    for note in notes:
+        lines += [f"> {note}", ""]
+    lines.append(f"Experiment fingerprint: `{fingerprint}` (suites, specs, thresholds and golden data; not the commit, "
+                 "the run or its paths)")
     return "\n".join(lines)

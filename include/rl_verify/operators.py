@@ -260,11 +260,16 @@ def _refuse_if_busy(client: Any, runs_root: str, key: str, suite: str) -> None:
 
 
 class CardApprovalOperator(ApprovalOperator):
-    """Approval of the experiment card, with standing approvals for scheduled runs.
+    """Approval of the experiment card: bounded in time, with verified standing approvals.
 
-    A human can tick "standing approval" when approving: later *scheduled* runs whose card has the
-    same fingerprint (everything but commit and date) proceed without waiting, logged with who
-    granted it. Any change to the card (thresholds, scale, inputs) needs a human again.
+    * A person approving a *scheduled* run's card with "standing approval" ticked grants one: later
+      scheduled runs with the same experiment fingerprint proceed without waiting, but only after
+      the grant has been checked against Airflow's record of that response (``rl_verify.standing``);
+      any refusal is logged with its reasons and the run waits for a person.
+    * A rejected scheduled card revokes a standing approval for that card.
+    * Nobody answers within ``settings.approval_timeout`` (default: before the next scheduled run):
+      the run ends NOT APPROVED (timed out), downstream skipped, the node untouched. Never approved
+      by default: the request has no default options.
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -275,7 +280,8 @@ class CardApprovalOperator(ApprovalOperator):
             body="{{ ti.xcom_pull(task_ids='experiment_card')['markdown'] }}",
             params={"standing_approval": Param(
                 False, type="boolean", title="Standing approval for nightly runs",
-                description="Let scheduled runs with this exact card proceed without waiting.")},
+                description="Scheduled runs only: let later scheduled runs with this exact card proceed without "
+                            "waiting (expires after RL_VERIFY_STANDING_APPROVAL_DAYS days).")},
             assigned_users=approvers or None,
             **kwargs,
         )
@@ -283,46 +289,120 @@ class CardApprovalOperator(ApprovalOperator):
     def execute(self, context: Any) -> Any:
         card = context["ti"].xcom_pull(task_ids="experiment_card")
         if context["dag_run"].run_type == "scheduled":
-            standing = _standing_approval()
-            if standing and standing.get("fingerprint") == card["fingerprint"]:
-                self.log.info("Standing approval granted by %s at %s for card %s: proceeding without waiting",
-                              standing["granted_by"], standing["granted_at"], card["fingerprint"])
-                _push_decision(context, [self.APPROVE], standing["granted_by"], standing["granted_at"],
-                               standing=True)
-                return {"chosen_options": [self.APPROVE], "standing_approval": standing}
-            self.log.info("No standing approval matches card %s (standing: %s): waiting for a human",
-                          card["fingerprint"], standing.get("fingerprint") if standing else None)
+            grant = self._verified_grant(card["fingerprint"])
+            if grant is not None:
+                self.log.info("Standing approval granted by %s at %s in run %s, verified against its approval "
+                              "record: proceeding without waiting", grant.granted_by, grant.granted_at,
+                              grant.dag_run_id)
+                _push_decision(context, [self.APPROVE], grant.granted_by, grant.granted_at, standing=True,
+                               granted_in=grant.dag_run_id)
+                return {"chosen_options": [self.APPROVE], "standing_approval": json.loads(grant.to_json())}
+        self.response_timeout = settings.approval_timeout()
+        if self.response_timeout:
+            self.log.info("Waiting for a person for at most %s; unanswered, the run ends NOT APPROVED (timed out)",
+                          self.response_timeout)
         return super().execute(context)
 
+    def _verified_grant(self, fingerprint: str) -> Any:
+        """The standing approval if every check passes, else None (every reason logged)."""
+        from airflow.sdk import Variable
+
+        from rl_verify import airflow_api, standing
+
+        raw = Variable.get(settings.STANDING_APPROVAL_VARIABLE, default=None)
+        if not raw:
+            self.log.info("No standing approval for card %s: waiting for a person", fingerprint)
+            return None
+        try:
+            grant = standing.parse_grant(raw)
+        except standing.MalformedGrant as err:
+            self.log.warning("Standing approval refused: the Variable %s is malformed (%s): waiting for a person",
+                             settings.STANDING_APPROVAL_VARIABLE, err)
+            return None
+        try:
+            record = airflow_api.approval_record(settings.AIRFLOW_API_CONN_ID, grant.dag_id, grant.dag_run_id,
+                                                 grant.task_id)
+        except airflow_api.ApiUnavailable as err:
+            self.log.warning("Standing approval refused: it cannot be verified (%s): waiting for a person", err)
+            return None
+        reasons = standing.refusals(grant, record, fingerprint, _now(), settings.standing_approval_max_age(),
+                                    [a["name"] for a in settings.approvers()])
+        if reasons:
+            self.log.warning("Standing approval refused: %s: waiting for a person", "; ".join(reasons))
+            return None
+        return grant
+
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if event.get("error_type") == "timeout":
+            return self._timed_out(context)
         # Recorded before the parent runs: on "Reject" it skips downstream by raising, so nothing
         # after it (not even the return value) would reach XCom.
         user = event.get("responded_by_user") or {}
         who = user.get("name") or user.get("id") or "unknown user"
         chosen = list(event.get("chosen_options") or [])
-        _push_decision(context, chosen, who, str(event.get("responded_at")), standing=False)
+        at = event.get("responded_at")
+        at = at.isoformat() if hasattr(at, "isoformat") else str(at)
+        _push_decision(context, chosen, who, at, standing=False)
+        scheduled = context["dag_run"].run_type == "scheduled"
+        card = context["ti"].xcom_pull(task_ids="experiment_card")
         if self.REJECT in chosen:
             self.log.warning("Experiment card REJECTED by %s: nothing is launched", who)
+            if scheduled:
+                self._revoke(card["fingerprint"], who, at)
         else:
             self.log.info("Experiment card approved by %s", who)
             if (event.get("params_input") or {}).get("standing_approval"):
-                from airflow.sdk import Variable
-
-                card = context["ti"].xcom_pull(task_ids="experiment_card")
-                Variable.set(settings.STANDING_APPROVAL_VARIABLE, json.dumps({
-                    "fingerprint": card["fingerprint"], "granted_by": who,
-                    "granted_at": str(event.get("responded_at")), "dag_run_id": context["run_id"]}))
-                self.log.info("Standing approval for card %s granted by %s", card["fingerprint"], who)
+                self._grant(context, card["fingerprint"], who, at, scheduled)
         return super().execute_complete(context=context, event=event)
 
+    def _grant(self, context: Any, fingerprint: str, who: str, at: str, scheduled: bool) -> None:
+        from airflow.sdk import Variable
 
-def _push_decision(context: Any, chosen: list[str], who: str, at: str, standing: bool) -> None:
+        from rl_verify.standing import Grant
+
+        if not scheduled:
+            self.log.warning("Standing approval NOT granted: only the approval of a scheduled run can grant one "
+                             "(this is a %s run)", context["dag_run"].run_type)
+            return
+        grant = Grant(fingerprint=fingerprint, dag_id=context["dag_run"].dag_id, dag_run_id=context["run_id"],
+                      task_id=self.task_id, granted_by=who, granted_at=at)
+        Variable.set(settings.STANDING_APPROVAL_VARIABLE, grant.to_json())
+        self.log.info("Standing approval for card %s granted by %s (expires after %s days)", fingerprint, who,
+                      settings.standing_approval_max_age().days)
+
+    def _revoke(self, fingerprint: str, who: str, at: str) -> None:
+        from airflow.sdk import Variable
+
+        from rl_verify import standing
+
+        raw = Variable.get(settings.STANDING_APPROVAL_VARIABLE, default=None)
+        try:
+            grant = standing.parse_grant(raw) if raw else None
+        except standing.MalformedGrant:
+            grant = None
+        if grant is not None and grant.fingerprint == fingerprint and not grant.revoked_by:
+            Variable.set(settings.STANDING_APPROVAL_VARIABLE, grant.revoked(who, at).to_json())
+            self.log.warning("Standing approval for card %s revoked by %s", fingerprint, who)
+
+    def _timed_out(self, context: Any) -> Any:
+        """Nobody answered in time: NOT APPROVED, downstream skipped, nothing launched."""
+        context["ti"].xcom_push(key="decision", value={
+            "chosen_options": [], "by": None, "at": _now().isoformat(timespec="seconds"), "standing": False,
+            "timed_out": True, "timeout": str(self.response_timeout) if self.response_timeout else None})
+        self.log.warning("NOT APPROVED (timed out): nobody answered the card in time; nothing is launched")
+        tasks = [t for t in context["task"].get_direct_relatives(upstream=False) if not t.is_teardown]
+        if tasks:
+            self.skip(ti=context["ti"], tasks=tasks)
+        return {"chosen_options": [], "timed_out": True}
+
+
+def _now() -> Any:
+    from airflow.sdk.timezone import utcnow
+
+    return utcnow()
+
+
+def _push_decision(context: Any, chosen: list[str], who: str, at: str, standing: bool,
+                   granted_in: str | None = None) -> None:
     context["ti"].xcom_push(key="decision", value={
-        "chosen_options": chosen, "by": who, "at": at, "standing": standing})
-
-
-def _standing_approval() -> dict[str, Any] | None:
-    from airflow.sdk import Variable
-
-    raw = Variable.get(settings.STANDING_APPROVAL_VARIABLE, default=None)
-    return json.loads(raw) if raw else None
+        "chosen_options": chosen, "by": who, "at": at, "standing": standing, "granted_in": granted_in})

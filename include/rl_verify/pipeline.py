@@ -136,17 +136,22 @@ def check_prerequisites(resolved: Mapping[str, Any]) -> dict[str, Any]:
     return result.to_dict()
 
 
-def experiment_card(resolved: Mapping[str, Any], prereq: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
-    """Render the card (Markdown) the approver sees, and its fingerprint."""
+def experiment_card(resolved: Mapping[str, Any], prereq: Mapping[str, Any], dag_run_id: str,
+                    notes: list[str] | None = None) -> dict[str, Any]:
+    """Render the card (Markdown) the approver sees, and its experiment fingerprint.
+
+    ``notes`` are shown on the card above the fingerprint (e.g. schedule ticks that never started).
+    """
     from rl_verify import card
 
     values = node_settings(resolved["node"])
     specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
     sections = card.card_sections(specs, prereq["ok"], resolved["node"])
-    markdown = card.render_card(resolved, sections, dag_run_id)
+    fingerprint = card.experiment_fingerprint(specs)
+    markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
     record.write_atomic(record.run_record_dir(dag_run_id) / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
-    return {"markdown": markdown, "fingerprint": card.fingerprint(sections)}
+    return {"markdown": markdown, "fingerprint": fingerprint}
 
 
 def fetch(suite: str, resolved: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
@@ -249,7 +254,8 @@ def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, 
                        missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
 
 
-def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None) -> dict[str, Any]:
+def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None,
+           gaps: list[str] | None = None) -> dict[str, Any]:
     """Combine the suites into one report in the record store; print it; return a summary."""
     from rl_verify.model import SuiteResult
     from rl_verify.report import ReportMeta, render_markdown, write_report
@@ -260,12 +266,18 @@ def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, An
     notes: list[str] = []
     overall = None
     decision = approval_decision(decision)
-    if decision["rejected"]:
+    if decision["timed_out"]:
+        overall = "NOT APPROVED"
+        notes.append(f"NOT APPROVED (timed out): nobody answered the experiment card by {decision['at']}; "
+                     "nothing was launched and the node was not touched.")
+    elif decision["rejected"]:
         overall = "REJECTED"
         notes.append(f"Rejected by {decision['by']} at {decision['at']}: nothing was launched.")
     elif decision["by"]:
         notes.append(f"Approved by {decision['by']} at {decision['at']}"
-                     + (" (standing approval for scheduled runs)" if decision["standing"] else "") + ".")
+                     + (f" (standing approval granted in scheduled run {decision['granted_in']}, verified against "
+                        "its approval record)" if decision["standing"] else "") + ".")
+    notes += gaps or []
     results = []
     for suite in suites if overall is None else []:
         data = record.read_json(run_dir / suite / "result.json")
@@ -340,21 +352,46 @@ def _paths(suite_dir: Path) -> dict[str, str]:
 
 
 def approval_decision(decision: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Who approved or rejected, when, and whether by standing approval (from approve's XCom)."""
+    """Who approved or rejected, when, whether by standing approval (and granted in which run) or
+    whether nobody answered in time (from approve's XCom)."""
     if not decision:
-        return {"rejected": False, "by": None, "at": None, "standing": False}
-    return {"rejected": "Reject" in (decision.get("chosen_options") or []), "by": decision.get("by"),
-            "at": decision.get("at"), "standing": bool(decision.get("standing"))}
+        return {"rejected": False, "timed_out": False, "by": None, "at": None, "standing": False, "granted_in": None}
+    return {"rejected": "Reject" in (decision.get("chosen_options") or []),
+            "timed_out": bool(decision.get("timed_out")), "by": decision.get("by"), "at": decision.get("at"),
+            "standing": bool(decision.get("standing")), "granted_in": decision.get("granted_in")}
+
+
+def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_ID) -> list[str]:
+    """For a scheduled run: a note naming the schedule ticks since the previous scheduled run that
+    never started (a run waited or ran past them); [] when none or not a scheduled run."""
+    if run_type != "scheduled" or logical_date is None or settings.SCHEDULE is None:
+        return []
+    from rl_verify import airflow_api
+
+    try:
+        previous = airflow_api.previous_scheduled_run(settings.AIRFLOW_API_CONN_ID, dag_id, logical_date)
+    except airflow_api.ApiUnavailable as err:
+        log.warning("Cannot list earlier scheduled runs to find missed schedule ticks: %s", err)
+        return []
+    if previous is None:
+        return []
+    missed = settings.missed_ticks(previous, logical_date)
+    if not missed:
+        return []
+    shown = ", ".join(t.isoformat(timespec="minutes") for t in missed[:20])
+    more = f" and {len(missed) - 20} more" if len(missed) > 20 else ""
+    return [f"{len(missed)} schedule tick(s) since the previous scheduled run ({previous.isoformat(timespec='minutes')}) "
+            f"never started, because an earlier run was still waiting or running: {shown}{more}."]
 
 
 def verdict(summary: Mapping[str, Any] | None) -> str:
     """Fail the DAG run when the verdict is FAIL (after the report exists); say which class."""
     if not summary:
         raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
-    if summary["verdict"] == "REJECTED":
+    if summary["verdict"] in ("REJECTED", "NOT APPROVED"):
         from airflow.sdk.exceptions import AirflowSkipException
 
-        raise AirflowSkipException("experiment card rejected: nothing was launched")
+        raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     if summary["verdict"] != "PASS":
         raise RuntimeError(verdict_message(summary))
     return "PASS"

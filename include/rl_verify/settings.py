@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 DAG_ID = "rl_accuracy_verification"
@@ -22,6 +22,9 @@ DEFAULT_NODE_CONN_ID = os.environ.get("RL_VERIFY_NODE_CONN_ID", "rl_gpu_node")
 
 #: Variable holding the standing approval that lets scheduled runs skip the human wait.
 STANDING_APPROVAL_VARIABLE = "rl_verify_standing_approval"
+#: Connection to Airflow's own REST API (base URL + a user allowed to read DAG runs): standing
+#: approvals are verified through it against the recorded human response that granted them.
+AIRFLOW_API_CONN_ID = os.environ.get("RL_VERIFY_AIRFLOW_API_CONN_ID", "rl_verify_airflow_api")
 
 #: Default ref tested by nightly runs (the tip of the node checkout's default branch).
 DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")
@@ -91,3 +94,46 @@ def approvers() -> list[dict[str, str]]:
     """Users allowed to answer the approval (RL_VERIFY_APPROVERS="alice,bob"); empty = any user."""
     names = [n.strip() for n in os.environ.get("RL_VERIFY_APPROVERS", "").split(",") if n.strip()]
     return [{"id": n, "name": n} for n in names]
+
+
+def standing_approval_max_age() -> timedelta:
+    """How long a standing approval lasts (RL_VERIFY_STANDING_APPROVAL_DAYS, default 14)."""
+    return timedelta(days=float(os.environ.get("RL_VERIFY_STANDING_APPROVAL_DAYS", "14")))
+
+
+def approval_timeout(now: datetime | None = None, schedule: str | None = SCHEDULE) -> timedelta | None:
+    """How long a card waits for a person before the run ends NOT APPROVED (timed out).
+
+    RL_VERIFY_APPROVAL_TIMEOUT_S when set (0 = no limit); otherwise until one minute before the
+    next scheduled tick (at least one minute), so an unanswered card never blocks the next nightly;
+    no limit when there is no schedule.
+    """
+    configured = os.environ.get("RL_VERIFY_APPROVAL_TIMEOUT_S", "").strip()
+    if configured:
+        seconds = float(configured)
+        return timedelta(seconds=seconds) if seconds > 0 else None
+    if schedule is None:
+        return None
+    import pendulum
+    from croniter import croniter
+
+    now = (now or pendulum.now("UTC")).astimezone(pendulum.timezone(TIMEZONE))
+    tick = croniter(schedule, now).get_next(datetime)
+    return max(timedelta(minutes=1), tick - now - timedelta(minutes=1))
+
+
+def missed_ticks(previous: datetime, current: datetime, schedule: str | None = SCHEDULE) -> list[datetime]:
+    """Schedule ticks strictly between two scheduled runs' logical dates: runs that never started."""
+    if schedule is None:
+        return []
+    import pendulum
+    from croniter import croniter
+
+    it = croniter(schedule, previous.astimezone(pendulum.timezone(TIMEZONE)))
+    out: list[datetime] = []
+    while len(out) < 1000:  # a bound: a year of hourly ticks is listed as its first 1000
+        tick = it.get_next(datetime)
+        if tick >= current:
+            break
+        out.append(tick)
+    return out

@@ -63,59 +63,127 @@ def waited(monkeypatch):
     return calls
 
 
-def _context(run_type, fingerprint="fp1"):
-    return {"ti": FakeTI({"fingerprint": fingerprint, "markdown": "card"}), "dag_run": SimpleNamespace(run_type=run_type),
-            "run_id": "scheduled__x"}
+GRANTED_AT = "2026-11-28T02:05:00+00:00"
 
 
-def _grant(variables, fingerprint="fp1"):
-    variables[settings.STANDING_APPROVAL_VARIABLE] = json.dumps(
-        {"fingerprint": fingerprint, "granted_by": "alice", "granted_at": "2026-11-28T02:05:00Z"})
+def _context(run_type, fingerprint="fp1", run_id="scheduled__x"):
+    return {"ti": FakeTI({"fingerprint": fingerprint, "markdown": "card"}),
+            "dag_run": SimpleNamespace(run_type=run_type, dag_id="rl_accuracy_verification"), "run_id": run_id}
 
 
-def test_scheduled_run_with_the_same_card_proceeds_on_the_standing_approval(variables, waited):
-    _grant(variables)
-    ctx = _context("scheduled")
+def _grant(variables, fingerprint="fp1", by="alice"):
+    from rl_verify.standing import Grant
+
+    variables[settings.STANDING_APPROVAL_VARIABLE] = Grant(
+        fingerprint=fingerprint, dag_id="rl_accuracy_verification", dag_run_id="scheduled__granting",
+        task_id="approve", granted_by=by, granted_at=GRANTED_AT).to_json()
+
+
+@pytest.fixture()
+def airflow_record(monkeypatch):
+    """Airflow's record of the granting response, as the REST API would return it."""
+    from datetime import datetime
+
+    from rl_verify import airflow_api
+    from rl_verify.standing import ApprovalRecord
+
+    record = {"value": ApprovalRecord(
+        run_type="scheduled", responded_by="alice", responded_at=datetime.fromisoformat(GRANTED_AT),
+        chosen_options=["Approve"], params_input={"standing_approval": True},
+        body="card ... Experiment fingerprint: `%s` (suites...)" % ("f" * 16))}
+    monkeypatch.setattr(airflow_api, "approval_record", lambda conn, dag, run, task: record["value"])
+    monkeypatch.setattr("rl_verify.operators._now", lambda: datetime.fromisoformat("2026-11-30T02:00:00+00:00"))
+    return record
+
+
+def test_scheduled_run_proceeds_on_a_standing_approval_verified_against_the_record(variables, waited,
+                                                                                   airflow_record):
+    _grant(variables, fingerprint="f" * 16)
+    ctx = _context("scheduled", fingerprint="f" * 16)
     result = CardApprovalOperator(task_id="approve").execute(ctx)
     assert waited == [] and result["chosen_options"] == ["Approve"]
-    assert ctx["ti"].pushed["decision"] == {"chosen_options": ["Approve"], "by": "alice",
-                                            "at": "2026-11-28T02:05:00Z", "standing": True}
+    assert ctx["ti"].pushed["decision"] == {"chosen_options": ["Approve"], "by": "alice", "at": GRANTED_AT,
+                                            "standing": True, "granted_in": "scheduled__granting"}
 
 
-def test_a_changed_card_waits_for_a_human_again(variables, waited):
-    _grant(variables, fingerprint="old-card")
-    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled")) == "WAIT"
+def test_a_forged_grant_naming_another_user_waits_for_a_person(variables, waited, airflow_record):
+    _grant(variables, fingerprint="f" * 16, by="mallory")
+    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
+
+
+def test_a_changed_card_waits_for_a_human_again(variables, waited, airflow_record):
+    _grant(variables, fingerprint="0" * 16)
+    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
     assert waited == ["waited"]
 
 
-def test_manual_runs_always_wait_for_a_human(variables, waited):
-    _grant(variables)
-    assert CardApprovalOperator(task_id="approve").execute(_context("manual")) == "WAIT"
+def test_a_grant_that_cannot_be_verified_waits(variables, waited, monkeypatch):
+    _grant(variables, fingerprint="f" * 16)
+    monkeypatch.delenv("AIRFLOW_CONN_RL_VERIFY_AIRFLOW_API", raising=False)
+    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
 
 
-def test_approving_with_standing_approval_records_who_and_which_card(variables, monkeypatch):
+def test_manual_runs_always_wait_for_a_human(variables, waited, airflow_record):
+    _grant(variables, fingerprint="f" * 16)
+    assert CardApprovalOperator(task_id="approve").execute(_context("manual", fingerprint="f" * 16)) == "WAIT"
+
+
+def test_the_wait_is_bounded_by_the_configured_timeout(variables, waited, monkeypatch):
+    monkeypatch.setenv("RL_VERIFY_APPROVAL_TIMEOUT_S", "90")
+    op = CardApprovalOperator(task_id="approve")
+    op.execute(_context("manual"))
+    assert op.response_timeout.total_seconds() == 90 and op.defaults is None  # never approved by default
+
+
+def _event(chosen, standing=False, who="bob"):
+    return {"chosen_options": chosen, "params_input": {"standing_approval": standing},
+            "responded_by_user": {"id": who, "name": who}, "responded_at": "2026-11-29T10:00:00+00:00"}
+
+
+def test_approving_a_scheduled_card_with_standing_approval_records_the_grant(variables, monkeypatch):
+    from rl_verify.standing import parse_grant
+
     monkeypatch.setattr(ApprovalOperator, "execute_complete", lambda self, context, event: event)
-    ctx = _context("manual", fingerprint="fp9")
-    event = {"chosen_options": ["Approve"], "params_input": {"standing_approval": True},
-             "responded_by_user": {"id": "bob", "name": "bob"}, "responded_at": "2026-11-29T10:00:00Z"}
-    CardApprovalOperator(task_id="approve").execute_complete(ctx, event)
-    stored = json.loads(variables[settings.STANDING_APPROVAL_VARIABLE])
-    assert stored["fingerprint"] == "fp9" and stored["granted_by"] == "bob"
+    ctx = _context("scheduled", fingerprint="fp9", run_id="scheduled__9")
+    CardApprovalOperator(task_id="approve").execute_complete(ctx, _event(["Approve"], standing=True))
+    grant = parse_grant(variables[settings.STANDING_APPROVAL_VARIABLE])
+    assert (grant.fingerprint, grant.granted_by, grant.dag_run_id, grant.task_id) == ("fp9", "bob", "scheduled__9",
+                                                                                     "approve")
     assert ctx["ti"].pushed["decision"]["by"] == "bob"
 
 
-def test_a_reject_is_recorded_before_downstream_is_skipped(variables, monkeypatch):
+def test_a_manual_runs_approval_never_grants_a_standing_approval(variables, monkeypatch):
+    monkeypatch.setattr(ApprovalOperator, "execute_complete", lambda self, context, event: event)
+    CardApprovalOperator(task_id="approve").execute_complete(_context("manual"), _event(["Approve"], standing=True))
+    assert settings.STANDING_APPROVAL_VARIABLE not in variables
+
+
+def test_a_reject_is_recorded_before_downstream_is_skipped_and_revokes_the_grant(variables, monkeypatch):
+    from rl_verify.standing import parse_grant
+
     def skip(self, context, event):
         raise RuntimeError("downstream skipped")  # the parent raises to skip on Reject
 
     monkeypatch.setattr(ApprovalOperator, "execute_complete", skip)
-    ctx = _context("manual")
-    event = {"chosen_options": ["Reject"], "params_input": {}, "responded_by_user": {"id": "carol", "name": "carol"},
-             "responded_at": "t"}
+    _grant(variables, fingerprint="fp1")
+    ctx = _context("scheduled")
     with pytest.raises(RuntimeError):
-        CardApprovalOperator(task_id="approve").execute_complete(ctx, event)
+        CardApprovalOperator(task_id="approve").execute_complete(ctx, _event(["Reject"], who="carol"))
     assert ctx["ti"].pushed["decision"]["chosen_options"] == ["Reject"]
-    assert settings.STANDING_APPROVAL_VARIABLE not in variables
+    assert parse_grant(variables[settings.STANDING_APPROVAL_VARIABLE]).revoked_by == "carol"
+
+
+def test_an_unanswered_card_times_out_as_not_approved_and_skips_downstream(variables, monkeypatch):
+    skipped = []
+    op = CardApprovalOperator(task_id="approve")
+    monkeypatch.setattr(CardApprovalOperator, "skip", lambda self, ti, tasks: skipped.extend(tasks))
+    ctx = _context("scheduled")
+    ctx["task"] = SimpleNamespace(get_direct_relatives=lambda upstream: [SimpleNamespace(is_teardown=False)])
+    result = op.execute_complete(ctx, {"error": "The Human-in-the-loop response timeout has passed without a "
+                                                "response.", "error_type": "timeout"})
+    assert result == {"chosen_options": [], "timed_out": True} and len(skipped) == 1
+    decision = ctx["ti"].pushed["decision"]
+    assert decision["timed_out"] is True and decision["chosen_options"] == [] and decision["by"] is None
 
 
 def test_approvers_restrict_who_may_answer(monkeypatch):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from rl_verify import card, record
 from rl_verify.node import parse_prerequisites
-from rl_verify.suite import available_suites, load_suite
+from rl_verify.suite import available_suites, data_file, load_suite
 
 SHARES = {"CI_SHARE_MODEL": "/share/model", "CI_SHARE_DATA": "/share/data",
           "CI_SHARE_BASELINE": "/share/baseline", "CHECKOUT": "/runs/k/xtuner"}
@@ -51,7 +52,7 @@ def _sections():
 
 def test_card_has_the_four_sections_and_runbook_thresholds():
     commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None}
-    text = card.render_card(commit, _sections(), "manual__1")
+    text = card.render_card(commit, _sections(), "manual__1", "f" * 16)
     for title in ("目标", "判读标准", "最小规模", "前置条件"):
         assert f"## {title}" in text
     for number in ("0.0001", "0.05", "12%", "18%", "0.3260", "0.4339", "40 min", "| 45 |", "| 25 |"):
@@ -59,12 +60,56 @@ def test_card_has_the_four_sections_and_runbook_thresholds():
     assert "a" * 40 in text
 
 
-def test_card_fingerprint_ignores_commit_but_not_thresholds():
-    sections = _sections()
-    changed = json.loads(json.dumps(sections))
-    changed["判读标准 acceptance criteria"][3] += " changed"
-    assert card.fingerprint(sections) == card.fingerprint(_sections())
-    assert card.fingerprint(sections) != card.fingerprint(changed)
+def _specs(*names):
+    return [load_suite(s) for s in names or ("grpo", "opd")]
+
+
+def test_experiment_fingerprint_is_the_same_for_two_runs_of_the_same_card():
+    # Two runs: different run ids, worktrees and resolved share paths; the same experiment.
+    run_a = [s.expanded({**SHARES, "CHECKOUT": "/node/runs/manual__1-aaaa/xtuner"}) for s in _specs()]
+    other = {"CI_SHARE_MODEL": "/mnt/m", "CI_SHARE_DATA": "/mnt/d", "CI_SHARE_BASELINE": "/mnt/b",
+             "CHECKOUT": "/node/runs/scheduled__2-bbbb/xtuner"}
+    run_b = [s.expanded(other) for s in _specs()]
+    assert card.experiment_fingerprint(run_a) == card.experiment_fingerprint(run_b) == card.experiment_fingerprint(_specs())
+    commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None}
+    fp = card.experiment_fingerprint(run_a)
+    assert f"Experiment fingerprint: `{fp}`" in card.render_card(commit, _sections(), "scheduled__2", fp)
+
+
+def _changed(spec, path, value):
+    raw = json.loads(json.dumps(spec.raw))
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return dataclasses.replace(spec, raw=raw)
+
+
+@pytest.mark.parametrize("what,path,value", [
+    ("scale", ("launch", "env", "TOTAL_TRAIN_STEPS"), "50"),
+    ("step count", ("expected_steps",), 50),
+    ("eval points", ("eval_points",), [0, 10, 20]),
+    ("wall-time budget", ("wall_time_budget_s",), 7200),
+    ("launch script", ("launch", "script"), "recipe/other.sh"),
+    ("input", ("inputs", 0, "path"), "${CI_SHARE_MODEL}/Other-Model"),
+])
+def test_each_defining_change_of_the_spec_changes_the_fingerprint(what, path, value):
+    opd = load_suite("opd")
+    assert card.experiment_fingerprint([_changed(opd, path, value)]) != card.experiment_fingerprint([opd]), what
+
+
+def test_a_changed_threshold_or_golden_version_changes_the_fingerprint():
+    opd = load_suite("opd")
+    golden = json.loads(data_file(opd.golden).read_text())
+    tighter = json.loads(json.dumps(golden))
+    tighter["thresholds"]["eval/gsm8k/acc"]["threshold"] = 0.02
+    newer = json.loads(json.dumps(golden))
+    newer["source"]["measured"] = "2026-12-01"
+    same = card.experiment_fingerprint([opd], data=lambda s: golden)
+    assert card.experiment_fingerprint([opd], data=lambda s: tighter) != same
+    assert card.experiment_fingerprint([opd], data=lambda s: newer) != same
+    assert card.experiment_fingerprint([opd]) == same
+    assert card.experiment_fingerprint([opd, load_suite("grpo")]) != same  # another suite set
 
 
 def test_parse_prerequisites_collects_every_problem():
@@ -94,7 +139,7 @@ def test_manifest_lists_size_and_sha256(tmp_path):
 def test_card_shows_an_author_controlled_commit_subject_as_plain_text():
     commit = {"sha": "b" * 40, "commit_ref": "main", "subject": "fix <script>alert(1)</script> [x](javascript:y)",
               "worktree": "/w", "dirty_stat": None}
-    text = card.render_card(commit, _sections(), "manual__1")
+    text = card.render_card(commit, _sections(), "manual__1", "f" * 16)
     assert "<script>" not in text and "\\<script\\>" in text and "\\[x\\]" in text
 
 
