@@ -43,7 +43,7 @@ POOL = settings.node_pool()
         "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Commit under test",
                         description="Branch, tag or SHA of the node's XTuner checkout.",
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
-        "suites": Param(list(settings.KNOWN_SUITES), type="array", title="Suites",
+        "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
                         items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
                         minItems=1, uniqueItems=True),
         "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",

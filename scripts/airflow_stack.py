@@ -501,7 +501,8 @@ class AirflowStack:
         _write_private(path, json.dumps(values))
         return values
 
-    def _ensure_password(self) -> None:
+    def ensure_password(self) -> None:
+        """Create the demo user's password file (once); the password is readable from then on."""
         try:
             existing = json.loads(self.password_file.read_text())
         except (OSError, ValueError):
@@ -578,7 +579,7 @@ class AirflowStack:
         self.log_dir.mkdir(exist_ok=True)
         self.home.mkdir(exist_ok=True)
         self.port = self.port or free_port()
-        self._ensure_password()
+        self.ensure_password()
         self.env = self.build_env(extra_env)
         try:
             self._run("db", "migrate")

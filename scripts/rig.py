@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from scripts.airflow_stack import AirflowClient, AirflowStack
+from scripts.airflow_stack import AirflowClient, AirflowStack, free_port
 from simulator import node as sim
 
 DAG_ID = "rl_accuracy_verification"
@@ -21,8 +21,15 @@ CONN_ID = "rl_gpu_node"
 POOL = "rl_node_rl_gpu_node"
 
 
-def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1) -> dict[str, str]:
-    """Environment that points the DAG at the simulated node (what .env.example documents)."""
+API_CONN_ID = "rl_verify_airflow_api"
+
+
+def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1,
+                   schedule: str | None = None) -> dict[str, str]:
+    """Environment that points the DAG at the simulated node (what .env.example documents).
+
+    ``schedule``: a cron for scheduled runs; None keeps the rig to manual runs only.
+    """
     conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"],
             "extra": {"key_file": node["client_key"], "host_key": node["host_key"],
                       "no_host_key_check": False}}
@@ -34,10 +41,16 @@ def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1) 
         "RL_VERIFY_RECORD_ROOT": str(record_root),
         "RL_VERIFY_JOB_POLL_INTERVAL_S": str(poll_s),
         "RL_VERIFY_CHECKER_TIMEOUT_S": "300",
-        # Manual runs only: an unpaused nightly schedule would queue a scheduled run (waiting for
-        # its approval) ahead of the run the demo or test triggers (max_active_runs=1).
-        "RL_VERIFY_SCHEDULE": "none",
+        # Manual runs only unless asked: an unpaused nightly schedule would queue a scheduled run
+        # (waiting for its approval) ahead of the run the demo or test triggers (max_active_runs=1).
+        "RL_VERIFY_SCHEDULE": schedule or "none",
     }
+
+
+def api_connection_env(base_url: str, username: str, password: str) -> dict[str, str]:
+    """The connection through which tasks read Airflow's own records (standing approvals)."""
+    conn = {"conn_type": "http", "host": base_url, "login": username, "password": password}
+    return {f"AIRFLOW_CONN_{API_CONN_ID.upper()}": json.dumps(conn)}
 
 
 @dataclass
@@ -62,13 +75,16 @@ class Rig:
         self.client: AirflowClient | None = None
         self.timings: dict[str, float] = {}
 
-    def start(self, extra_env: Mapping[str, str] | None = None) -> "Rig":
+    def start(self, extra_env: Mapping[str, str] | None = None, schedule: str | None = None) -> "Rig":
         t0 = time.monotonic()
         self.node = sim.start_node(self.state_dir / "node", step_seconds=self.step_seconds)
         self.timings["node start"] = time.monotonic() - t0
         t1 = time.monotonic()
-        self.stack = AirflowStack(self.state_dir / "airflow")
-        env = {**deployment_env(self.node, self.record_root), **(extra_env or {})}
+        self.stack = AirflowStack(self.state_dir / "airflow", port=free_port())
+        self.stack.ensure_password()
+        env = {**deployment_env(self.node, self.record_root, schedule=schedule),
+               **api_connection_env(self.stack.base_url, self.stack.username, self.stack.password),
+               **(extra_env or {})}
         self.stack.start(extra_env=env)
         self.client = AirflowClient(self.stack.base_url, self.stack.username, self.stack.password)
         self.client.create_pool(POOL, 1, include_deferred=True,

@@ -17,6 +17,14 @@ TAGS = ["rl-verify", "xtuner", "accuracy", "gpu"]
 #: Suites shipped with the package, in the order they are shown.
 KNOWN_SUITES: tuple[str, ...] = ("grpo", "opd")
 
+#: Suites a run tests unless its ``suites`` param says otherwise (RL_VERIFY_DEFAULT_SUITES="grpo,opd"):
+#: what the nightly runs.
+DEFAULT_SUITES: tuple[str, ...] = tuple(
+    s.strip() for s in os.environ.get("RL_VERIFY_DEFAULT_SUITES", ",".join(KNOWN_SUITES)).split(",") if s.strip())
+if not DEFAULT_SUITES or set(DEFAULT_SUITES) - set(KNOWN_SUITES):
+    raise ValueError(f"RL_VERIFY_DEFAULT_SUITES={os.environ.get('RL_VERIFY_DEFAULT_SUITES')!r}: give a comma-separated "
+                     f"subset of {', '.join(KNOWN_SUITES)}")
+
 #: Airflow connection of the GPU node (SSH, pinned host key).
 DEFAULT_NODE_CONN_ID = os.environ.get("RL_VERIFY_NODE_CONN_ID", "rl_gpu_node")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 APPROVE = "Approve"
@@ -78,14 +78,14 @@ def parse_grant(raw: str) -> Grant:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """An ISO-8601 timestamp (``Z`` accepted) as an aware datetime, or None."""
+    """An ISO-8601 timestamp (``Z`` accepted; naive means UTC) as an aware datetime, or None."""
     if not text:
         return None
     try:
         value = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
     except ValueError:
         return None
-    return value if value.tzinfo else None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)  # Airflow stores UTC
 
 
 def card_fingerprint(body: str) -> str | None:

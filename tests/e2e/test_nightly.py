@@ -1,0 +1,195 @@
+"""The scheduled path end to end: a real Airflow on a one-minute cron, the simulated node.
+
+One scenario, in the order a team lives it (each step waits for states, never for a duration):
+  R1  the first scheduled run waits at its card; a person approves it with a standing approval;
+  R2  the next scheduled run proceeds without waiting, logged with who granted it and where;
+      schedule ticks that could not start meanwhile are named in its card and report;
+  R3  a hand-edited (forged) standing approval is refused; nobody answers: the card times out and
+      the run ends NOT APPROVED (timed out), node untouched;
+  R4  the genuine standing approval restored, the following scheduled run proceeds and names the
+      tick that could not start while R3 waited;
+  R5  a changed card (new golden data version) waits for a person again.
+The timeline (run ids, logical dates, what each run did at ``approve``, times) is printed and written
+to .state/nightly-timeline.md.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rl_verify.remote import run_key  # noqa: E402
+from scripts.rig import DAG_ID, Rig  # noqa: E402
+from simulator import node as sim  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+SCHEDULE = "* * * * *"
+# Long enough that the timed-out run outlives the next tick: the run after it must name that tick.
+APPROVAL_TIMEOUT_S = 130
+VARIABLE = "rl_verify_standing_approval"
+GOLDEN = ROOT / "include" / "rl_verify" / "data" / "opd_golden_2026-10-26.json"
+TIMELINE = ROOT / ".state" / "nightly-timeline.md"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    if not sim.SSHD.exists():
+        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+    state = tmp_path_factory.mktemp("nightly-rig")
+    rig = Rig(state, state / "records", step_seconds=0.05)
+    rig.start(extra_env={"RL_VERIFY_APPROVAL_TIMEOUT_S": str(APPROVAL_TIMEOUT_S),
+                         "RL_VERIFY_DEFAULT_SUITES": "opd"}, schedule=SCHEDULE)
+    try:
+        yield rig
+    finally:
+        try:
+            rig.client.pause(DAG_ID)
+        finally:
+            rig.stop()
+            shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
+
+
+@pytest.fixture()
+def changed_golden():
+    """Changes the golden data's recorded version for the duration of a block (restored whatever happens)."""
+    original = GOLDEN.read_text()
+
+    def change() -> None:
+        data = json.loads(original)
+        data["source"]["note"] = "re-measured (nightly e2e test): a new data version"
+        GOLDEN.write_text(json.dumps(data, indent=2) + "\n")
+
+    try:
+        yield change
+    finally:
+        GOLDEN.write_text(original)
+
+
+def scheduled_runs(rig: Rig) -> list[dict[str, Any]]:
+    return rig.client.get(f"/dags/{DAG_ID}/dagRuns", params={"run_type": "scheduled", "order_by": "logical_date",
+                                                             "limit": 100})["dag_runs"]
+
+
+def next_scheduled_run(rig: Rig, after: str | None, timeout: float = 240) -> dict[str, Any]:
+    """The first scheduled run whose logical date is after ``after`` (waits for the scheduler to make it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        later = [r for r in scheduled_runs(rig) if after is None or _at(r["logical_date"]) > _at(after)]
+        if later:
+            return later[0]
+        time.sleep(1)
+    raise AssertionError(f"no scheduled run after {after} within {timeout} s: {scheduled_runs(rig)}")
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def variable(rig: Rig) -> str | None:
+    r = rig.client.request("GET", f"/variables/{VARIABLE}", expect=(200, 404))
+    return r.json()["value"] if r.status_code == 200 else None
+
+
+def set_variable(rig: Rig, value: str) -> None:
+    rig.client.request("PATCH", f"/variables/{VARIABLE}", json={"key": VARIABLE, "value": value})
+
+
+def approve_log(rig: Rig, run_id: str) -> str:
+    return rig.client.task_log(DAG_ID, run_id, "approve")
+
+
+def summary(rig: Rig, run_id: str) -> dict[str, Any]:
+    return rig.client.xcom(DAG_ID, run_id, "report") or {}
+
+
+def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig, changed_golden):
+    client = rig.client
+    timeline: list[tuple[str, str, str, float]] = []
+    t0 = time.monotonic()
+
+    def note(run: dict[str, Any], what: str) -> None:
+        timeline.append((run["dag_run_id"], run["logical_date"], what, time.monotonic() - t0))
+        print(f"[{time.monotonic() - t0:6.1f} s] {run['dag_run_id']}: {what}", flush=True)
+
+    # R1: the first scheduled run waits; a person approves it with a standing approval.
+    r1 = next_scheduled_run(rig, None)
+    detail = client.wait_for_hitl(DAG_ID, r1["dag_run_id"], "approve", timeout=180)
+    assert "Experiment fingerprint:" in detail["body"]
+    client.respond_hitl(DAG_ID, r1["dag_run_id"], "approve", ["Approve"], params_input={"standing_approval": True})
+    note(r1, "waited at approve; approved by demo with standing approval")
+    assert client.wait_for_run(DAG_ID, r1["dag_run_id"], timeout=300) == "success"
+    genuine = variable(rig)
+    grant = json.loads(genuine)
+    assert grant["dag_run_id"] == r1["dag_run_id"] and grant["granted_by"] == "demo"
+    note(r1, f"success; standing approval granted for card {grant['fingerprint']}")
+
+    # R2: proceeds without waiting; says who granted it and where; names ticks that never started.
+    r2 = next_scheduled_run(rig, r1["logical_date"])
+    assert client.wait_for_run(DAG_ID, r2["dag_run_id"], timeout=300) == "success"
+    log = approve_log(rig, r2["dag_run_id"])
+    assert f"Standing approval granted by demo at {grant['granted_at']} in run {r1['dag_run_id']}" in log
+    assert client.hitl_details(DAG_ID, r2["dag_run_id"], task_id="approve") == []  # nobody was asked
+    s2 = summary(rig, r2["dag_run_id"])
+    report_md = Path(s2["report"]["md"]).read_text()
+    assert s2["verdict"] == "PASS" and f"standing approval granted in scheduled run {r1['dag_run_id']}" in report_md
+    note(r2, "proceeded on the standing approval without waiting; PASS")
+
+    # R3: a forged standing approval is refused; the unanswered card times out as NOT APPROVED.
+    forged = {**grant, "dag_run_id": r2["dag_run_id"], "granted_by": "mallory"}
+    set_variable(rig, json.dumps(forged))
+    r3 = next_scheduled_run(rig, r2["logical_date"])
+    client.wait_for_hitl(DAG_ID, r3["dag_run_id"], "approve", timeout=180)
+    log = approve_log(rig, r3["dag_run_id"])
+    assert "Standing approval refused" in log
+    assert f"no approval record for {DAG_ID} run {r2['dag_run_id']} task approve" in log
+    note(r3, "forged standing approval (mallory) refused; waiting; nobody answers")
+    assert client.wait_for_run(DAG_ID, r3["dag_run_id"], timeout=APPROVAL_TIMEOUT_S + 240) == "success"
+    tasks = client.task_states(DAG_ID, r3["dag_run_id"])
+    assert tasks["approve"] == "success" and tasks["run_opd"] == "skipped" and tasks["verdict"] == "skipped", tasks
+    s3 = summary(rig, r3["dag_run_id"])
+    assert s3["verdict"] == "NOT APPROVED"
+    assert "NOT APPROVED (timed out)" in Path(s3["report"]["md"]).read_text()
+    run_dir = Path(rig.node["root"]) / "runs" / run_key(r3["dag_run_id"])
+    assert not list(run_dir.glob("jobs/*/pid")), "a timed-out card must launch nothing"
+    note(r3, f"NOT APPROVED (timed out after {APPROVAL_TIMEOUT_S} s); nothing launched")
+
+    # R4: the genuine grant restored, the following scheduled run proceeds.
+    set_variable(rig, genuine)
+    r4 = next_scheduled_run(rig, r3["logical_date"])
+    assert client.wait_for_run(DAG_ID, r4["dag_run_id"], timeout=300) == "success"
+    assert "verified against its approval record: proceeding without waiting" in approve_log(rig, r4["dag_run_id"])
+    s4 = summary(rig, r4["dag_run_id"])
+    assert s4["verdict"] == "PASS"
+    gap = round((_at(r4["logical_date"]) - _at(r3["logical_date"])).total_seconds() / 60) - 1
+    assert gap >= 1, "R3 waited past the next tick, so the scheduler skipped at least one"
+    said = f"{gap} schedule tick(s) since the previous scheduled run ({_at(r3['logical_date']).isoformat(timespec='minutes')})"
+    assert said in Path(s4["report"]["md"]).read_text()
+    assert said in (Path(s4["record"]) / "card.md").read_text()
+    note(r4, f"proceeded on the restored genuine standing approval; PASS; card and report name {gap} tick(s) "
+             "that never started")
+
+    # R5: a changed card (new golden data version) waits for a person again.
+    changed_golden()
+    r5 = next_scheduled_run(rig, r4["logical_date"])
+    client.wait_for_hitl(DAG_ID, r5["dag_run_id"], "approve", timeout=180)
+    assert "(the card changed)" in approve_log(rig, r5["dag_run_id"])
+    client.respond_hitl(DAG_ID, r5["dag_run_id"], "approve", ["Reject"])
+    assert client.wait_for_run(DAG_ID, r5["dag_run_id"], timeout=180) == "success"
+    note(r5, "card changed: refused the standing approval and waited; rejected by demo")
+    assert json.loads(variable(rig)).get("revoked_by") is None  # a reject of another card revokes nothing
+
+    TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+    TIMELINE.write_text("# Nightly e2e timeline (tests/e2e/test_nightly.py)\n\n| t (s) | run | logical date | at approve |\n"
+                        "|---|---|---|---|\n" + "".join(f"| {t:.0f} | {run} | {ld} | {what} |\n"
+                                                       for run, ld, what, t in timeline))
