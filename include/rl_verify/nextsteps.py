@@ -67,32 +67,29 @@ def _said(shapes: Mapping[str, Shape | None], metrics: Iterable[str]) -> str:
                      for m in sorted(set(metrics)))
 
 
+#: What each breach shape suggests; the two runbook rules are quoted as such, the others say that
+#: no runbook rule describes that shape.
+SHAPE_RULES = {
+    "from-start": "Runbook section 3: a metric already off at step 1 / the first eval point points to initialisation "
+                  "or config differences (weight mapping, seed, data order), not the training loop.",
+    "gradual": "Runbook section 3: a metric that diverges gradually points to the training loop (loss, advantage, "
+               "KL, weight sync).",
+    "jump": "No runbook rule describes a jump that stays: look at what happens at that step in the training log (an "
+            "epoch or data boundary, an eval, a weight sync or checkpoint reload) and at the commit's changes to it.",
+    "isolated": "One point outside its bound says little about its cause (no runbook rule matches a single point): "
+                "re-run once to see whether it repeats before bisecting.",
+    "intermittent": "An on-and-off breach matches no runbook rule: compare it with the run-to-run spread the "
+                    "thresholds were calibrated on (a noisier commit or a noisy node) before bisecting.",
+    "non-finite": "The training diverged numerically: read the loss and grad norm in the training log just before "
+                  "the first non-finite step.",
+    "single-point": "A metric compared at one point has no shape to read; the per-step curves in the plots show "
+                    "where the run left the baseline.",
+}
+
+
 def _shape_rule(kind: str, metrics: list[str], shapes: Mapping[str, Shape | None]) -> str | None:
-    said = _said(shapes, metrics)
-    if kind == "from-start":
-        return (f"Inference: {said}. Runbook section 3: a metric already off at step 1 / the first eval point "
-                "points to initialisation or config differences (weight mapping, seed, data order), not the "
-                "training loop.")
-    if kind == "gradual":
-        return (f"Inference: {said}. Runbook section 3: a metric that diverges gradually points to the training "
-                "loop (loss, advantage, KL, weight sync).")
-    if kind == "jump":
-        return (f"Inference: {said}. No runbook rule describes a jump that stays: look at what happens at that "
-                "step in the training log (an epoch or data boundary, an eval, a weight sync or checkpoint "
-                "reload) and at the commit's changes to it.")
-    if kind == "isolated":
-        return (f"Inference: {said}. One point outside its bound says little about its cause (no runbook rule "
-                "matches a single point): re-run once to see whether it repeats before bisecting.")
-    if kind == "intermittent":
-        return (f"Inference: {said}. An on-and-off breach matches no runbook rule: compare it with the run-to-run "
-                "spread the thresholds were calibrated on (a noisier commit or a noisy node) before bisecting.")
-    if kind == "non-finite":
-        return (f"Inference: {said}. The training diverged numerically: read the loss and grad norm in the "
-                "training log just before the first non-finite step.")
-    if kind == "single-point":
-        return (f"Inference: {said}. A metric compared at one point has no shape to read; the per-step curves "
-                "in the plots show where the run left the baseline.")
-    return None
+    rule = SHAPE_RULES.get(kind)
+    return f"Inference: {_said(shapes, metrics)}. {rule}" if rule else None
 
 
 def _performance(timing: list[Check], step_times: Mapping[str, Any] | None) -> str:
