@@ -1,10 +1,10 @@
 # rl-verify developer entry points. Everything runs from the project virtualenv (.venv).
 #   make venv            create/update .venv (fast no-op when requirements are unchanged)
-#   make test            all tests: unit, integration (simulated node over real sshd), e2e (real Airflow)
+#   make test            lint, then all tests: unit, integration (simulated node over real sshd), e2e (real Airflow)
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
 #   make gallery         report headline, class and first next step for every simulated regression
-#   make lint            byte-compile + ruff if installed
+#   make lint            byte-compile + ruff (pinned in requirements-dev.txt; config in pyproject.toml)
 #   make clean           remove .venv, .state, caches
 
 SHELL := /bin/bash
@@ -23,7 +23,7 @@ ensure-sshd:
 	elif [ -f scripts/ensure_sshd.sh ]; then bash scripts/ensure_sshd.sh; fi
 
 # pytest exit code 5 = no tests collected: a failure here, never a silent success.
-test: venv ensure-sshd
+test: venv ensure-sshd lint
 	@rc=0; $(PY) -m pytest -q tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
@@ -44,8 +44,7 @@ bench: venv
 
 lint: venv
 	$(PY) -m compileall -q include dags scripts simulator tests
-	@if $(PY) -m ruff --version >/dev/null 2>&1; then $(PY) -m ruff check include dags scripts simulator tests; \
-	else echo "lint: ruff not installed, byte-compile only"; fi
+	$(PY) -m ruff check include dags scripts simulator tests
 
 clean:
 	rm -rf .venv .state .pytest_cache build include/*.egg-info

@@ -77,10 +77,10 @@ def rl_accuracy_verification():
         return pipeline.fetch(suite, resolved, run_id)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
-    def compare(suite, resolved, run_id=None):
+    def compare(suite, run_id=None):
         from rl_verify import pipeline
 
-        return pipeline.compare(suite, run_id, resolved.get("sha") if resolved else None)
+        return pipeline.compare(suite, run_id)
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def report(params=None, run_id=None, ti=None):
@@ -97,10 +97,10 @@ def rl_accuracy_verification():
         return pipeline.verdict(ti.xcom_pull(task_ids="report"))
 
     @task(trigger_rule="one_failed", pool=POOL, **settings.CLEANUP_TASK_ARGS)
-    def cleanup(params=None, run_id=None, ti=None):
+    def cleanup(run_id=None, ti=None):
         from rl_verify import pipeline
 
-        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, params)
+        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id)
 
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)
@@ -114,7 +114,7 @@ def rl_accuracy_verification():
         run = SuiteTrainingOperator(task_id=f"run_{suite}", suite=suite, pool=POOL,
                                     **settings.TRAINING_TASK_ARGS)
         fetched = fetch.override(task_id=f"fetch_{suite}")(suite, resolved)
-        result = compare.override(task_id=f"compare_{suite}")(suite, resolved)
+        result = compare.override(task_id=f"compare_{suite}")(suite)
         chain(approve, run, fetched, result)
         compared.append(result)
         watched += [run, fetched]

@@ -295,7 +295,8 @@ class AirflowClient:
         return out
 
     def task_instance(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
-        base = f"/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}/taskInstances/{quote(task_id, safe='')}"
+        base = (f"/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+                f"/taskInstances/{quote(task_id, safe='')}")
         return self.get(base if map_index == -1 else f"{base}/{map_index}")
 
     def wait_for_task(self, dag_id: str, run_id: str, task_id: str, states: Iterable[str] = TERMINAL_TI_STATES,
@@ -661,7 +662,8 @@ class AirflowStack:
                                          f"restart:\n{self.log_tail(name)}")
                     with contextlib.suppress(httpx.HTTPError, ValueError, TypeError):
                         raw = (http.get("/api/v2/monitor/health").json().get(key) or {}).get(field)
-                        if raw and datetime.datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp() >= since:
+                        stamp = datetime.datetime.fromisoformat(str(raw).replace("Z", "+00:00")) if raw else None
+                        if stamp and stamp.timestamp() >= since:
                             break
                     if time.monotonic() > deadline:
                         raise StackError(f"airflow {name} did not heartbeat within {timeout}s of its restart:\n"

@@ -25,7 +25,8 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 @dag(dag_id="minimal_ssh", schedule=None, start_date=pendulum.datetime(2026, 1, 1))
 def minimal_ssh():
     ok = ApprovalOperator(task_id="approve", subject="s")
-    ok >> SSHRemoteJobOperator(task_id="job", ssh_conn_id="c", command="true") >> SSHOperator(task_id="cmd", ssh_conn_id="c", command="true")
+    job = SSHRemoteJobOperator(task_id="job", ssh_conn_id="c", command="true")
+    ok >> job >> SSHOperator(task_id="cmd", ssh_conn_id="c", command="true")
 
 minimal_ssh()
 '''

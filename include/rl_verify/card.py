@@ -95,7 +95,8 @@ def experiment_definition(specs: Iterable[SuiteSpec],
                           data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None) -> dict[str, Any]:
     """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded) and its data."""
     data = data or _thresholds
-    return {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in sorted(specs, key=lambda s: s.name)}
+    ordered = sorted(specs, key=lambda s: s.name)
+    return {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in ordered}
 
 
 def experiment_fingerprint(specs: Iterable[SuiteSpec],

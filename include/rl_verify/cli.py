@@ -48,7 +48,8 @@ def _run_compare(args: argparse.Namespace) -> int:
         print(f"  abnormal: {line}")
     for check in result.checks:
         if check.passed is False:
-            print(f"  {'MISSING' if check.missing else 'FAIL'} {check.metric} step={check.step} baseline={check.baseline} current={check.current} "
+            print(f"  {'MISSING' if check.missing else 'FAIL'} {check.metric} step={check.step} "
+                  f"baseline={check.baseline} current={check.current} "
                   f"error={check.error} threshold={check.operator} {check.threshold} ({check.note})")
     for step in result.next_steps:
         print(f"  {step}")
@@ -71,7 +72,8 @@ def register_compare(subparsers: argparse._SubParsersAction) -> None:
     grpo = suites.add_parser("grpo", help="GRPO: the checkout's check_rl_result + final eval/accuracy + wall time")
     grpo.add_argument("--baseline", required=True, help="baseline tracker.jsonl")
     grpo.add_argument("--current", required=True, help="current run's tracker.jsonl")
-    grpo.add_argument("--checker-dir", required=True, help="the checkout's autotest folder (holds utils/check_metric.py)")
+    grpo.add_argument("--checker-dir", required=True,
+                      help="the checkout's autotest folder (holds utils/check_metric.py)")
     grpo.add_argument("--out", required=True, help="output folder for report.json/md/html and plots")
     grpo.add_argument("--commit", default=None, help="full SHA of the code under test")
     grpo.add_argument("--wall-time-s", type=float, default=None, help="e2e wall time of the run in seconds")

@@ -151,7 +151,8 @@ def run_checker(checker_dir: Path, workdir: Path, base_copy: Path, cur_copy: Pat
     png: Path | None = workdir / CHECKER_RUN_ID / f"{case_name}_comparison.png"
     if not png.is_file():
         # A checkout whose checker names its plot differently: keep whatever PNG it left in <cwd>/<run id>/.
-        png = next(iter(sorted((workdir / CHECKER_RUN_ID).glob("*.png"))), None) if (workdir / CHECKER_RUN_ID).is_dir() else None
+        plots = workdir / CHECKER_RUN_ID
+        png = next(iter(sorted(plots.glob("*.png"))), None) if plots.is_dir() else None
     return CheckerOutcome(ok=bool(result["ok"]), message=str(result["message"]), status=result["status"],
                           png=str(png) if png is not None else None, workdir=str(workdir),
                           step_summary=str(summary), stdout=str(stdout_path), stderr=str(stderr_path))
@@ -275,7 +276,8 @@ def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles
                           + (f"; first step whose own error breaks the bound: {first_breach}" if first_breach else "")
                           + said, **row)
     worst = _worst(stepwise)
-    note = f"worst of {len(errors)} steps (baseline line {b[worst].line}, current line {c[worst].line}); error rounded to 5 decimals"
+    note = (f"worst of {len(errors)} steps (baseline line {b[worst].line}, current line {c[worst].line}); "
+            "error rounded to 5 decimals")
     if breach is not None:
         note += f"; the checker fails it at the first breaking step, step {first_breach}{said}"
     return Check(step=c[worst].step, baseline=b[worst].value, current=c[worst].value, error=stepwise[worst],

@@ -105,7 +105,8 @@ class SuiteResult:
     """The verdict of one suite (grpo or opd) with everything the report needs.
 
     ``verdict`` is "PASS" or "FAIL"; ``failure_class`` is None (PASS), "accuracy", "performance" or
-    "infrastructure" (see ``failure_class_of``). ``next_steps`` strings each start with "Inference:". ``trackers`` maps a
+    "infrastructure" (see ``failure_class_of``). ``next_steps`` strings each start with "Inference:".
+    ``trackers`` maps a
     role ("baseline", "current", "golden") to the path the numbers came from.
     """
 
@@ -179,7 +180,8 @@ def failure_class_of(checks: list[Check], verdict: str) -> str | None:
     ``performance`` when only time checks (``TIMING_METRICS``) breached. A wrong step count wins over
     everything (the checker judged nothing); an accuracy breach wins over missing values elsewhere
     (the measured breach is the stronger signal; the missing values stay in the abnormal findings).
-    A non-finite step time is bad data, so ``infrastructure``. A FAIL with none of these (a checker that failed without naming a metric) is ``infrastructure``.
+    A non-finite step time is bad data, so ``infrastructure``. A FAIL with none of these (a checker
+    that failed without naming a metric) is ``infrastructure``.
     """
     if verdict == PASS:
         return None

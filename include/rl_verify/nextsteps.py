@@ -138,8 +138,9 @@ def suggest(suite: str, checks: list[Check], verdict: str, failure_class: str | 
                    "the run stopped early (crash, OOM, killed) or total_epochs/global_batch_size/dataset size "
                    "changed. Read the end of the training log; no metric was judged.")
     if missing:
-        where = "; ".join(f"{m} at step(s) {', '.join(str(c.step) for c in missing if c.metric == m and c.step is not None) or 'n/a'}"
-                          for m in sorted({c.metric for c in missing}))
+        where = "; ".join(
+            f"{m} at step(s) {', '.join(str(c.step) for c in missing if c.metric == m and c.step is not None) or 'n/a'}"
+            for m in sorted({c.metric for c in missing}))
         out.append(f"Inference: not measured ({where}): the run stopped before those points, or the eval interval "
                    "or a metric name changed; read the training log and the config. Missing values are not an "
                    "accuracy signal.")

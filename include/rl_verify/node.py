@@ -261,7 +261,8 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
             meta["files"]["checker"] = got
             if not got:
                 meta["problems"].append(f"checker missing: {utils}/check_metric.py")
-        started, ended = _mtime(sftp, posixpath.join(job_dir, "pid")), _mtime(sftp, posixpath.join(job_dir, "exit_code"))
+        started = _mtime(sftp, posixpath.join(job_dir, "pid"))
+        ended = _mtime(sftp, posixpath.join(job_dir, "exit_code"))
         meta["wall_time_s"] = (ended - started) if started and ended else None
         exit_code = dest / "logs" / "job_exit_code"
         meta["exit_code"] = int(exit_code.read_text().strip() or -1) if exit_code.exists() else None

@@ -167,7 +167,7 @@ def add_shapes(checks: list[Check]) -> None:
                 c.shape, c.shape_text = shape.kind, shape.text
 
 
-def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: list[str]):
+def _panels(checks: list[Check], cur: Tracker, metrics: list[str]):
     from rl_verify.plots import Panel
 
     panels = []
@@ -182,7 +182,8 @@ def _panels(checks: list[Check], cur: Tracker, base: Tracker | None, metrics: li
         spec = next((c for c in mine), None)
         panels.append(Panel(metric, reference, current, spec.method if spec else "absolute",
                             spec.threshold if spec else None, failing,
-                            baseline_label="golden" if any("reference: golden table" in c.note for c in mine) else "baseline",
+                            baseline_label=("golden" if any("reference: golden table" in c.note for c in mine)
+                                            else "baseline"),
                             note="reference only" if metric == "time/step" else ""))
     return panels
 
@@ -216,9 +217,11 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
                 checks.append(point_check(metric, spec, step, table, golden_path, cur, base, calibrated=False))
     if extra:
         limit = _calibrated_max(table)
-        abnormal.append(f"{current}: eval points {extra[0]}-{extra[-1]} lie beyond the calibrated range (step {limit}); "
+        abnormal.append(f"{current}: eval points {extra[0]}-{extra[-1]} lie beyond the calibrated range "
+                        f"(step {limit}); "
                         "listed as not calibrated (record a 50-step CI baseline before judging them)"
-                        + (f"; only the first {MAX_UNCALIBRATED_POINTS} are listed" if len(extra) > MAX_UNCALIBRATED_POINTS else ""))
+                        + (f"; only the first {MAX_UNCALIBRATED_POINTS} are listed"
+                           if len(extra) > MAX_UNCALIBRATED_POINTS else ""))
 
     uncompared = sorted({c.metric for c in checks if c.note.startswith(NO_REFERENCE)})
     if uncompared:
@@ -239,6 +242,6 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
         from rl_verify.plots import plot_panels
 
         png = plot_panels(out_dir / f"{SUITE}_metrics.png", f"OPD: {verdict} (current {current.name} vs golden "
-                          f"{golden_path.name})", _panels(checks, cur, base, metrics))
+                          f"{golden_path.name})", _panels(checks, cur, metrics))
         result.plots.append(str(png.resolve()))
     return result

@@ -55,7 +55,7 @@ class SuiteTrainingOperator(SSHRemoteJobOperator):
             if event.get("done") and event.get("exit_code") == 124:
                 for line in (event.get("log_chunk") or "").splitlines():
                     self.log.info("[remote] %s", line)
-                stalled = [l for l in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in l]
+                stalled = [line for line in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in line]
                 raise AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
                                            "the job was killed as stalled (exit 124)")
             try:

@@ -192,7 +192,7 @@ def fetch(suite: str, resolved: Mapping[str, Any], dag_run_id: str) -> dict[str,
     return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
 
 
-def compare(suite: str, dag_run_id: str, commit: str | None) -> dict[str, Any]:
+def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
     """Run the engine on the archived files; an unusable fetch becomes an infrastructure FAIL."""
     from rl_verify.errors import InputError
     from rl_verify.model import SuiteResult
@@ -324,7 +324,8 @@ def verdict_message(summary: Mapping[str, Any]) -> str:
         said = f"breached: {what}" if what else ""
         if suite.get("missing"):
             said += ("; " if said else "") + "not measured: " + ", ".join(suite["missing"])
-        parts.append(f"{suite['suite']} {suite.get('failure_class') or 'unknown'} failure" + (f" ({said})" if said else ""))
+        parts.append(f"{suite['suite']} {suite.get('failure_class') or 'unknown'} failure"
+                     + (f" ({said})" if said else ""))
     if not parts:
         classes = summary.get("failure_classes") or ["unknown"]
         parts = [f"{' + '.join(classes)} failure in suite(s) {', '.join(summary.get('failed_suites', []))}"]
@@ -380,7 +381,8 @@ def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_I
         return []
     shown = ", ".join(t.isoformat(timespec="minutes") for t in missed[:20])
     more = f" and {len(missed) - 20} more" if len(missed) > 20 else ""
-    return [f"{len(missed)} schedule tick(s) since the previous scheduled run ({previous.isoformat(timespec='minutes')}) "
+    since = previous.isoformat(timespec="minutes")
+    return [f"{len(missed)} schedule tick(s) since the previous scheduled run ({since}) "
             f"never started, because an earlier run was still waiting or running: {shown}{more}."]
 
 
@@ -397,7 +399,7 @@ def verdict(summary: Mapping[str, Any] | None) -> str:
     return "PASS"
 
 
-def cleanup(resolved: Mapping[str, Any] | None, dag_run_id: str, params: Mapping[str, Any]) -> list[str]:
+def cleanup(resolved: Mapping[str, Any] | None, dag_run_id: str) -> list[str]:
     """Stop the run's processes and Ray on the node, and archive whatever trackers/logs exist."""
     if not resolved:
         log.info("The run never got a worktree on the node: nothing to clean up")

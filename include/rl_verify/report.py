@@ -25,7 +25,6 @@ import base64
 import html
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,7 +281,7 @@ def _data_uri(path: str) -> str | None:
     return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
 
 
-def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None, out_dir: Path | None = None) -> str:
+def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> str:
     """Self-contained HTML report: PNGs inlined, every tracker/path string escaped."""
     meta = meta or ReportMeta()
     e = html.escape
@@ -372,5 +371,5 @@ def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | No
     return {
         "json": atomic_write(out_dir / "report.json", json.dumps(data, indent=2, allow_nan=False) + "\n"),
         "md": atomic_write(out_dir / "report.md", render_markdown(suites, meta, out_dir)),
-        "html": atomic_write(out_dir / "report.html", render_html(suites, meta, out_dir)),
+        "html": atomic_write(out_dir / "report.html", render_html(suites, meta)),
     }

@@ -158,7 +158,8 @@ class _Reader:
         count = self.bad_counts.get(metric, 0) + 1
         self.bad_counts[metric] = count
         if count <= MAX_ABNORMAL_PER_METRIC:
-            what = "a non-numeric value" if not numeric else repr(value).replace("nan", "NaN").replace("inf", "Infinity")
+            what = ("a non-numeric value" if not numeric
+                    else repr(value).replace("nan", "NaN").replace("inf", "Infinity"))
             self.result.abnormal.append(
                 f"{self.path}:{line}: {metric} is {what} at step {step} (the check fails at this step)")
 
@@ -261,7 +262,8 @@ def _take_line(reader: _Reader, number: int, raw: bytes, offset: int, last: bool
             _drop_partial(reader, number, f"does not parse: {exc.msg}" if hasattr(exc, "msg") else "does not parse")
             return
         raise InputError(f"malformed JSON line ({exc})", reader.path, number,
-                         "only the last line of a tracker may be partial; re-copy the tracker or fix that line") from exc
+                         "only the last line of a tracker may be partial; re-copy the tracker or fix that line"
+                         ) from exc
     reader.take(number, row)
     tracker.lines = number
     tracker.kept_bytes = offset

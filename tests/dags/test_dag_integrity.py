@@ -32,7 +32,8 @@ elapsed = time.perf_counter() - t
 dag = bag.dags.get("rl_accuracy_verification")
 tasks = {}
 for t in (dag.tasks if dag else []):
-    tasks[t.task_id] = {"trigger_rule": str(t.trigger_rule.value if hasattr(t.trigger_rule, "value") else t.trigger_rule),
+    rule = t.trigger_rule.value if hasattr(t.trigger_rule, "value") else t.trigger_rule
+    tasks[t.task_id] = {"trigger_rule": str(rule),
                         "retries": t.retries, "pool": t.pool, "upstream": sorted(t.upstream_task_ids)}
 heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("pandas", "matplotlib", "numpy")})
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "tasks": tasks,

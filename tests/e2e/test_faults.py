@@ -340,7 +340,8 @@ def measure(row: FaultResult, rig: Rig, run_id: str, suite: str, summary: dict[s
     row.leftovers = len(leftovers)
     row.records_lost = len(lost)
     with contextlib.suppress(Exception):
-        tries = {t: int(ti(rig, run_id, t).get("try_number") or 0) for t in (f"run_{suite}", f"fetch_{suite}", "cleanup")}
+        tries = {t: int(ti(rig, run_id, t).get("try_number") or 0)
+                 for t in (f"run_{suite}", f"fetch_{suite}", "cleanup")}
         row.notes.append("tries " + " ".join(f"{k.split('_')[0]}={v}" for k, v in tries.items()))
     if lost:
         row.notes.append("; ".join(lost))
@@ -393,7 +394,8 @@ def conclude(rig: Rig, row: FaultResult, out: RunOutcome, suite: str, *, state: 
     row.notes += row.failures
     assert out.state == state, json.dumps(out.tasks)
     assert got_verdict == verdict and got_classes == failure_classes, out.summary
-    assert len(got["folders"]) == 1, f"expected exactly one training of {suite}, found {[f.name for f in got['folders']]}"
+    found = [f.name for f in got["folders"]]
+    assert len(found) == 1, f"expected exactly one training of {suite}, found {found}"
     assert got["leftovers"] == [], f"left on the node {CLEAN_WAIT_S}s after the run: {got['leftovers']}"
     assert got["lost"] == [], got["lost"]
     assert row.failures == [], row.failures

@@ -173,7 +173,8 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig, c
     assert s4["verdict"] == "PASS"
     gap = round((_at(r4["logical_date"]) - _at(r3["logical_date"])).total_seconds() / 60) - 1
     assert gap >= 1, "R3 waited past the next tick, so the scheduler skipped at least one"
-    said = f"{gap} schedule tick(s) since the previous scheduled run ({_at(r3['logical_date']).isoformat(timespec='minutes')})"
+    since = _at(r3["logical_date"]).isoformat(timespec="minutes")
+    said = f"{gap} schedule tick(s) since the previous scheduled run ({since})"
     assert said in Path(s4["report"]["md"]).read_text()
     assert said in (Path(s4["record"]) / "card.md").read_text()
     note(r4, f"proceeded on the restored genuine standing approval; PASS; card and report name {gap} tick(s) "
@@ -190,6 +191,6 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig, c
     assert json.loads(variable(rig)).get("revoked_by") is None  # a reject of another card revokes nothing
 
     TIMELINE.parent.mkdir(parents=True, exist_ok=True)
-    TIMELINE.write_text("# Nightly e2e timeline (tests/e2e/test_nightly.py)\n\n| t (s) | run | logical date | at approve |\n"
-                        "|---|---|---|---|\n" + "".join(f"| {t:.0f} | {run} | {ld} | {what} |\n"
-                                                       for run, ld, what, t in timeline))
+    rows = "".join(f"| {t:.0f} | {run} | {ld} | {what} |\n" for run, ld, what, t in timeline)
+    TIMELINE.write_text("# Nightly e2e timeline (tests/e2e/test_nightly.py)\n\n"
+                        "| t (s) | run | logical date | at approve |\n|---|---|---|---|\n" + rows)

@@ -45,7 +45,8 @@ def load_golden() -> dict:
 
 
 def opd_rows(steps: int = 25, separate_eval_rows: bool = True, change: Callable[[str, int, float], float] | None = None,
-             drop: set[tuple[str, int]] = frozenset(), response_len: float = 300.0, time_step: float = 30.0) -> list[dict]:
+             drop: set[tuple[str, int]] = frozenset(), response_len: float = 300.0,
+             time_step: float = 30.0) -> list[dict]:
     """An OPD-shaped tracker matching the golden table at every eval point (values between eval
     points interpolate nothing: they repeat the last golden value). ``change(metric, step, value)``
     rewrites a value; ``drop`` removes (metric, step) pairs."""
@@ -58,7 +59,8 @@ def opd_rows(steps: int = 25, separate_eval_rows: bool = True, change: Callable[
             last[metric] = golden[str(step)][metric]
         return change(metric, step, last.get(metric, 0.3))
 
-    rows: list[dict] = [{"step": 0, "eval/gsm8k/acc": val("eval/gsm8k/acc", 0), "eval/geo3k/acc": val("eval/geo3k/acc", 0)}]
+    rows: list[dict] = [{"step": 0, "eval/gsm8k/acc": val("eval/gsm8k/acc", 0),
+                         "eval/geo3k/acc": val("eval/geo3k/acc", 0)}]
     for i in range(1, steps + 1):
         rows.append({"step": i, "train/mini_batch_loss": 0.2})
         row = {"step": i}

@@ -8,7 +8,8 @@ from rl_verify.model import STEP_COUNT, Check, failure_class_of, missing_finding
 
 
 def check(metric, passed=False, missing=False, step=5):
-    return Check(metric=metric, step=step, baseline=1.0, current=None if missing else 2.0, error=None if missing else 1.0,
+    return Check(metric=metric, step=step, baseline=1.0, current=None if missing else 2.0,
+                 error=None if missing else 1.0,
                  threshold=0.1, operator="<", method="absolute", passed=passed, source="golden", missing=missing,
                  note="missing: no value in a current eval row at step 5" if missing else "")
 

@@ -73,7 +73,8 @@ def test_single_nan_gets_one_numerical_suggestion_not_three_causes():
 
 def test_shape_recorded_by_the_engine_is_used_for_an_aggregate_row():
     row = c("response/rewards/mean", None, False, source="checker")
-    row.shape, row.shape_text, row.first_breach_step = "from-start", "outside its bound from the first compared step 1", 1
+    row.shape, row.first_breach_step = "from-start", 1
+    row.shape_text = "outside its bound from the first compared step 1"
     out = text(suggest("grpo", [row], "FAIL"))
     assert "first compared step 1" in out and "initialisation or config" in out
 

@@ -25,7 +25,6 @@ def test_training_operator_timeout_comes_from_the_suite_budget():
     assert op.max_reconnect_attempts >= 12 and op.ssh_conn_id == "{{ params.node }}"
 
 
-import json  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402

@@ -151,9 +151,10 @@ def test_compare_in_a_dag_names_the_missing_reference_on_the_node_and_keeps_ever
         "notes": ["reference baseline unreadable or missing (Permission denied): /share/other.jsonl"],
         "other_experiments": ["/node/runs/r/work/opd/20261130101010/logs/exp_tracking/tracker.jsonl"],
         "reference_baseline_missing": "/share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl"})
-    result = pipeline.compare("opd", "manual__1", None)
+    result = pipeline.compare("opd", "manual__1")
     findings = " ".join(result["abnormal"])
-    assert "no reference baseline at /share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl on node gpu_node_7" in findings
+    path = "/share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl"
+    assert f"no reference baseline at {path} on node gpu_node_7" in findings
     assert "${CI_SHARE_BASELINE}" in findings and "--baseline" not in json.dumps(result)
     assert "fetch: reference baseline unreadable or missing (Permission denied)" in findings
     assert "fetch: several experiment folders in /node/runs/r/work/opd; the newest was evaluated" in findings

@@ -11,8 +11,9 @@ from rl_verify.report import ReportMeta, build_report, render_markdown, write_re
 
 
 def suite(name="opd", passed=False, metric="eval/gsm8k/acc", value=0.4, plots=()):
-    check = Check(metric=metric, step=5, baseline=0.5, current=value, error=abs(0.5 - value) if isinstance(value, float) else None,
-                  threshold=0.03, operator="<", method="absolute", passed=passed, source="golden", note="current line 7")
+    check = Check(metric=metric, step=5, baseline=0.5, current=value,
+                  error=abs(0.5 - value) if isinstance(value, float) else None, threshold=0.03, operator="<",
+                  method="absolute", passed=passed, source="golden", note="current line 7")
     return SuiteResult(suite=name, verdict="PASS" if passed else "FAIL", failure_class=None if passed else "accuracy",
                        checks=[check], abnormal=[] if passed else ["cur.jsonl:9: partial last line dropped"],
                        next_steps=["Inference: something"], trackers={"current": "/runs/cur.jsonl"},
@@ -38,7 +39,8 @@ def test_single_suite_report_json_has_the_required_top_level_keys(tmp_path):
         assert key in data
     assert data["verdict"] == "FAIL" and data["commit"] == "a" * 40 and data["suite"] == "opd"
     row = data["checks"][0]
-    for key in ("metric", "step", "baseline", "current", "error", "threshold", "operator", "method", "passed", "source"):
+    for key in ("metric", "step", "baseline", "current", "error", "threshold", "operator", "method", "passed",
+                "source"):
         assert key in row
     assert all(s.startswith("Inference:") for s in data["next_steps"])
 
@@ -73,7 +75,8 @@ def test_non_finite_numbers_are_written_as_strings_in_strict_json(tmp_path):
 def test_markdown_follows_runbook_order_with_abnormal_findings_on_top():
     md = render_markdown([suite()], ReportMeta(commit="b" * 40))
     order = ["# RL accuracy verification: FAIL", "## Abnormal findings",
-             "| metric | values at step (eval point, or worst step) | first breach at step | baseline | current | error",
+             "| metric | values at step (eval point, or worst step) | first breach at step | baseline | current "
+             "| error",
              "## Tracker and log paths", "## Commit under test", "## Suggested next steps (inference"]
     positions = [md.index(marker) for marker in order]
     assert positions == sorted(positions)

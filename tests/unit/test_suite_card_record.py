@@ -70,7 +70,8 @@ def test_experiment_fingerprint_is_the_same_for_two_runs_of_the_same_card():
     other = {"CI_SHARE_MODEL": "/mnt/m", "CI_SHARE_DATA": "/mnt/d", "CI_SHARE_BASELINE": "/mnt/b",
              "CHECKOUT": "/node/runs/scheduled__2-bbbb/xtuner"}
     run_b = [s.expanded(other) for s in _specs()]
-    assert card.experiment_fingerprint(run_a) == card.experiment_fingerprint(run_b) == card.experiment_fingerprint(_specs())
+    unexpanded = card.experiment_fingerprint(_specs())
+    assert card.experiment_fingerprint(run_a) == card.experiment_fingerprint(run_b) == unexpanded
     commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None}
     fp = card.experiment_fingerprint(run_a)
     assert f"Experiment fingerprint: `{fp}`" in card.render_card(commit, _sections(), "scheduled__2", fp)

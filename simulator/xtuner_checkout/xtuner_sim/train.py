@@ -273,7 +273,8 @@ def run(args: argparse.Namespace) -> int:
             writer.log({"step": step, **row})
             if kind == "crash" and step == at_step:
                 # the process dies while this row is in the write buffer: it ends up half-written
-                raise SimulatedCrash(f"RuntimeError: NCCL error in ProcessGroupNCCL (simulated crash fault at step {step})")
+                raise SimulatedCrash("RuntimeError: NCCL error in ProcessGroupNCCL "
+                                     f"(simulated crash fault at step {step})")
             _log(f"step {step}/{total} rewards={row['response/rewards/mean']:.4f} "
                  f"len={row['response/response_len/mean']:.1f} time={row['time/step']:.1f}s")
             if lmdeploy_log:
