@@ -15,13 +15,13 @@ import hashlib
 import json
 from typing import Any, Callable, Iterable, Mapping
 
+from rl_verify.engines import engine_of
 from rl_verify.suite import SuiteSpec, data_file
 
 
 def _thresholds(spec: SuiteSpec) -> dict[str, Any]:
-    if spec.compare == "grpo":
-        return json.loads(data_file("grpo_thresholds.json").read_text(encoding="utf-8"))
-    return json.loads(data_file(spec.golden or "").read_text(encoding="utf-8"))
+    """The suite's threshold/golden data file, as the spec names it."""
+    return json.loads(data_file(spec.data).read_text(encoding="utf-8"))
 
 
 def _fmt(value: Any) -> str:
@@ -35,7 +35,7 @@ def _threshold(check: Mapping[str, Any]) -> str:
     return f"{check['operator']} {_fmt(check['threshold'])}"
 
 
-def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
+def grpo_criteria(data: Mapping[str, Any]) -> list[str]:
     fe, wt = data["final_eval"], data["wall_time"]
     rows = ["| metric | method | threshold | how |", "|---|---|---|---|",
             f"| `{fe['metric']}` | {fe['method']} | {fe['operator']} {_fmt(fe['threshold'])} | final step only |"]
@@ -50,7 +50,7 @@ def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
     return rows
 
 
-def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
+def golden_criteria(data: Mapping[str, Any]) -> list[str]:
     metrics = list(data["thresholds"])
     rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
     for name, t in data["thresholds"].items():
@@ -79,7 +79,7 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
     for spec in specs:
         data = _thresholds(spec)
         criteria += [f"**{spec.title}** — PASS only if every check below holds; the exit code is not trusted.", ""]
-        criteria += _grpo_criteria(data) if spec.compare == "grpo" else _opd_criteria(data)
+        criteria += engine_of(spec).criteria(data)
         criteria.append("")
         scale.append(f"| {spec.name} | `{spec.script}` | {spec.expected_steps} | "
                      f"{', '.join(map(str, spec.eval_points))} | {spec.wall_time_budget_s // 60} min |")

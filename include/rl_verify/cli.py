@@ -30,18 +30,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from rl_verify.report import ReportMeta, write_report
 
     out = Path(args.out)
-    if args.suite == "grpo":
-        from rl_verify.grpo import compare_grpo
-
-        result = compare_grpo(Path(args.baseline), Path(args.current), Path(args.checker_dir), out,
-                              wall_time_s=args.wall_time_s, timeout_s=args.timeout_s)
-    else:
-        from rl_verify.opd import compare_opd
-
-        result = compare_opd(Path(args.current), out, golden=Path(args.golden) if args.golden else None,
-                             baseline=Path(args.baseline) if args.baseline else None,
-                             missing_reference="no --baseline tracker was given (pass --baseline BASE.jsonl, a "
-                                               "tracker of a 25-step run of the baseline config, to compare them)")
+    result = args.engine.cli_compare(args, args.spec, out)
     paths = write_report(out, [result], ReportMeta(commit=args.commit, commit_hint="not given (pass --commit SHA)"))
     print(f"{result.suite}: {result.verdict}" + (f" ({result.failure_class})" if result.failure_class else ""))
     for line in result.abnormal:
@@ -57,37 +46,19 @@ def _run_compare(args: argparse.Namespace) -> int:
     return EXIT_PASS if result.verdict == "PASS" else EXIT_FAIL
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def register_compare(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``compare grpo|opd``."""
+    """Add ``compare <suite>``: one subcommand per suite spec, with its engine's options."""
+    from rl_verify.engines import engine_of
+    from rl_verify.suite import available_suites, load_suite
+
+    specs = [load_suite(name) for name in available_suites()]
     compare = subparsers.add_parser("compare", help="compare a run's tracker against its baseline/golden values")
-    suites = compare.add_subparsers(dest="suite", metavar="{grpo,opd}", required=True)
-
-    grpo = suites.add_parser("grpo", help="GRPO: the checkout's check_rl_result + final eval/accuracy + wall time")
-    grpo.add_argument("--baseline", required=True, help="baseline tracker.jsonl")
-    grpo.add_argument("--current", required=True, help="current run's tracker.jsonl")
-    grpo.add_argument("--checker-dir", required=True,
-                      help="the checkout's autotest folder (holds utils/check_metric.py)")
-    grpo.add_argument("--out", required=True, help="output folder for report.json/md/html and plots")
-    grpo.add_argument("--commit", default=None, help="full SHA of the code under test")
-    grpo.add_argument("--wall-time-s", type=float, default=None, help="e2e wall time of the run in seconds")
-    grpo.add_argument("--timeout-s", type=_positive_float, default=600.0, help="checker timeout (default 600)")
-    grpo.set_defaults(func=_run_compare)
-
-    opd = suites.add_parser("opd", help="OPD: every eval point against the golden table")
-    opd.add_argument("--current", required=True, help="current run's tracker.jsonl")
-    opd.add_argument("--out", required=True, help="output folder for report.json/md/html and plots")
-    opd.add_argument("--golden", default=None, help="golden file (default: the packaged 2026-10-26 table)")
-    opd.add_argument("--baseline", default=None,
-                     help="baseline tracker for metrics the golden table lacks (response_len, time/step)")
-    opd.add_argument("--commit", default=None, help="full SHA of the code under test")
-    opd.set_defaults(func=_run_compare)
+    suites = compare.add_subparsers(dest="suite", metavar="{" + ",".join(s.name for s in specs) + "}", required=True)
+    for spec in specs:
+        engine = engine_of(spec)
+        parser = suites.add_parser(spec.name, help=f"{spec.title}: {engine.describe}")
+        engine.cli_args(parser)
+        parser.set_defaults(func=_run_compare, spec=spec, engine=engine)
 
 
 REGISTRARS: list[Registrar] = [register_compare]

@@ -402,7 +402,7 @@ def _panels(base: Tracker, cur: Tracker, entries: list[dict[str, Any]], final_sp
 
 def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path,
                  wall_time_s: float | None = None, timeout_s: float = 600,
-                 thresholds: str | Path | None = None, plot: bool = True) -> SuiteResult:
+                 thresholds: str | Path | None = None, plot: bool = True, suite: str = SUITE) -> SuiteResult:
     """GRPO verdict: checker (subprocess) + final eval/accuracy + optional wall time.
 
     Raises ``InputError`` for bad inputs and ``CheckerError`` when the checker crashes or times out.
@@ -445,7 +445,7 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     abnormal += missing_findings(checks)
     verdict = verdict_of(checks, extra_failure=not outcome.ok)
     result = SuiteResult(
-        suite=SUITE, verdict=verdict, failure_class=failure_class_of(checks, verdict), checks=checks,
+        suite=suite, verdict=verdict, failure_class=failure_class_of(checks, verdict), checks=checks,
         abnormal=abnormal, trackers={"baseline": str(baseline), "current": str(current),
                                      "checker baseline copy": str(base_copy), "checker current copy": str(cur_copy)},
         checker=outcome.to_dict(),
@@ -459,7 +459,7 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     if plot:
         from rl_verify.plots import plot_panels
 
-        png = plot_panels(out_dir / f"{SUITE}_metrics.png",
+        png = plot_panels(out_dir / f"{suite}_metrics.png",
                           f"GRPO: {verdict} (baseline {baseline.name} vs current {current.name})",
                           _panels(base, cur, entries, final_spec))
         result.plots.append(str(png))

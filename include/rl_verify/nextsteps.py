@@ -111,9 +111,12 @@ def _performance(timing: list[Check], step_times: Mapping[str, Any] | None) -> s
             "share): re-run on an idle node; if it is still slow, profile the commit.")
 
 
-def suggest(suite: str, checks: list[Check], verdict: str, failure_class: str | None = None,
+def suggest(engine: str, checks: list[Check], verdict: str, failure_class: str | None = None,
             reason: str = "", step_times: Mapping[str, Any] | None = None) -> list[str]:
     """Next-step suggestions for one suite, each starting with "Inference:".
+
+    ``engine`` ("grpo" or "opd") selects the runbook's engine-specific rules (mismatch first for
+    GRPO; the teacher-path and rewards-only readings for OPD).
 
     ``reason`` is the cause of an infrastructure failure found before any comparison;
     ``step_times`` (current_mean, current_max, current_max_step, baseline_mean) feeds the
@@ -148,11 +151,11 @@ def suggest(suite: str, checks: list[Check], verdict: str, failure_class: str | 
         out.append(f"Inference: {_said(shapes, [MISMATCH])}. Runbook section 3: a mismatch/mismatch_k3_kl breach "
                    "means train/inference inconsistency: check the logprob path, the weight update/sync into the "
                    "rollout engine and the rollout backend"
-                   + (" first, before anything else for GRPO." if suite == "grpo" else "."))
-    if suite == "opd" and DISTILL_KL in accuracy and REWARDS not in accuracy:
+                   + (" first, before anything else for GRPO." if engine == "grpo" else "."))
+    if engine == "opd" and DISTILL_KL in accuracy and REWARDS not in accuracy:
         out.append(f"Inference: {_said(shapes, [DISTILL_KL])}, rewards within threshold. Runbook section 3: suspect "
                    "the teacher path (teacher endpoints, sampled tokens sent to the teachers, distillation loss).")
-    if suite == "opd" and accuracy == [REWARDS]:
+    if engine == "opd" and accuracy == [REWARDS]:
         out.append(f"Inference: {_said(shapes, [REWARDS])}, only rewards drift. Runbook section 3: suspect rollout "
                    "or the judger (reward function, answer parsing), not distillation.")
     by_kind: dict[str, list[str]] = {}

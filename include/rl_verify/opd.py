@@ -189,7 +189,7 @@ def _panels(checks: list[Check], cur: Tracker, metrics: list[str]):
 
 
 def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseline: Path | None = None,
-                plot: bool = True, missing_reference: str | None = None) -> SuiteResult:
+                plot: bool = True, missing_reference: str | None = None, suite: str = SUITE) -> SuiteResult:
     """OPD verdict: every golden eval point of the current tracker against the golden table.
 
     ``missing_reference`` says, in the caller's terms, why there is no reference baseline and how
@@ -233,7 +233,7 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
     trackers = {"current": str(current), "golden": str(golden_path)}
     if base is not None:
         trackers["baseline"] = base.path
-    result = SuiteResult(suite=SUITE, verdict=verdict, failure_class=failure_class_of(checks, verdict),
+    result = SuiteResult(suite=suite, verdict=verdict, failure_class=failure_class_of(checks, verdict),
                          checks=checks, abnormal=abnormal, trackers=trackers,
                          details={"golden_source": table.get("source"), "eval_points": table["eval_points"],
                                   "current_steps": cur.steps})
@@ -241,7 +241,7 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
     if plot:
         from rl_verify.plots import plot_panels
 
-        png = plot_panels(out_dir / f"{SUITE}_metrics.png", f"OPD: {verdict} (current {current.name} vs golden "
+        png = plot_panels(out_dir / f"{suite}_metrics.png", f"OPD: {verdict} (current {current.name} vs golden "
                           f"{golden_path.name})", _panels(checks, cur, metrics))
         result.plots.append(str(png.resolve()))
     return result

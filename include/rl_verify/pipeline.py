@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from rl_verify import node, record, remote, settings
+from rl_verify.engines import engine_of
 from rl_verify.suite import SuiteSpec, load_suite
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
     else:
         node_name = (record.read_json(record.run_record_dir(dag_run_id) / "commit.json") or {}).get("node")
         try:
-            result = _run_engine(spec, suite_dir, out, meta, node_name)
+            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name)
         except InputError as err:
             result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
     if meta is not None:
@@ -234,24 +235,6 @@ def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) ->
             f"of a {spec.expected_steps}-step run of the baseline config there (the suite spec's reference_baseline, "
             f"{spec.reference_baseline}; CI_SHARE_BASELINE comes from the node connection's extras, an Airflow "
             "Variable or the environment)")
-
-
-def _run_engine(spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any], node_name: str | None = None):
-    if spec.compare == "grpo":
-        from rl_verify.grpo import compare_grpo
-
-        return compare_grpo(baseline=suite_dir / "baseline.jsonl", current=suite_dir / "tracker.jsonl",
-                            checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
-                            wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S)
-    from rl_verify.opd import compare_opd
-    from rl_verify.suite import data_file
-
-    baseline = suite_dir / "baseline.jsonl"
-    missing = meta.get("reference_baseline_missing")
-    return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
-                       golden=data_file(spec.golden) if spec.golden else None,
-                       baseline=baseline if baseline.exists() else None,
-                       missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
 
 
 def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None,

@@ -11,11 +11,13 @@ import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from rl_verify.suite import available_suites
+
 DAG_ID = "rl_accuracy_verification"
 TAGS = ["rl-verify", "xtuner", "accuracy", "gpu"]
 
-#: Suites shipped with the package, in the order they are shown.
-KNOWN_SUITES: tuple[str, ...] = ("grpo", "opd")
+#: Suites shipped with the package: one per spec file in rl_verify/suites (sorted by name).
+KNOWN_SUITES: tuple[str, ...] = tuple(available_suites())
 
 #: Suites a run tests unless its ``suites`` param says otherwise (RL_VERIFY_DEFAULT_SUITES="grpo,opd"):
 #: what the nightly runs.

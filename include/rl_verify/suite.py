@@ -1,7 +1,9 @@
 """Declarative suite specs: one JSON file per suite under ``rl_verify/suites``.
 
-Adding a suite (say DAPO) means adding one spec file; nothing else branches on the suite's name
-except the choice of comparison engine named by the spec's ``compare`` field.
+A spec names its comparison engine (``engine``, see ``rl_verify.engines``) and its threshold/golden
+data file (``data``, under ``rl_verify/data``). Adding a suite that reuses an engine means adding
+its spec and data file; nothing branches on a suite's name. ``load_suite`` refuses a spec whose
+engine is unknown or whose data file is missing, naming the file and the field.
 """
 
 from __future__ import annotations
@@ -39,8 +41,8 @@ class SuiteSpec:
     expected_steps: int
     eval_points: tuple[int, ...]
     wall_time_budget_s: int
-    compare: str
-    golden: str | None = None
+    engine: str
+    data: str
     checker_dir: str | None = None
     #: Optional tracker giving baseline values the golden table lacks; absent is not an error.
     reference_baseline: str | None = None
@@ -61,7 +63,7 @@ class SuiteSpec:
             tracker=self.tracker, logs=self.logs,
             baseline=expand(self.baseline, merged, self.name) if self.baseline else None,
             expected_steps=self.expected_steps, eval_points=self.eval_points,
-            wall_time_budget_s=self.wall_time_budget_s, compare=self.compare, golden=self.golden,
+            wall_time_budget_s=self.wall_time_budget_s, engine=self.engine, data=self.data,
             checker_dir=expand(self.checker_dir, merged, self.name) if self.checker_dir else None,
             reference_baseline=(expand(self.reference_baseline, merged, self.name)
                                 if self.reference_baseline else None),
@@ -82,7 +84,24 @@ def expand(text: str, values: Mapping[str, str], suite: str = "?") -> str:
     return _VAR.sub(sub, text)
 
 
-def _from_dict(raw: Mapping[str, Any]) -> SuiteSpec:
+class SpecError(ValueError):
+    """A suite spec that cannot be used; the message names the file, the field and the fix."""
+
+
+def _checked(raw: Mapping[str, Any], path: str) -> None:
+    from rl_verify.engines import ENGINES
+
+    engine = raw.get("engine")
+    if engine not in ENGINES:
+        raise SpecError(f"{path}: field 'engine': unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
+    data = raw.get("data")
+    if not isinstance(data, str) or not data or not data_file(data).is_file():
+        raise SpecError(f"{path}: field 'data': data file {data!r} not found under rl_verify/data; add it "
+                        "there or name an existing one")
+
+
+def _from_dict(raw: Mapping[str, Any], path: str = "") -> SuiteSpec:
+    _checked(raw, path)
     launch = raw["launch"]
     return SuiteSpec(
         name=raw["name"], title=raw["title"], source=raw.get("source", ""),
@@ -90,8 +109,8 @@ def _from_dict(raw: Mapping[str, Any]) -> SuiteSpec:
         inputs=tuple(Input(i["kind"], i["path"]) for i in raw.get("inputs", [])),
         tracker=raw["tracker"], logs=tuple(raw.get("logs", [])), baseline=raw.get("baseline"),
         expected_steps=int(raw["expected_steps"]), eval_points=tuple(raw.get("eval_points", [])),
-        wall_time_budget_s=int(raw["wall_time_budget_s"]), compare=raw["compare"],
-        golden=raw.get("golden"), checker_dir=raw.get("checker_dir"),
+        wall_time_budget_s=int(raw["wall_time_budget_s"]), engine=raw["engine"],
+        data=raw["data"], checker_dir=raw.get("checker_dir"),
         reference_baseline=raw.get("reference_baseline"), raw=raw,
     )
 
@@ -107,8 +126,8 @@ def load_suite(name: str) -> SuiteSpec:
     known = available_suites()
     if name not in known:
         raise ValueError(f"unknown suite {name!r}; known suites: {', '.join(known)}")
-    text = (resources.files("rl_verify") / "suites" / f"{name}.json").read_text(encoding="utf-8")
-    return _from_dict(json.loads(text))
+    path = resources.files("rl_verify") / "suites" / f"{name}.json"
+    return _from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
 def data_file(name: str) -> Path:

@@ -101,7 +101,7 @@ def test_each_defining_change_of_the_spec_changes_the_fingerprint(what, path, va
 
 def test_a_changed_threshold_or_golden_version_changes_the_fingerprint():
     opd = load_suite("opd")
-    golden = json.loads(data_file(opd.golden).read_text())
+    golden = json.loads(data_file(opd.data).read_text())
     tighter = json.loads(json.dumps(golden))
     tighter["thresholds"]["eval/gsm8k/acc"]["threshold"] = 0.02
     newer = json.loads(json.dumps(golden))

@@ -1,0 +1,135 @@
+"""The comparison engines, by the name a suite spec gives in its ``engine`` field.
+
+This registry is the only place that maps a suite to code: the DAG's tasks, the card, the CLI and
+the compare task all ask it, so a new suite that reuses an engine is one spec file plus its data
+file. Engines are imported lazily (numpy, matplotlib and the checker subprocess are not needed to
+parse the DAG).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl_verify.model import SuiteResult
+    from rl_verify.suite import SuiteSpec
+
+
+@dataclass(frozen=True)
+class Engine:
+    """What a suite's engine provides to the rest of the package."""
+
+    name: str
+    describe: str
+    #: Card lines (Markdown) of the acceptance criteria, from the suite's data file.
+    criteria: Callable[[Mapping[str, Any]], list[str]]
+    #: The verdict of a suite from the files its fetch task archived in ``suite_dir``.
+    compare_archived: Callable[["SuiteSpec", Path, Path, Mapping[str, Any], str | None], "SuiteResult"]
+    #: Adds this engine's command-line options to a ``compare <suite>`` parser.
+    cli_args: Callable[[argparse.ArgumentParser], None]
+    #: The verdict from command-line arguments.
+    cli_compare: Callable[[argparse.Namespace, "SuiteSpec", Path], "SuiteResult"]
+
+
+# ----------------------------------------------------------------------------- grpo
+
+def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
+    from rl_verify.card import grpo_criteria
+
+    return grpo_criteria(data)
+
+
+def _grpo_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
+                   node_name: str | None) -> "SuiteResult":
+    from rl_verify import settings
+    from rl_verify.grpo import compare_grpo
+    from rl_verify.suite import data_file
+
+    return compare_grpo(baseline=suite_dir / "baseline.jsonl", current=suite_dir / "tracker.jsonl",
+                        checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
+                        wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,
+                        thresholds=data_file(spec.data), suite=spec.name)
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _grpo_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--baseline", required=True, help="baseline tracker.jsonl")
+    parser.add_argument("--current", required=True, help="current run's tracker.jsonl")
+    parser.add_argument("--checker-dir", required=True,
+                        help="the checkout's autotest folder (holds utils/check_metric.py)")
+    parser.add_argument("--out", required=True, help="output folder for report.json/md/html and plots")
+    parser.add_argument("--commit", default=None, help="full SHA of the code under test")
+    parser.add_argument("--wall-time-s", type=float, default=None, help="e2e wall time of the run in seconds")
+    parser.add_argument("--timeout-s", type=_positive_float, default=600.0, help="checker timeout (default 600)")
+
+
+def _grpo_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) -> "SuiteResult":
+    from rl_verify.grpo import compare_grpo
+    from rl_verify.suite import data_file
+
+    return compare_grpo(Path(args.baseline), Path(args.current), Path(args.checker_dir), out,
+                        wall_time_s=args.wall_time_s, timeout_s=args.timeout_s, thresholds=data_file(spec.data),
+                        suite=spec.name)
+
+
+# ----------------------------------------------------------------------------- opd
+
+def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
+    from rl_verify.card import golden_criteria
+
+    return golden_criteria(data)
+
+
+def _opd_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
+                  node_name: str | None) -> "SuiteResult":
+    from rl_verify.opd import compare_opd
+    from rl_verify.pipeline import missing_reference_hint
+    from rl_verify.suite import data_file
+
+    baseline = suite_dir / "baseline.jsonl"
+    missing = meta.get("reference_baseline_missing")
+    return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out, golden=data_file(spec.data),
+                       baseline=baseline if baseline.exists() else None, suite=spec.name,
+                       missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
+
+
+def _opd_cli_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--current", required=True, help="current run's tracker.jsonl")
+    parser.add_argument("--out", required=True, help="output folder for report.json/md/html and plots")
+    parser.add_argument("--golden", default=None, help="golden file (default: the suite's data file)")
+    parser.add_argument("--baseline", default=None,
+                        help="baseline tracker for metrics the golden table lacks (response_len, time/step)")
+    parser.add_argument("--commit", default=None, help="full SHA of the code under test")
+
+
+def _opd_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) -> "SuiteResult":
+    from rl_verify.opd import compare_opd
+    from rl_verify.suite import data_file
+
+    return compare_opd(Path(args.current), out, golden=Path(args.golden) if args.golden else data_file(spec.data),
+                       baseline=Path(args.baseline) if args.baseline else None, suite=spec.name,
+                       missing_reference="no --baseline tracker was given (pass --baseline BASE.jsonl, a "
+                                         "tracker of a run of the baseline config, to compare them)")
+
+
+ENGINES: dict[str, Engine] = {
+    "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time",
+                   _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare),
+    "opd": Engine("opd", "every eval point against a golden table",
+                  _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare),
+}
+
+
+def engine_of(spec: "SuiteSpec") -> Engine:
+    """The engine a spec names (``load_suite`` has already refused an unknown one)."""
+    return ENGINES[spec.engine]
