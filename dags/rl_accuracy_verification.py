@@ -68,7 +68,7 @@ def rl_accuracy_verification():
         from rl_verify import pipeline
 
         gaps = pipeline.schedule_gaps(dag_run.run_type, dag_run.logical_date)
-        return {**pipeline.experiment_card(resolved, prereq, run_id, gaps), "gaps": gaps}
+        return pipeline.experiment_card(resolved, prereq, run_id, gaps)
 
     @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
     def fetch(suite, resolved, run_id=None):

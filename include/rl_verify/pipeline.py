@@ -1,8 +1,8 @@
 """The bodies of the DAG's tasks, kept out of the DAG file so they are typed and testable.
 
-Each function takes plain values (params, XCom dicts, the DAG run id) and returns JSON-ready
-dicts. Airflow and paramiko are imported inside the functions that need them, never at import
-time, so the DAG file parses fast and without touching the network.
+Each function takes plain values (params, the typed XCom values of ``rl_verify.contract``, the DAG
+run id) and returns JSON-ready typed dicts. Airflow and paramiko are imported inside the functions
+that need them, never at import time, so the DAG file parses fast and without touching the network.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from rl_verify import node, record, remote, settings
+from rl_verify.contract import Card, Decision, Fetched, Prerequisites, ReportSummary, Resolved, SuiteSummary
 from rl_verify.engines import engine_of
 from rl_verify.suite import SuiteSpec, load_suite
 
@@ -102,7 +103,7 @@ def no_retry_on(*errors: type[BaseException]) -> Iterator[None]:
         raise AirflowFailException(str(err)) from err
 
 
-def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
     """Validate params, then create the run's clean worktree at the commit on the node."""
     with no_retry_on(remote.BadInput, ValueError):
         p = validated_params(params)
@@ -127,7 +128,7 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]
     return resolved
 
 
-def check_prerequisites(resolved: Mapping[str, Any]) -> dict[str, Any]:
+def check_prerequisites(resolved: Resolved) -> Prerequisites:
     """Check every input of every selected suite and node business in one SSH round trip."""
     values = node_settings(resolved["node"])
     specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
@@ -137,8 +138,8 @@ def check_prerequisites(resolved: Mapping[str, Any]) -> dict[str, Any]:
     return result.to_dict()
 
 
-def experiment_card(resolved: Mapping[str, Any], prereq: Mapping[str, Any], dag_run_id: str,
-                    notes: list[str] | None = None) -> dict[str, Any]:
+def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
+                    notes: list[str] | None = None) -> Card:
     """Render the card (Markdown) the approver sees, and its experiment fingerprint.
 
     ``notes`` are shown on the card above the fingerprint (e.g. schedule ticks that never started).
@@ -152,10 +153,10 @@ def experiment_card(resolved: Mapping[str, Any], prereq: Mapping[str, Any], dag_
     markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
     record.write_atomic(record.run_record_dir(dag_run_id) / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
-    return {"markdown": markdown, "fingerprint": fingerprint}
+    return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
 
 
-def fetch(suite: str, resolved: Mapping[str, Any], dag_run_id: str) -> dict[str, Any]:
+def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
     """Archive the suite's tracker, logs, baseline and checker; fail on a wrong step count.
 
     The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
@@ -237,8 +238,8 @@ def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) ->
             "Variable or the environment)")
 
 
-def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, Any] | None,
-           gaps: list[str] | None = None) -> dict[str, Any]:
+def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
+           gaps: list[str] | None = None) -> ReportSummary:
     """Combine the suites into one report in the record store; print it; return a summary."""
     from rl_verify.model import SuiteResult
     from rl_verify.report import ReportMeta, render_markdown, write_report
@@ -284,7 +285,7 @@ def report(dag_run_id: str, params: Mapping[str, Any], decision: Mapping[str, An
             "suites": [suite_summary(r) for r in results]}
 
 
-def suite_summary(result: Any) -> dict[str, Any]:
+def suite_summary(result: Any) -> SuiteSummary:
     """Verdict, class, breached and unmeasured metrics of one suite (small: it travels through XCom)."""
     breached: dict[str, int | None] = {}
     for c in result.checks:
@@ -295,7 +296,7 @@ def suite_summary(result: Any) -> dict[str, Any]:
             "missing": sorted({c.metric for c in result.checks if c.missing})}
 
 
-def verdict_message(summary: Mapping[str, Any]) -> str:
+def verdict_message(summary: ReportSummary) -> str:
     """One line naming, per failed suite, its failure class and what breached (or what is missing)."""
     parts = []
     for suite in summary.get("suites") or []:
@@ -335,7 +336,7 @@ def _paths(suite_dir: Path) -> dict[str, str]:
     return out
 
 
-def approval_decision(decision: Mapping[str, Any] | None) -> dict[str, Any]:
+def approval_decision(decision: Decision | None) -> dict[str, Any]:
     """Who approved or rejected, when, whether by standing approval (and granted in which run) or
     whether nobody answered in time (from approve's XCom)."""
     if not decision:
@@ -369,7 +370,7 @@ def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_I
             f"never started, because an earlier run was still waiting or running: {shown}{more}."]
 
 
-def verdict(summary: Mapping[str, Any] | None) -> str:
+def verdict(summary: ReportSummary | None) -> str:
     """Fail the DAG run when the verdict is FAIL (after the report exists); say which class."""
     if not summary:
         raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
@@ -382,7 +383,7 @@ def verdict(summary: Mapping[str, Any] | None) -> str:
     return "PASS"
 
 
-def cleanup(resolved: Mapping[str, Any] | None, dag_run_id: str) -> list[str]:
+def cleanup(resolved: Resolved | None, dag_run_id: str) -> list[str]:
     """Stop the run's processes and Ray on the node, and archive whatever trackers/logs exist."""
     if not resolved:
         log.info("The run never got a worktree on the node: nothing to clean up")

@@ -1,0 +1,91 @@
+"""The values the DAG's tasks pass each other (XCom), typed in one place.
+
+Each is JSON-ready (Airflow serialises XCom as JSON) and small: trackers, logs and reports travel
+through the record store, never through XCom. The producing task is named on each type.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class Resolved(TypedDict):
+    """``resolve_commit``: the commit under test and the run's folders on the node."""
+
+    commit_ref: str
+    sha: str
+    subject: str
+    run_dir: str
+    worktree: str
+    dirty_stat: str | None
+    warnings: list[str]
+    run_key: str
+    suites: list[str]
+    node: str
+
+
+class PrerequisiteItem(TypedDict):
+    suite: str
+    kind: str
+    path: str
+
+
+class Prerequisites(TypedDict):
+    """``check_prerequisites``: every verified input (``missing``/``busy`` are empty when it returns)."""
+
+    ok: list[PrerequisiteItem]
+    missing: list[PrerequisiteItem]
+    busy: list[str]
+
+
+class Card(TypedDict):
+    """``experiment_card``: the Markdown the approver sees, its experiment fingerprint, and the
+    notes about schedule ticks that never started."""
+
+    markdown: str
+    fingerprint: str
+    gaps: list[str]
+
+
+class Decision(TypedDict, total=False):
+    """``approve`` (XCom key ``decision``): who answered, what, when; or that nobody did in time."""
+
+    chosen_options: list[str]
+    by: str | None
+    at: str
+    standing: bool
+    granted_in: str | None
+    timed_out: bool
+    timeout: str | None
+
+
+class Fetched(TypedDict):
+    """``fetch_<suite>``: what was archived (the files themselves are in the record store)."""
+
+    suite: str
+    steps: int | None
+    wall_time_s: float | None
+
+
+class Breach(TypedDict):
+    metric: str
+    first_breach_step: int | None
+
+
+class SuiteSummary(TypedDict):
+    suite: str
+    verdict: str
+    failure_class: str | None
+    breached: list[Breach]
+    missing: list[str]
+
+
+class ReportSummary(TypedDict):
+    """``report``: the run's verdict, classes, where the record and its report files are."""
+
+    verdict: str
+    failure_classes: list[str]
+    record: str
+    report: dict[str, str]
+    failed_suites: list[str]
+    suites: list[SuiteSummary]
