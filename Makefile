@@ -29,14 +29,14 @@ test: venv ensure-sshd lint
 	exit $$rc
 
 demo: venv ensure-sshd
-	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) scripts/demo.py
+	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) -m scripts.demo
 
 demo-stop: venv
-	$(PY) scripts/demo.py --stop
+	$(PY) -m scripts.demo --stop
 
 # What the report says (headline, class, first next step) for every simulated regression.
 gallery: venv ensure-sshd
-	$(PY) scripts/report_gallery.py
+	$(PY) -m scripts.report_gallery
 
 bench: venv
 	$(PY) scripts/bench_engine.py

@@ -16,11 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.rig import DAG_ID, Rig
+from simulator import node as sim
 
-from scripts.rig import DAG_ID, Rig  # noqa: E402
-from simulator import node as sim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 STATE = ROOT / ".state" / "demo"
 

@@ -14,11 +14,12 @@ import shutil
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.rig import Rig
+from simulator import node as sim
 
-from scripts.rig import Rig  # noqa: E402
-from simulator import node as sim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
 
 STATE = ROOT / ".state" / "gallery"
 OUT = ROOT / ".state" / "report-gallery.md"

@@ -10,18 +10,17 @@ A tiny throwaway DAG (written into a tmp dags folder) exercises every component:
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from scripts.airflow_stack import AirflowStack, StackError
 
-from scripts.airflow_stack import AirflowStack, StackError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 pytestmark = pytest.mark.e2e
 

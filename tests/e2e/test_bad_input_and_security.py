@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -22,12 +21,13 @@ from urllib.parse import quote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from rl_verify.remote import run_key
+from scripts.rig import DAG_ID, Rig
+from simulator import node as sim
 
-from rl_verify.remote import run_key  # noqa: E402
-from scripts.rig import DAG_ID, Rig  # noqa: E402
-from simulator import node as sim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 pytestmark = pytest.mark.e2e
 APPROVER = "alice"  # not the demo user the client logs in as

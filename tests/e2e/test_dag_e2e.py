@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from rl_verify.remote import run_key
+from scripts.rig import DAG_ID, Rig
+from simulator import node as sim
 
-from rl_verify.remote import run_key  # noqa: E402
-from scripts.rig import DAG_ID, Rig  # noqa: E402
-from simulator import node as sim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 pytestmark = pytest.mark.e2e
 STEP_SECONDS = 0.1

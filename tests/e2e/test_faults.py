@@ -20,7 +20,6 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +28,13 @@ from urllib.parse import quote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from rl_verify.remote import run_key
+from scripts.rig import DAG_ID, Rig, RunOutcome
+from simulator import node as sim
 
-from rl_verify.remote import run_key  # noqa: E402
-from scripts.rig import DAG_ID, Rig, RunOutcome  # noqa: E402
-from simulator import node as sim  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 pytestmark = pytest.mark.e2e
 
@@ -490,8 +490,10 @@ def test_retry_of_a_running_suite_reattaches_to_the_live_job(main_rig, result):
 
 def test_triggerer_restart_while_deferred_keeps_the_single_training(main_rig, result):
     result.fault = "triggerer restart while deferred"
-    set_step_seconds(main_rig, 0.5)   # ~13 s of OPD training (teachers + Ray) around the restart
     suite = "opd"
+    # Held at step 2 until released: the training is certainly alive around the restart, however
+    # long the restart takes on a busy machine (no race between the restart and the training's end).
+    sim.set_fault(_node_state(main_rig), suite, "hold", at_step=2)
     seen: dict[str, Any] = {}
 
     def restart_mid_run(run_id: str) -> None:
@@ -499,6 +501,7 @@ def test_triggerer_restart_while_deferred_keeps_the_single_training(main_rig, re
         seen["restart_s"] = main_rig.stack.restart_component("triggerer")
         result.injected += 1
         seen["trainers"] = len(training_processes(main_rig))
+        sim.release(_node_state(main_rig), suite)
 
     out = run_scenario(main_rig, result, suite, during=restart_mid_run)
     result.notes.append(f"restarted at step {seen.get('steps')} in {seen.get('restart_s', 0):.0f}s")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import base64
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,11 +10,11 @@ from typing import Any
 
 import paramiko
 
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from simulator import node as simnode
 
-from simulator import node as simnode  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
 
 STEP_SECONDS = 0.05
 

@@ -52,7 +52,9 @@ def run_suite(node: Node, suite: str, ref: str, name: str) -> tuple[int, Path]:
         # run_rl.sh leaves its Ray head running and `ray start --head` refuses a second head, so
         # stop it first, as rl-verify's job command does after every launch script.
         cmd = "ray stop --force > /dev/null; " + cmd
-    rc, _, err = node.run(cmd, env=env, timeout=180)
+    # The launch runs to its end (the call returns when the script exits); the timeout is only an
+    # upper bound for a wedged channel, generous for a busy machine.
+    rc, _, err = node.run(cmd, env=env, timeout=900)
     return rc, Path(work_dir)
 
 
@@ -61,7 +63,15 @@ def exp_dirs(work_dir: Path) -> list[Path]:
 
 
 def tracker_of(work_dir: Path) -> Path:
-    return exp_dirs(work_dir)[-1] / "logs" / "exp_tracking" / "tracker.jsonl"
+    """The newest experiment's tracker; a launch that made none fails naming what it printed."""
+    exps = exp_dirs(work_dir) if work_dir.is_dir() else []
+    tracker = exps[-1] / "logs" / "exp_tracking" / "tracker.jsonl" if exps else None
+    if tracker is None or not tracker.is_file():
+        launch = work_dir / "launch.out"
+        tail = launch.read_text(errors="replace")[-3000:] if launch.is_file() else "(no launch.out)"
+        raise AssertionError(f"no tracker under {work_dir} (experiments: {[p.name for p in exps]}); "
+                             f"launch output:\n{tail}")
+    return tracker
 
 
 def parse(text: str) -> tuple[list[dict], str | None]:

@@ -182,6 +182,19 @@ def _new_exp_dir(work_dir: Path) -> Path:
             time.sleep(0.2)
 
 
+def _hold(node: Node, suite: str, step: int, writer: TrackerWriter, tick: float) -> None:
+    """The "hold" fault: stay at ``step`` (alive, still logging mini-batch rows so the tracker grows)
+    until the node's release file for the suite appears; lets a test act on a training that is
+    certainly running, however slow the machine."""
+    release = node.root / f"release-{suite}" if node.root else None
+    _log(f"step {step}: held until {release} exists")
+    while release is not None and not release.exists():
+        time.sleep(max(tick, 0.05))
+        node.check_ray()
+        writer.log({"step": step, "train/mini_batch": -1, "held": 1})
+    _log(f"step {step}: released")
+
+
 def _log(msg: str) -> None:
     print(f"[XTuner][{_dt.datetime.now():%Y-%m-%d %H:%M:%S}][RL] {msg}", flush=True)
 
@@ -271,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
                 row[fault.get("metric", default)] = math.nan
             writer.log({"step": step, **row})
+            if kind == "hold" and step == at_step:
+                _hold(node, suite, step, writer, node.step_seconds)
             if kind == "crash" and step == at_step:
                 # the process dies while this row is in the write buffer: it ends up half-written
                 raise SimulatedCrash("RuntimeError: NCCL error in ProcessGroupNCCL "

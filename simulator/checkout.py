@@ -1,0 +1,203 @@
+"""The simulated node's files: share (models, data, baseline trackers), bin/, and the XTuner checkout
+(a real git repo with a healthy main and one commit per simulated regression)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+from simulator.common import (
+    CHECKOUT_SRC,
+    OVERLAY_SRC,
+    BIN_SRC,
+    MODELS,
+    GRPO_BASELINE,
+    OPD_BASELINE,
+    REGRESSION_BRANCHES,
+    HIDDEN_SUFFIX,
+    GIT_DATE,
+    _write_json,
+    _read_json,
+    _run,
+    _node_python,
+    _load_curves,
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layout: share (models, data, baselines), bin, sim.json
+def _build_share(root: Path) -> None:
+    """Create placeholder models, datasets and baseline trackers; never re-create a path a fault hides."""
+    hidden = {h for f in _read_json(root / "faults.json", {}).values() for h in f.get("hidden", [])}
+
+    def visible(rel: str) -> bool:
+        return rel not in hidden and not (root / (rel + HIDDEN_SUFFIX)).exists()
+
+    for rel, mtype in MODELS.items():
+        d = root / "share" / "model" / rel
+        if not visible(f"share/model/{rel}") or (d / "config.json").exists():
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.json").write_text(json.dumps({
+            "_comment": "SIMULATED placeholder (rl-verify simulator): no weights", "model_type": mtype,
+            "architectures": ["Qwen3ForCausalLM" if mtype == "qwen3" else "Qwen3VLForConditionalGeneration"]}))
+        (d / "tokenizer_config.json").write_text('{"_comment": "SIMULATED placeholder"}\n')
+        (d / "model.safetensors.index.json").write_text('{"metadata": {"simulated": true}, "weight_map": {}}\n')
+
+    data = root / "share" / "data"
+    gsm = data / "gsm8k"
+    if visible("share/data/gsm8k/train-mini.jsonl") and not (gsm / "train-mini.jsonl").exists():
+        gsm.mkdir(parents=True, exist_ok=True)
+        # 1000 prompts: 3 epochs x (1000 // 64) = 45 RL steps, as the runbook requires
+        (gsm / "train-mini.jsonl").write_text("".join(
+            json.dumps({"question": f"SIMULATED gsm8k prompt {i}: {i} + {i % 7} = ?",
+                        "answer": f"{i} + {i % 7} = {i + i % 7}\n#### {i + i % 7}"}) + "\n" for i in range(1000)))
+    if visible("share/data/gsm8k/test.jsonl") and not (gsm / "test.jsonl").exists():
+        gsm.mkdir(parents=True, exist_ok=True)
+        (gsm / "test.jsonl").write_text("".join(
+            json.dumps({"question": f"SIMULATED gsm8k test {i}: 2 * {i} = ?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(200)))
+    opd = data / "on_policy_distillation"
+    for split, n in (("train", 1024), ("eval", 256)):
+        rel = f"share/data/on_policy_distillation/gsm8k_geo3k_{split}.json"
+        if visible(rel) and not (root / rel).exists():
+            opd.mkdir(parents=True, exist_ok=True)
+            items = [{"data_source": "gsm8k" if i % 2 == 0 else "geo3k",
+                      "prompt": f"SIMULATED {split} item {i}", "answer": str(i)} for i in range(n)]
+            (root / rel).write_text(json.dumps(items))
+
+    curves = _load_curves()
+    base = root / "share" / "baseline"
+    if visible("share/baseline/" + GRPO_BASELINE):
+        p = base / GRPO_BASELINE
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves)))
+    if visible("share/baseline/" + OPD_BASELINE):
+        p = base / OPD_BASELINE
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves)))
+
+
+def grpo_baseline_rows(curves: ModuleType) -> list[dict[str, float]]:
+    """The GRPO baseline: 45 step-summary rows; eval/accuracy only on the final step (0.9007)."""
+    noise = curves.Noise("grpo-baseline")
+    rows = []
+    for step in range(1, curves.GRPO_STEPS + 1):
+        row = {"step": step, **curves.grpo_summary(step, noise, baseline=True)}
+        if step == curves.GRPO_STEPS:
+            row["eval/accuracy"] = curves.GRPO_FINAL_EVAL
+        rows.append(row)
+    return rows
+
+
+def opd_baseline_rows(curves: ModuleType, steps: int = 25) -> list[dict[str, float]]:
+    """An OPD baseline tracker around the golden table (step-0 eval row + 25 step-summary rows)."""
+    noise = curves.Noise("opd-baseline")
+    rows = [{"step": 0, **curves.opd_eval(0, noise, baseline=True)}]
+    for step in range(1, steps + 1):
+        row = {"step": step, **curves.opd_summary(step, noise, baseline=True)}
+        if step % curves.OPD_EVAL_EVERY == 0:
+            row.update(curves.opd_eval(step, noise, baseline=True))
+        rows.append(row)
+    return rows
+
+
+def _build_bin(root: Path) -> None:
+    """Install the fake `ray` and `nvidia-smi` with the system python3 as interpreter."""
+    b = root / "bin"
+    b.mkdir(parents=True, exist_ok=True)
+    shebang = f"#!{_node_python()}\n"
+    for src in BIN_SRC.iterdir():
+        if src.is_file():
+            text = src.read_text()
+            if text.startswith("#!"):
+                text = text.split("\n", 1)[1]
+            dst = b / src.name
+            dst.write_text(shebang + text)
+            dst.chmod(0o755)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The simulated XTuner checkout (a real git repo with healthy and regression commits)
+def _source_files() -> dict[str, Path]:
+    """Checkout-relative path -> source file (overlay never overrides xtuner_checkout)."""
+    files: dict[str, Path] = {}
+    for base in (OVERLAY_SRC, CHECKOUT_SRC):  # later wins: xtuner_checkout is authoritative
+        if not base.exists():
+            continue
+        for p in sorted(base.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+                files[p.relative_to(base).as_posix()] = p
+    return files
+
+
+def _fingerprint(files: dict[str, Path]) -> str:
+    h = hashlib.sha256(b"rlsim-checkout-v1")
+    h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
+    for rel, p in sorted(files.items()):
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0" + str(os.access(p, os.X_OK)).encode())
+    return h.hexdigest()
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = dict(os.environ, GIT_AUTHOR_DATE=GIT_DATE, GIT_COMMITTER_DATE=GIT_DATE,
+               GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0")
+    env.pop("GIT_DIR", None)
+    env.pop("GIT_WORK_TREE", None)
+    return _run(["git", *args], cwd=repo, env=env).strip()
+
+
+def build_checkout(root: Path) -> dict[str, str]:
+    """Create (or rebuild when the simulator's sources changed) ROOT/xtuner; return name -> SHA.
+
+    Commits on main: "initial", then "feature" (the healthy tip, key "good"); one branch per
+    regression, each a single commit on top of main changing xtuner_sim/behaviour.json.
+    The checker double under simulator/xtuner_checkout/autotest/ is included whenever present;
+    a later change of any source file changes the fingerprint and rebuilds the checkout.
+    """
+    repo = root / "xtuner"
+    files = _source_files()
+    fp = _fingerprint(files)
+    stamp = root / "state" / "checkout.json"
+    known = _read_json(stamp, {})
+    if known.get("fingerprint") == fp and (repo / ".git").exists():
+        return known["commits"]
+    if repo.exists():
+        shutil.rmtree(repo)
+    repo.mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "user.name", "rl-verify simulator")
+    _git(repo, "config", "user.email", "simulator@rl-verify.invalid")
+    _git(repo, "config", "commit.gpgsign", "false")
+    for rel, src in files.items():
+        dst = repo / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    behaviour = repo / "xtuner_sim" / "behaviour.json"
+
+    def set_behaviour(regression: str | None, note: str) -> None:
+        behaviour.write_text(json.dumps({"regression": regression, "note": note}, indent=2) + "\n")
+
+    set_behaviour(None, "healthy")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "initial: simulated XTuner checkout (rl-verify simulator)")
+    commits = {"initial": _git(repo, "rev-parse", "HEAD")}
+    (repo / "CHANGELOG.md").write_text("# Changelog (SIMULATED)\n\n- feature: faster rollout batching "
+                                       "(no accuracy effect)\n")
+    set_behaviour(None, "healthy: feature commit, no accuracy effect")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "feature: faster rollout batching (no accuracy effect)")
+    commits["good"] = _git(repo, "rev-parse", "HEAD")
+    for key, (branch, regression, message) in REGRESSION_BRANCHES.items():
+        _git(repo, "checkout", "-q", "-b", branch, "main")
+        set_behaviour(regression, _load_curves().REGRESSIONS[regression])
+        _git(repo, "commit", "-q", "-am", message)
+        commits[key] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "main")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    _write_json(stamp, {"fingerprint": fp, "commits": commits})
+    return commits
+

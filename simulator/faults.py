@@ -1,0 +1,74 @@
+"""Faults of the simulated node, read by the replay trainer at launch (and the hold fault's release)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from simulator.common import (
+    FAULT_KINDS,
+    DEFAULT_MISSING,
+    HIDDEN_SUFFIX,
+    _root,
+    _write_json,
+    _read_json,
+)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Faults
+def set_fault(state: Path, suite: str, kind: str, at_step: int | None = None,
+              path: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Switch one fault on for ``suite`` (replacing any previous fault of that suite); return it.
+
+    Kinds: crash / hang / nan / hold (at ``at_step``, default 3; hold waits there, alive, until
+    ``release``), truncated, slow (``factor``, default 3),
+    missing-input (renames ``path`` - relative to ROOT, default the suite's main model - to
+    ``<path>.rlsim-hidden`` until ``clear_faults``). Read by the replay trainer at launch.
+    """
+    if suite not in ("grpo", "opd"):
+        raise ValueError(f"unknown suite {suite!r} (grpo|opd)")
+    if kind not in FAULT_KINDS:
+        raise ValueError(f"unknown fault kind {kind!r} ({'|'.join(FAULT_KINDS)})")
+    root = _root(state)
+    _clear_suite(root, suite)
+    fault: dict[str, Any] = {"kind": kind, **extra}
+    if kind in ("crash", "hang", "nan", "hold"):
+        fault["at_step"] = int(at_step if at_step is not None else 3)
+    elif at_step is not None:
+        fault["at_step"] = int(at_step)
+    if kind == "missing-input":
+        rel = (path or DEFAULT_MISSING[suite]).strip("/")
+        target = root / rel
+        if not target.exists():
+            raise FileNotFoundError(f"nothing to hide at {target}")
+        os.replace(target, root / (rel + HIDDEN_SUFFIX))
+        fault["hidden"] = [rel]
+    faults = _read_json(root / "faults.json", {})
+    faults[suite] = fault
+    _write_json(root / "faults.json", faults)
+    return fault
+
+
+def release(state: Path, suite: str) -> None:
+    """Let a training held by the "hold" fault go on."""
+    (_root(state) / f"release-{suite}").touch()
+
+
+def _clear_suite(root: Path, suite: str) -> None:
+    (root / f"release-{suite}").unlink(missing_ok=True)
+    faults = _read_json(root / "faults.json", {})
+    for rel in (faults.get(suite) or {}).get("hidden", []):
+        hidden = root / (rel + HIDDEN_SUFFIX)
+        if hidden.exists() and not (root / rel).exists():
+            os.replace(hidden, root / rel)
+    faults.pop(suite, None)
+    _write_json(root / "faults.json", faults)
+
+
+def clear_faults(state: Path, suite: str | None = None) -> None:
+    """Switch off the faults of ``suite`` (or of all suites), restoring any hidden input."""
+    root = _root(state)
+    for s in ([suite] if suite else list(_read_json(root / "faults.json", {}))):
+        _clear_suite(root, s)
+
