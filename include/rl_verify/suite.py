@@ -98,6 +98,30 @@ def _checked(raw: Mapping[str, Any], path: str) -> None:
     if not isinstance(data, str) or not data or not data_file(data).is_file():
         raise SpecError(f"{path}: field 'data': data file {data!r} not found under rl_verify/data; add it "
                         "there or name an existing one")
+    contradictions = _contradictions(raw, json.loads(data_file(data).read_text(encoding="utf-8")), data)
+    if contradictions:
+        raise SpecError(f"{path}: contradicts itself or its data file: " + "; ".join(contradictions))
+
+
+def _contradictions(raw: Mapping[str, Any], data: Mapping[str, Any], data_name: str) -> list[str]:
+    """Every fact the spec and its data file (or its launch environment) state differently."""
+    out = []
+    steps = raw.get("expected_steps")
+    if "expected_steps" in data and data["expected_steps"] != steps:
+        out.append(f"expected_steps is {steps} but {data_name} says {data['expected_steps']}")
+    budget = (data.get("wall_time") or {}).get("threshold_s")
+    if budget is not None and budget != raw.get("wall_time_budget_s"):
+        out.append(f"wall_time_budget_s is {raw.get('wall_time_budget_s')} but {data_name} wall_time.threshold_s "
+                   f"says {budget}")
+    if "eval_points" in data and list(data["eval_points"]) != list(raw.get("eval_points") or []):
+        out.append(f"eval_points are {raw.get('eval_points')} but {data_name} says {data['eval_points']}")
+    env = (raw.get("launch") or {}).get("env") or {}
+    if "TOTAL_TRAIN_STEPS" in env and str(env["TOTAL_TRAIN_STEPS"]) != str(steps):
+        out.append(f"launch.env.TOTAL_TRAIN_STEPS is {env['TOTAL_TRAIN_STEPS']} but expected_steps is {steps}")
+    total = (data.get("source") or {}).get("total_train_steps")
+    if total is not None and total != steps:
+        out.append(f"expected_steps is {steps} but {data_name} was measured at total_train_steps {total}")
+    return out
 
 
 def _from_dict(raw: Mapping[str, Any], path: str = "") -> SuiteSpec:

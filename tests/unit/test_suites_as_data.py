@@ -81,3 +81,15 @@ def test_no_suite_name_branch_outside_the_engines():
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             assert not branch.search(line), f"{path.name}:{number}: {line.strip()}"
+
+
+@pytest.mark.parametrize("suite,change,said", [
+    ("grpo", {"expected_steps": 46}, "expected_steps is 46 but grpo_thresholds.json says 45"),
+    ("grpo", {"wall_time_budget_s": 3000}, "wall_time_budget_s is 3000 but grpo_thresholds.json wall_time.threshold_s"),
+    ("opd", {"eval_points": [0, 10, 20]}, "eval_points are [0, 10, 20] but opd_golden_2026-10-26.json says"),
+    ("opd", {"expected_steps": 50}, "launch.env.TOTAL_TRAIN_STEPS is 25 but expected_steps is 50"),
+])
+def test_a_spec_contradicting_its_data_or_environment_is_refused_naming_both(suite, change, said):
+    raw = json.loads((PACKAGE / "suites" / f"{suite}.json").read_text())
+    with pytest.raises(SpecError, match=re.escape(said)):
+        _from_dict({**raw, **change}, f"/x/{suite}.json")
