@@ -90,10 +90,17 @@ def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
     return golden_criteria(data)
 
 
+def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) -> str:
+    """Why a suite has no reference baseline and how to provide one, in a DAG user's terms."""
+    return (f"there is no reference baseline at {path} on node {node_name or '?'}: to compare them, put the tracker "
+            f"of a {spec.expected_steps}-step run of the baseline config there (the suite spec's reference_baseline, "
+            f"{spec.reference_baseline}; CI_SHARE_BASELINE comes from the node connection's extras, an Airflow "
+            "Variable or the environment)")
+
+
 def _opd_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
                   node_name: str | None) -> "SuiteResult":
     from rl_verify.opd import compare_opd
-    from rl_verify.pipeline import missing_reference_hint
     from rl_verify.suite import data_file
 
     baseline = suite_dir / "baseline.jsonl"

@@ -230,14 +230,6 @@ def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) -> str:
-    """Why a suite has no reference baseline and how to provide one, in a DAG user's terms."""
-    return (f"there is no reference baseline at {path} on node {node_name or '?'}: to compare them, put the tracker "
-            f"of a {spec.expected_steps}-step run of the baseline config there (the suite spec's reference_baseline, "
-            f"{spec.reference_baseline}; CI_SHARE_BASELINE comes from the node connection's extras, an Airflow "
-            "Variable or the environment)")
-
-
 def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
            gaps: list[str] | None = None) -> ReportSummary:
     """Combine the suites into one report in the record store; print it; return a summary."""
