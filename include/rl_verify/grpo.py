@@ -202,17 +202,12 @@ def translate_checker_step(reason: str, breach_index: int | None, breach_step: i
 def failed_metrics(message: str, metrics: list[str]) -> set[str] | None:
     """Metric names the checker's "Some metric check failed: {metric: reason, ...}" message names.
 
-    Parses the dict when it is a Python literal, else falls back to the checked names found in the
-    text. None when nothing can be identified.
+    Parses the dict when it is a Python literal (``checker_reasons``), else falls back to the
+    checked names found in the text. None when nothing can be identified.
     """
-    _, sep, tail = message.partition("failed:")
-    if sep:
-        try:
-            parsed = ast.literal_eval(tail.strip())
-            if isinstance(parsed, dict):
-                return {str(k) for k in parsed}
-        except (ValueError, SyntaxError):
-            pass
+    reasons = checker_reasons(message)
+    if reasons:
+        return set(reasons)
     found = {m for m in metrics if m in message}
     return found or None
 
