@@ -111,6 +111,26 @@ def q(path: str) -> str:
     return shlex.quote(path)
 
 
+def render(template: str, **values: str | int) -> str:
+    """The script ``sh/<template>.sh`` preceded by one shell assignment per value.
+
+    A ``str`` value is quoted with :func:`q` (a leading ``~/`` stays expandable), an ``int`` is
+    written as digits; callers validate values first. Templates are plain bash files checked by
+    shellcheck (``make lint``); they name their inputs in a header comment.
+    """
+    from importlib.resources import files
+
+    body = files("rl_verify").joinpath("sh", f"{template}.sh").read_text()
+    prelude = []
+    for name, value in values.items():
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
+            raise ValueError(f"template variable {name!r} must be a lower-case shell name")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise TypeError(f"template variable {name!r} must be str or int, not {type(value).__name__}")
+        prelude.append(f"{name}={int(value)}" if isinstance(value, int) else f"{name}={q(value)}")
+    return "\n".join(prelude) + "\n" + body
+
+
 def run_key(dag_run_id: str) -> str:
     """A remote-safe, deterministic folder name for a DAG run (same run id -> same key)."""
     readable = _KEY_UNSAFE.sub("_", dag_run_id)[:80].strip("._-") or "run"
