@@ -28,6 +28,7 @@ if [[ ! -e "$policy" ]]; then
     chmod +x "$policy"
     created_policy=1
 fi
+# shellcheck disable=SC2329  # invoked by the EXIT trap below
 cleanup() { if [[ "$created_policy" -eq 1 ]]; then rm -f "$policy"; fi; }
 trap cleanup EXIT
 

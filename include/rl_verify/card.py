@@ -16,7 +16,9 @@ import json
 from typing import Any, Callable, Iterable, Mapping
 
 from rl_verify.engines import engine_of
+from rl_verify.grpo import WALL_TIME
 from rl_verify.suite import SuiteSpec, data_file
+from rl_verify.thresholds import GrpoThresholds, OpdGolden, Rule
 
 
 def _thresholds(spec: SuiteSpec) -> dict[str, Any]:
@@ -28,43 +30,44 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _threshold(check: Mapping[str, Any]) -> str:
+def _threshold(rule: Rule) -> str:
     """``< 12%`` for a relative threshold (as the runbook writes it), ``<= 0.0001`` otherwise."""
-    if check["method"] == "relative":
-        return f"{check['operator']} {check['threshold'] * 100:g}%"
-    return f"{check['operator']} {_fmt(check['threshold'])}"
+    if rule.method == "relative":
+        return f"{rule.operator} {rule.threshold * 100:g}%"
+    return f"{rule.operator} {_fmt(rule.threshold)}"
 
 
-def grpo_criteria(data: Mapping[str, Any]) -> list[str]:
-    fe, wt = data["final_eval"], data["wall_time"]
+def grpo_criteria(spec: SuiteSpec, data: GrpoThresholds) -> list[str]:
+    fe = data.final_eval
     rows = ["| metric | method | threshold | how |", "|---|---|---|---|",
-            f"| `{fe['metric']}` | {fe['method']} | {fe['operator']} {_fmt(fe['threshold'])} | final step only |"]
-    aggregated = data.get("percentile_metrics", {})
-    for c in data["assert_info"]["check_metrics"]:
-        how = f"p{aggregated[c['metric']]} of per-step errors" if c["metric"] in aggregated else "every step"
-        rows.append(f"| `{c['metric']}` | {c['method']} | {_threshold(c)} | {how} |")
-    rows.append(f"| {wt['metric']} | - | {wt['operator']} {wt['threshold_s'] // 60} min | whole run |")
+            f"| `{fe.metric}` | {fe.method} | {fe.operator} {_fmt(fe.threshold)} | final step only |"]
+    for rule in data.rules:
+        q = data.percentile_metrics.get(rule.metric)
+        how = f"p{q:g} of per-step errors" if q is not None else "every step"
+        rows.append(f"| `{rule.metric}` | {rule.method} | {_threshold(rule)} | {how} |")
+    rows.append(f"| {WALL_TIME} | - | < {spec.wall_time_budget_s // 60} min | whole run |")
     rows.append("")
     rows.append(f"Decided by the checkout's own `check_rl_result` with the runbook's `assert_info`; "
-                f"source: {data['source']['document']}.")
+                f"source: {data.source.get('document', '?')}.")
     return rows
 
 
-def golden_criteria(data: Mapping[str, Any]) -> list[str]:
-    metrics = list(data["thresholds"])
+def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
     rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
-    for name, t in data["thresholds"].items():
-        suffix = " (reference only)" if t.get("reference_only") else ""
-        rows.append(f"| `{name}` | {t['method']} | {_threshold(t)}{suffix} | {_fmt(t.get('measured_max_dev'))} |")
-    golden_metrics = [m for m in metrics if any(m in v for v in data["golden"].values())]
+    for name, rule in data.thresholds.items():
+        suffix = " (reference only)" if rule.reference_only else ""
+        rows.append(f"| `{name}` | {rule.method} | {_threshold(rule)}{suffix} | {_fmt(rule.measured_max_dev)} |")
+    golden_metrics = [m for m in data.thresholds if any(m in v for v in data.golden.values())]
+    source = data.source.model_dump()
     rows += ["", "Golden values per eval point (" + ", ".join(
-        f"{k}: {v}" for k, v in data["source"].items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
+        f"{k}: {v}" for k, v in source.items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
         "| step | " + " | ".join(f"`{m}`" for m in golden_metrics) + " |",
         "|---" * (len(golden_metrics) + 1) + "|"]
-    for step, values in data["golden"].items():
+    for step in data.eval_points:
+        values = data.golden[step]
         rows.append(f"| {step} | " + " | ".join(
             "-" if values.get(m) is None else f"{values[m]:.4f}" for m in golden_metrics) + " |")
-    rows.append(f"\nSteps beyond {data['calibrated_max_step']} are reported as not calibrated.")
+    rows.append(f"\nSteps beyond {data.calibrated_max_step} are reported as not calibrated.")
     return rows
 
 
@@ -77,9 +80,9 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
     criteria: list[str] = []
     scale: list[str] = ["| suite | launch | steps | eval points | wall-time budget |", "|---|---|---|---|---|"]
     for spec in specs:
-        data = _thresholds(spec)
+        engine = engine_of(spec)
         criteria += [f"**{spec.title}** — PASS only if every check below holds; the exit code is not trusted.", ""]
-        criteria += engine_of(spec).criteria(data)
+        criteria += engine.criteria(spec, engine.load_data(data_file(spec.data)))
         criteria.append("")
         scale.append(f"| {spec.name} | `{spec.script}` | {spec.expected_steps} | "
                      f"{', '.join(map(str, spec.eval_points))} | {spec.wall_time_budget_s // 60} min |")

@@ -17,12 +17,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
 from rl_verify.errors import InputError
 
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_EVALUATE = 0, 1, 2
-Registrar = Callable[[argparse._SubParsersAction], None]
+# argparse's subparsers object (add_parser); its class is private to argparse.
+Subparsers = Any
+Registrar = Callable[[Subparsers], None]
 
 
 def _run_compare(args: argparse.Namespace) -> int:
@@ -46,7 +49,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     return EXIT_PASS if result.verdict == "PASS" else EXIT_FAIL
 
 
-def register_compare(subparsers: argparse._SubParsersAction) -> None:
+def register_compare(subparsers: Subparsers) -> None:
     """Add ``compare <suite>``: one subcommand per suite spec, with its engine's options."""
     from rl_verify.engines import engine_of
     from rl_verify.suite import available_suites, load_suite

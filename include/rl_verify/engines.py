@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from rl_verify.model import SuiteResult
     from rl_verify.suite import SuiteSpec
 
@@ -25,8 +27,12 @@ class Engine:
 
     name: str
     describe: str
-    #: Card lines (Markdown) of the acceptance criteria, from the suite's data file.
-    criteria: Callable[[Mapping[str, Any]], list[str]]
+    #: The suite's data file, validated (raises InputError naming the file and every bad field).
+    load_data: Callable[[Path], "BaseModel"]
+    #: Every fact the spec and its (loaded) data file state differently.
+    contradictions: Callable[["SuiteSpec", Any], list[str]]
+    #: Card lines (Markdown) of the acceptance criteria, from the spec and its loaded data file.
+    criteria: Callable[["SuiteSpec", Any], list[str]]
     #: The verdict of a suite from the files its fetch task archived in ``suite_dir``.
     compare_archived: Callable[["SuiteSpec", Path, Path, Mapping[str, Any], str | None], "SuiteResult"]
     #: Adds this engine's command-line options to a ``compare <suite>`` parser.
@@ -37,10 +43,20 @@ class Engine:
 
 # ----------------------------------------------------------------------------- grpo
 
-def _grpo_criteria(data: Mapping[str, Any]) -> list[str]:
+def _grpo_data(path: Path) -> "BaseModel":
+    from rl_verify.grpo import load_thresholds
+
+    return load_thresholds(path)
+
+
+def _grpo_contradictions(spec: "SuiteSpec", data: Any) -> list[str]:
+    return []  # the thresholds file states no step count, eval point or budget
+
+
+def _grpo_criteria(spec: "SuiteSpec", data: Any) -> list[str]:
     from rl_verify.card import grpo_criteria
 
-    return grpo_criteria(data)
+    return grpo_criteria(spec, data)
 
 
 def _grpo_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
@@ -52,7 +68,8 @@ def _grpo_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[
     return compare_grpo(baseline=suite_dir / "baseline.jsonl", current=suite_dir / "tracker.jsonl",
                         checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
                         wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,
-                        thresholds=data_file(spec.data), suite=spec.name)
+                        thresholds=data_file(spec.data), suite=spec.name, expected_steps=spec.expected_steps,
+                        wall_time_budget_s=spec.wall_time_budget_s)
 
 
 def _positive_float(text: str) -> float:
@@ -79,15 +96,33 @@ def _grpo_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) ->
 
     return compare_grpo(Path(args.baseline), Path(args.current), Path(args.checker_dir), out,
                         wall_time_s=args.wall_time_s, timeout_s=args.timeout_s, thresholds=data_file(spec.data),
-                        suite=spec.name)
+                        suite=spec.name, expected_steps=spec.expected_steps,
+                        wall_time_budget_s=spec.wall_time_budget_s)
 
 
 # ----------------------------------------------------------------------------- opd
 
-def _opd_criteria(data: Mapping[str, Any]) -> list[str]:
+def _opd_data(path: Path) -> "BaseModel":
+    from rl_verify.opd import load_golden
+
+    return load_golden(path)
+
+
+def _opd_contradictions(spec: "SuiteSpec", golden: Any) -> list[str]:
+    out = []
+    if golden.eval_points != sorted(spec.eval_points):
+        out.append(f"eval_points are {list(spec.eval_points)} but {spec.data} has golden values at steps "
+                   f"{golden.eval_points}")
+    if golden.source.total_train_steps != spec.expected_steps:
+        out.append(f"expected_steps is {spec.expected_steps} but {spec.data} was measured at total_train_steps "
+                   f"{golden.source.total_train_steps}")
+    return out
+
+
+def _opd_criteria(spec: "SuiteSpec", data: Any) -> list[str]:
     from rl_verify.card import golden_criteria
 
-    return golden_criteria(data)
+    return golden_criteria(spec, data)
 
 
 def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) -> str:
@@ -107,6 +142,7 @@ def _opd_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[s
     missing = meta.get("reference_baseline_missing")
     return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out, golden=data_file(spec.data),
                        baseline=baseline if baseline.exists() else None, suite=spec.name,
+                       eval_points=list(spec.eval_points),
                        missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
 
 
@@ -125,14 +161,15 @@ def _opd_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) -> 
 
     return compare_opd(Path(args.current), out, golden=Path(args.golden) if args.golden else data_file(spec.data),
                        baseline=Path(args.baseline) if args.baseline else None, suite=spec.name,
+                       eval_points=list(spec.eval_points),
                        missing_reference="no --baseline tracker was given (pass --baseline BASE.jsonl, a "
                                          "tracker of a run of the baseline config, to compare them)")
 
 
 ENGINES: dict[str, Engine] = {
-    "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time",
-                   _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare),
-    "opd": Engine("opd", "every eval point against a golden table",
+    "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time", _grpo_data,
+                   _grpo_contradictions, _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare),
+    "opd": Engine("opd", "every eval point against a golden table", _opd_data, _opd_contradictions,
                   _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare),
 }
 

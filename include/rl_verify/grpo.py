@@ -25,15 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.errors import CheckerError, InputError
-from rl_verify.model import (FAIL, PASS, STEP_COUNT, Check, SuiteResult, failure_class_of, metric_error,
-                             missing_findings, verdict_of, within)
+from rl_verify.model import (FAIL, PASS, STEP_COUNT, Check, SuiteResult, failure_class_of, missing_findings,
+                             verdict_of, within)
 from rl_verify.nextsteps import suggest
 from rl_verify.shapes import ComparedPoint, classify
+from rl_verify.thresholds import GrpoThresholds, Rule, load_data
 from rl_verify.tracker import Point, Tracker, read_tracker, write_sanitised
 
 SUITE = "grpo"
 CASE_NAME = "grpo-gsm8k"
-THRESHOLDS_FILE = Path(__file__).parent / "data" / "grpo_thresholds.json"
+WALL_TIME = "e2e wall time"          # the name of the wall-time row (budget: the suite spec's)
 CHECKER_FOLDER = "checker"           # the checker's working folder inside the output folder
 CHECKER_RUN_ID = "rl-verify"         # GITHUB_RUN_ID given to the checker: its PNG lands in <cwd>/<id>/
 STEP_ROUND = 5                       # the checker rounds step-by-step errors to 5 decimals
@@ -85,14 +86,10 @@ class CheckerOutcome:
                 "stderr": self.stderr, "reason": "step count" if self.step_count else None}
 
 
-def load_thresholds(path: str | Path | None = None) -> dict[str, Any]:
-    """The versioned GRPO thresholds (assert_info verbatim, percentile metrics, final eval, wall time)."""
-    path = Path(path) if path is not None else THRESHOLDS_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read GRPO thresholds ({exc})", path, None,
-                         "restore include/rl_verify/data/grpo_thresholds.json") from exc
+def load_thresholds(path: str | Path) -> GrpoThresholds:
+    """The versioned GRPO thresholds (assert_info, percentile metrics, final eval), validated."""
+    return load_data(path, GrpoThresholds, "give a thresholds file in the format of the suite spec's data file "
+                                           "(include/rl_verify/data/, see the GRPO suite spec's 'data')")
 
 
 def _checker_file(checker_dir: Path) -> Path:
@@ -234,16 +231,15 @@ def _worst(errors: list[float]) -> int:
     return best_i
 
 
-def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles: dict[str, float],
+def metric_check(rule: Rule, base: Tracker, cur: Tracker, percentiles: dict[str, float],
                  checker_reason: str | None = None) -> Check:
     """The display row for one assert_info entry, applying the threshold as the checker does.
 
     ``checker_reason`` is what the checker said of this metric, if it failed it: its own step number
     is translated into the tracker's (see ``translate_checker_step``).
     """
-    metric, threshold = entry["metric"], float(entry["threshold"])
-    method, operator = entry.get("method", "absolute"), entry.get("operator", "<")
-    q = entry.get("aggregate", percentiles.get(metric))
+    metric, threshold, method, operator = rule.metric, rule.threshold, rule.method, rule.operator
+    q = percentiles.get(metric)
     b, c = base.series(metric), cur.series(metric)
     row = dict(metric=metric, threshold=threshold, operator=operator, method=method, source="checker")
     if not b and not c:
@@ -253,18 +249,18 @@ def metric_check(entry: dict[str, Any], base: Tracker, cur: Tracker, percentiles
         return Check(step=None, baseline=float(len(b)), current=float(len(c)), error=None, passed=False,
                      missing=True, note=f"missing values: baseline has {len(b)} values, current {len(c)} "
                                         "(the checker fails this metric; nothing comparable was measured)", **row)
-    errors = [metric_error(x.value, y.value, method) for x, y in zip(b, c)]
+    errors = [rule.error(x.value, y.value) for x, y in zip(b, c)]
     stepwise = [round(e, STEP_ROUND) for e in errors]
-    breach = next((i for i, e in enumerate(stepwise) if not within(e, operator, threshold)), None)
+    breach = next((i for i, e in enumerate(stepwise) if not rule.holds(e)), None)
     first_breach = c[breach].step if breach is not None else None
-    shape = classify([ComparedPoint(y.step, y.value, e, not within(e, operator, threshold))
+    shape = classify([ComparedPoint(y.step, y.value, e, not rule.holds(e))
                       for y, e in zip(c, stepwise)], threshold)
     row.update(shape=shape.kind if shape else None, shape_text=shape.text if shape else "")
     translated = translate_checker_step(checker_reason or "", breach, first_breach)
     said = f"; {translated}" if translated else ""
     if q is not None:
         agg = _percentile(errors, float(q))
-        return Check(step=None, baseline=_mean(b), current=_mean(c), error=agg, passed=within(agg, operator, threshold),
+        return Check(step=None, baseline=_mean(b), current=_mean(c), error=agg, passed=rule.holds(agg),
                      first_breach_step=first_breach,
                      note=f"error = p{q:g} of {len(errors)} per-step {method} errors (steps {c[0].step}-{c[-1].step}); "
                           f"baseline/current = mean over those step-summary rows"
@@ -290,10 +286,9 @@ def step_count_check(base: Tracker, cur: Tracker, outcome: CheckerOutcome) -> Ch
                  passed=passed, source="checker", note=note)
 
 
-def final_eval_check(base: Tracker, cur: Tracker, spec: dict[str, Any], baseline_path: Path) -> Check:
+def final_eval_check(base: Tracker, cur: Tracker, rule: Rule, baseline_path: Path) -> Check:
     """Last ``eval/accuracy`` value in each file, |delta| < threshold (runbook section 1)."""
-    metric, threshold = spec["metric"], float(spec["threshold"])
-    operator, method = spec.get("operator", "<"), spec.get("method", "absolute")
+    metric, threshold, operator, method = rule.metric, rule.threshold, rule.operator, rule.method
     bp, cp = base.last.get(metric), cur.last.get(metric)
     if bp is None:
         raise InputError(f"baseline tracker has no {metric} value", baseline_path, None,
@@ -303,26 +298,23 @@ def final_eval_check(base: Tracker, cur: Tracker, spec: dict[str, Any], baseline
         return Check(step=None, baseline=bp.value, current=None, error=None, passed=False, missing=True,
                      note=f"missing: the current tracker has no {metric} (baseline step {bp.step}, line {bp.line})",
                      **row)
-    error = metric_error(bp.value, cp.value, method)
-    shape = classify([ComparedPoint(cp.step, cp.value, error, not within(error, operator, threshold))], threshold)
-    return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error,
-                 passed=within(error, operator, threshold),
-                 first_breach_step=None if within(error, operator, threshold) else cp.step,
+    error = rule.error(bp.value, cp.value)
+    shape = classify([ComparedPoint(cp.step, cp.value, error, not rule.holds(error))], threshold)
+    return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error, passed=rule.holds(error),
+                 first_breach_step=None if rule.holds(error) else cp.step,
                  shape=shape.kind if shape else None, shape_text=shape.text if shape else "",
                  note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
                       f"current step {cp.step} line {cp.line}", **row)
 
 
-def wall_time_check(wall_time_s: float, spec: dict[str, Any]) -> Check:
-    """e2e wall time (seconds, measured by the caller) against the budget."""
+def wall_time_check(wall_time_s: float, budget_s: float) -> Check:
+    """e2e wall time (seconds, measured by the caller) < the suite spec's budget."""
     if not isinstance(wall_time_s, (int, float)) or not math.isfinite(wall_time_s) or wall_time_s < 0:
         raise InputError(f"wall time must be a non-negative number of seconds, got {wall_time_s!r}", None, None,
                          "the wall time must be the launch-to-end duration of the run in seconds")
-    threshold = float(spec["threshold_s"])
-    operator = spec.get("operator", "<")
-    return Check(metric=spec.get("metric", "e2e wall time"), step=None, baseline=None, current=float(wall_time_s),
-                 error=float(wall_time_s), threshold=threshold, operator=operator, method="value",
-                 passed=within(float(wall_time_s), operator, threshold), source="wall-time",
+    return Check(metric=WALL_TIME, step=None, baseline=None, current=float(wall_time_s),
+                 error=float(wall_time_s), threshold=float(budget_s), operator="<", method="value",
+                 passed=within(float(wall_time_s), "<", float(budget_s)), source="wall-time",
                  note="seconds from launch to end of run, measured by the caller (not from a tracker)")
 
 
@@ -370,50 +362,57 @@ def step_times(base: Tracker, cur: Tracker, metric: str = "time/step") -> dict[s
             "baseline_mean": _mean(b)}
 
 
-def _panels(base: Tracker, cur: Tracker, entries: list[dict[str, Any]], final_spec: dict[str, Any]):
+def _panels(base: Tracker, cur: Tracker, rules: list[Rule], final: Rule):
     from rl_verify.plots import Panel
 
     panels = []
-    for entry in entries:
-        metric, method, thr = entry["metric"], entry.get("method", "absolute"), float(entry["threshold"])
-        op = entry.get("operator", "<")
+    for rule in rules:
+        metric = rule.metric
         b, c = base.series(metric), cur.series(metric)
-        failing = [(y.step, y.value) for x, y in zip(b, c)
-                   if not within(round(metric_error(x.value, y.value, method), STEP_ROUND), op, thr)]
-        panels.append(Panel(metric, [(p.step, p.value) for p in b], [(p.step, p.value) for p in c], method, thr,
-                            failing, note="p80 decides" if metric.startswith("response/") else ""))
-    metric, thr = final_spec["metric"], float(final_spec["threshold"])
+        failing = [(y.step, y.value) for x, y in zip(b, c) if not rule.holds(round(rule.error(x.value, y.value),
+                                                                                    STEP_ROUND))]
+        panels.append(Panel(metric, [(p.step, p.value) for p in b], [(p.step, p.value) for p in c], rule.method,
+                            rule.threshold, failing, note="p80 decides" if metric.startswith("response/") else ""))
+    metric, thr = final.metric, final.threshold
 
     def evals(t: Tracker) -> list[tuple[float, float]]:
         return [(s, v[metric].value) for s, v in sorted(t.evals.items()) if metric in v]
 
     bl, cl = base.last.get(metric), cur.last.get(metric)
     failing = []
-    if bl and cl and not within(abs(cl.value - bl.value), "<", thr):
+    if bl and cl and not final.holds(final.error(bl.value, cl.value)):
         failing = [(cl.step, cl.value)]
-    panels.append(Panel(metric, evals(base), evals(cur), "absolute", thr, failing, note="final step decides"))
+    panels.append(Panel(metric, evals(base), evals(cur), final.method, thr, failing, note="final step decides"))
     return panels
 
 
 def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path,
                  wall_time_s: float | None = None, timeout_s: float = 600,
-                 thresholds: str | Path | None = None, plot: bool = True, suite: str = SUITE) -> SuiteResult:
+                 thresholds: GrpoThresholds | str | Path | None = None, plot: bool = True, suite: str = SUITE,
+                 expected_steps: int | None = None, wall_time_budget_s: float | None = None) -> SuiteResult:
     """GRPO verdict: checker (subprocess) + final eval/accuracy + optional wall time.
 
+    The thresholds, step count and wall-time budget default to those of the suite spec ``suite``.
     Raises ``InputError`` for bad inputs and ``CheckerError`` when the checker crashes or times out.
     """
     # Absolute paths: the report must name concrete files, and the checker runs in another cwd.
     baseline, current = Path(baseline).resolve(), Path(current).resolve()
     checker_dir, out_dir = Path(checker_dir).resolve(), Path(out_dir).resolve()
-    spec = load_thresholds(thresholds)
-    assert_info = spec["assert_info"]
-    entries = assert_info["check_metrics"]
-    metrics = [e["metric"] for e in entries]
-    final_spec = spec["final_eval"]
+    if thresholds is None or expected_steps is None or wall_time_budget_s is None:
+        from rl_verify.suite import data_file, load_suite
+
+        spec = load_suite(suite)
+        thresholds = thresholds if thresholds is not None else data_file(spec.data)
+        expected_steps = expected_steps if expected_steps is not None else spec.expected_steps
+        wall_time_budget_s = wall_time_budget_s if wall_time_budget_s is not None else spec.wall_time_budget_s
+    data = thresholds if isinstance(thresholds, GrpoThresholds) else load_thresholds(thresholds)
+    assert_info = data.checker_assert_info()
+    rules, final = data.rules, data.final_eval
+    metrics = [r.metric for r in rules]
     _checker_file(checker_dir)
-    wall = wall_time_check(wall_time_s, spec["wall_time"]) if wall_time_s is not None else None
-    base = read_tracker(baseline, metrics + [final_spec["metric"]])
-    cur = read_tracker(current, metrics + [final_spec["metric"]])
+    wall = wall_time_check(wall_time_s, wall_time_budget_s) if wall_time_s is not None else None
+    base = read_tracker(baseline, metrics + [final.metric])
+    cur = read_tracker(current, metrics + [final.metric])
 
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = out_dir / CHECKER_FOLDER
@@ -421,16 +420,16 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     cur_copy = write_sanitised(cur, workdir / "inputs" / "current.tracker.jsonl")
     outcome = run_checker(checker_dir, workdir, base_copy, cur_copy, assert_info, timeout_s)
 
-    percentiles = {k: float(v) for k, v in spec.get("percentile_metrics", {}).items()}
+    percentiles = dict(data.percentile_metrics)
     reasons = checker_reasons(outcome.message) if not outcome.ok else {}
     checks = [step_count_check(base, cur, outcome)]
-    checks += [metric_check(e, base, cur, percentiles, reasons.get(e["metric"])) for e in entries]
+    checks += [metric_check(r, base, cur, percentiles, reasons.get(r.metric)) for r in rules]
     abnormal = base.abnormal + cur.abnormal  # each already names its file:line
     abnormal += reconcile(checks, outcome, metrics)
-    expected = spec.get("expected_steps")
-    if expected is not None and base.steps != expected:
-        abnormal.append(f"{baseline}: baseline has {base.steps} RL step-summary rows; the runbook expects {expected}")
-    checks.append(final_eval_check(base, cur, final_spec, baseline))
+    if base.steps != expected_steps:
+        abnormal.append(f"{baseline}: baseline has {base.steps} RL step-summary rows; the suite spec expects "
+                        f"{expected_steps}")
+    checks.append(final_eval_check(base, cur, final, baseline))
     if wall is not None:
         checks.append(wall)
 
@@ -456,7 +455,7 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
 
         png = plot_panels(out_dir / f"{suite}_metrics.png",
                           f"GRPO: {verdict} (baseline {baseline.name} vs current {current.name})",
-                          _panels(base, cur, entries, final_spec))
+                          _panels(base, cur, rules, final))
         result.plots.append(str(png))
     if outcome.png:
         result.plots.append(outcome.png)

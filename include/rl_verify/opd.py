@@ -17,21 +17,17 @@ Promises:
 
 from __future__ import annotations
 
-import json
 import math
 from functools import reduce
 from pathlib import Path
-from typing import Any
 
-from rl_verify.errors import InputError
-from rl_verify.model import (Check, SuiteResult, failure_class_of, metric_error, missing_findings, verdict_of,
-                             within)
+from rl_verify.model import Check, SuiteResult, failure_class_of, missing_findings, verdict_of
 from rl_verify.nextsteps import suggest
 from rl_verify.shapes import ComparedPoint, classify
+from rl_verify.thresholds import OpdGolden, Rule, load_data
 from rl_verify.tracker import EVAL_PREFIX, Point, Tracker, read_tracker
 
 SUITE = "opd"
-GOLDEN_FILE = Path(__file__).parent / "data" / "opd_golden_2026-10-26.json"
 # Errors are rounded to drop binary float noise (|0.5586 - 0.5286| must equal 0.03, not 0.0299999...).
 ERROR_DIGITS = 10
 # A long run (hundreds of eval points past the calibrated range) is summarised, not listed in full.
@@ -39,55 +35,20 @@ MAX_UNCALIBRATED_POINTS = 20
 NO_REFERENCE = "not compared: the golden table has no value for it and there is no reference baseline"
 
 
-def load_golden(path: str | Path | None = None) -> dict[str, Any]:
-    """Load and validate a golden file (format of data/opd_golden_2026-10-26.json)."""
-    path = Path(path) if path is not None else GOLDEN_FILE
-    fix = "pass a golden file in the format of include/rl_verify/data/opd_golden_2026-10-26.json"
-    if not path.is_file():
-        raise InputError("golden file not found", path, None, fix)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise InputError("golden file is not UTF-8", path, None, fix) from exc
-    except ValueError as exc:
-        raise InputError(f"golden file is not valid JSON ({exc})", path, getattr(exc, "lineno", None), fix) from exc
-    if not isinstance(data, dict):
-        raise InputError("golden file must hold a JSON object", path, None, fix)
-    for key in ("eval_points", "thresholds", "golden"):
-        if key not in data:
-            raise InputError(f"golden file lacks the key {key!r}", path, None, fix)
-    for metric, spec in data["thresholds"].items():
-        if not isinstance(spec, dict) or "threshold" not in spec:
-            raise InputError(f"threshold of {metric!r} lacks 'threshold'", path, None, fix)
-        if spec.get("method", "absolute") not in ("absolute", "relative", "slowdown", "value"):
-            raise InputError(f"threshold of {metric!r} has unknown method {spec.get('method')!r}", path, None, fix)
-        if spec.get("operator", "<") not in ("<", "<="):
-            raise InputError(f"threshold of {metric!r} has unknown operator {spec.get('operator')!r}", path, None, fix)
-    try:
-        data["eval_points"] = sorted(int(p) for p in data["eval_points"])
-    except (TypeError, ValueError) as exc:
-        raise InputError("eval_points must be a list of integer steps", path, None, fix) from exc
-    return data
+def load_golden(path: str | Path) -> OpdGolden:
+    """Load and validate a golden file (the format of the OPD suite spec's data file)."""
+    return load_data(path, OpdGolden, "give a golden file in the format of the OPD suite spec's data file "
+                                      "(include/rl_verify/data/, see the suite spec's 'data')")
 
 
-def _calibrated_max(golden: dict[str, Any]) -> int:
-    return int(golden.get("calibrated_max_step", max(golden["eval_points"], default=0)))
+def _in_golden_anywhere(golden: OpdGolden, metric: str) -> bool:
+    return any(metric in row for row in golden.golden.values())
 
 
-def _golden_value(golden: dict[str, Any], step: int, metric: str) -> float | None:
-    row = golden["golden"].get(str(step), {})
-    value = row.get(metric)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _in_golden_anywhere(golden: dict[str, Any], metric: str) -> bool:
-    return any(metric in row for row in golden["golden"].values())
-
-
-def _reference(metric: str, step: int, golden: dict[str, Any], golden_path: Path,
+def _reference(metric: str, step: int, golden: OpdGolden | None, golden_path: Path,
                base: Tracker | None) -> tuple[float | None, str]:
-    """(reference value, where it comes from / why there is none)."""
-    value = _golden_value(golden, step, metric)
+    """(reference value, where it comes from / why there is none); ``golden`` None: past its range."""
+    value = golden.value(step, metric) if golden is not None else None
     if value is not None:
         return value, f"golden table {golden_path.name} step {step}"
     if base is None:
@@ -98,16 +59,15 @@ def _reference(metric: str, step: int, golden: dict[str, Any], golden_path: Path
     return point.value, f"baseline tracker {base.path} line {point.line}"
 
 
-def point_check(metric: str, spec: dict[str, Any], step: int, golden: dict[str, Any], golden_path: Path,
+def point_check(rule: Rule, step: int, golden: OpdGolden, golden_path: Path,
                 cur: Tracker, base: Tracker | None, calibrated: bool = True) -> Check:
     """One (metric, eval point) comparison row."""
-    method, operator = spec.get("method", "absolute"), spec.get("operator", "<")
-    threshold = float(spec["threshold"])
-    reference_only = bool(spec.get("reference_only", False))
+    metric, method, operator, threshold = rule.metric, rule.method, rule.operator, rule.threshold
+    reference_only = rule.reference_only
     # Past the calibrated range the golden table has nothing; only a baseline tracker can be shown.
-    ref, ref_note = _reference(metric, step, golden if calibrated else {"golden": {}}, golden_path, base)
+    ref, ref_note = _reference(metric, step, golden if calibrated else None, golden_path, base)
     if not calibrated:
-        ref_note = f"not calibrated (beyond the golden table's step {_calibrated_max(golden)}); {ref_note}"
+        ref_note = f"not calibrated (beyond the golden table's step {golden.calibrated_max_step}); {ref_note}"
     cp: Point | None = cur.value_at(metric, step)
     row = dict(metric=metric, step=step, threshold=threshold, operator=operator, method=method, source="golden")
     where = "eval row" if metric.startswith(EVAL_PREFIX) else "step-summary row"
@@ -118,9 +78,9 @@ def point_check(metric: str, spec: dict[str, Any], step: int, golden: dict[str, 
     cur_note = f"current line {cp.line}"
     if ref is None:
         return Check(baseline=None, current=cp.value, error=None, passed=None, note=f"{ref_note}; {cur_note}", **row)
-    error = metric_error(ref, cp.value, method)
+    error = rule.error(ref, cp.value)
     error = round(error, ERROR_DIGITS) if math.isfinite(error) else error
-    ok = within(error, operator, threshold)
+    ok = rule.holds(error)
     note = f"reference: {ref_note}; {cur_note}"
     if not calibrated:
         return Check(baseline=ref, current=cp.value, error=error, passed=None, note=note, **row)
@@ -131,20 +91,19 @@ def point_check(metric: str, spec: dict[str, Any], step: int, golden: dict[str, 
                  note=note, **row)
 
 
-def _wanted_at(metric: str, step: int, golden: dict[str, Any]) -> bool:
+def _wanted_at(metric: str, step: int, golden: OpdGolden) -> bool:
     """False for the golden table's "-" cells: training metrics at step 0, metrics the table leaves empty."""
-    if _golden_value(golden, step, metric) is not None:
+    if golden.value(step, metric) is not None:
         return True
     if _in_golden_anywhere(golden, metric):
         return False  # "-" in the golden table at this step
     return step != 0 or metric.startswith(EVAL_PREFIX)  # step 0 is the eval-only row
 
 
-def uncalibrated_steps(cur: Tracker, golden: dict[str, Any]) -> list[int]:
+def uncalibrated_steps(cur: Tracker, golden: OpdGolden, points: list[int]) -> list[int]:
     """Eval points of the current run beyond the calibrated range (eval rows, or summary rows on the
-    golden table's eval interval)."""
-    points = golden["eval_points"]
-    limit = _calibrated_max(golden)
+    eval interval of ``points``)."""
+    limit = golden.calibrated_max_step
     diffs = [b - a for a, b in zip(points, points[1:]) if b > a]
     interval = reduce(math.gcd, diffs) if diffs else 0
     steps = {s for s in cur.evals if s > limit}
@@ -189,34 +148,43 @@ def _panels(checks: list[Check], cur: Tracker, metrics: list[str]):
 
 
 def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseline: Path | None = None,
-                plot: bool = True, missing_reference: str | None = None, suite: str = SUITE) -> SuiteResult:
-    """OPD verdict: every golden eval point of the current tracker against the golden table.
+                plot: bool = True, missing_reference: str | None = None, suite: str = SUITE,
+                eval_points: list[int] | None = None) -> SuiteResult:
+    """OPD verdict: every eval point of the current tracker against the golden table.
 
+    The golden file and the eval points default to those of the suite spec ``suite``.
     ``missing_reference`` says, in the caller's terms, why there is no reference baseline and how
     to provide one; it ends the abnormal finding about metrics left uncompared.
     Raises ``InputError`` for a missing/malformed tracker or golden file.
     """
-    golden_path = Path(golden).resolve() if golden is not None else GOLDEN_FILE
+    if golden is None or eval_points is None:
+        from rl_verify.suite import data_file, load_suite
+
+        spec = load_suite(suite)
+        golden = golden if golden is not None else data_file(spec.data)
+        eval_points = eval_points if eval_points is not None else list(spec.eval_points)
+    golden_path = Path(golden).resolve()
     table = load_golden(golden_path)
+    points = sorted(eval_points)
     current = Path(current).resolve()
     out_dir = Path(out_dir)
-    metrics = list(table["thresholds"])
+    metrics = list(table.thresholds)
     cur = read_tracker(current, metrics)
     base = read_tracker(Path(baseline).resolve(), metrics) if baseline is not None else None
 
     checks: list[Check] = []
-    for step in table["eval_points"]:
-        for metric, spec in table["thresholds"].items():
+    for step in points:
+        for metric, rule in table.thresholds.items():
             if _wanted_at(metric, step, table):
-                checks.append(point_check(metric, spec, step, table, golden_path, cur, base))
+                checks.append(point_check(rule, step, table, golden_path, cur, base))
     abnormal = list(cur.abnormal) + (list(base.abnormal) if base else [])
-    extra = uncalibrated_steps(cur, table)
+    extra = uncalibrated_steps(cur, table, points)
     for step in extra[:MAX_UNCALIBRATED_POINTS]:
-        for metric, spec in table["thresholds"].items():
+        for metric, rule in table.thresholds.items():
             if cur.value_at(metric, step) is not None:
-                checks.append(point_check(metric, spec, step, table, golden_path, cur, base, calibrated=False))
+                checks.append(point_check(rule, step, table, golden_path, cur, base, calibrated=False))
     if extra:
-        limit = _calibrated_max(table)
+        limit = table.calibrated_max_step
         abnormal.append(f"{current}: eval points {extra[0]}-{extra[-1]} lie beyond the calibrated range "
                         f"(step {limit}); "
                         "listed as not calibrated (record a 50-step CI baseline before judging them)"
@@ -235,7 +203,7 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
         trackers["baseline"] = base.path
     result = SuiteResult(suite=suite, verdict=verdict, failure_class=failure_class_of(checks, verdict),
                          checks=checks, abnormal=abnormal, trackers=trackers,
-                         details={"golden_source": table.get("source"), "eval_points": table["eval_points"],
+                         details={"golden_source": table.source.model_dump(), "eval_points": points,
                                   "current_steps": cur.steps})
     result.next_steps = suggest(SUITE, checks, verdict, result.failure_class)
     if plot:

@@ -11,213 +11,118 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Iterator
 
-from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
-from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
 from airflow.providers.standard.operators.hitl import ApprovalOperator
-from airflow.sdk import Param
+from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from rl_verify import settings
+from rl_verify.triggers import RLJobTrigger
 
 
-class SuiteTrainingOperator(SSHRemoteJobOperator):
-    """Run one suite's training on the node as a detached, deferrable remote job.
+class SuiteTrainingOperator(BaseOperator):
+    """Run one suite's training on the node as a detached job, deferred while it trains.
 
+    Owned on public interfaces only: the SSH provider's ``SSHHook`` (through
+    ``pipeline.ssh_client``) to launch, :class:`rl_verify.triggers.RLJobTrigger` to watch.
     A job's identity is (DAG run, suite), not the try: the job folder is
     ``<run_dir>/jobs/<suite>``. A retried, cleared or restarted task re-attaches to the live job
     (or takes the finished one as is) instead of launching a second training; a live job of
     another run makes the launch fail with "node busy" instead of launching.
     """
 
-    def __init__(self, *, suite: str, **kwargs: Any) -> None:
+    ui_color = "#e8f0fe"
+
+    def __init__(self, *, suite: str, job_timeout_s: int | None = None,
+                 poll_interval_s: float = settings.JOB_POLL_INTERVAL_S,
+                 max_reconnect_attempts: int = settings.SSH_RECONNECT_ATTEMPTS, **kwargs: Any) -> None:
         from rl_verify.suite import load_suite
 
+        super().__init__(**kwargs)
         spec = load_suite(suite)  # package data file only: no network at parse time
-        kwargs.setdefault("timeout", int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR))
-        super().__init__(
-            ssh_conn_id="{{ params.node }}",
-            command=f"(built at run time from the {suite} suite spec)",
-            remote_os="posix",
-            cleanup="never",  # the run's folder is kept for the record; cleanup/reaper remove it
-            poll_interval=settings.JOB_POLL_INTERVAL_S,
-            max_reconnect_attempts=settings.SSH_RECONNECT_ATTEMPTS,
-            **kwargs,
-        )
         self.suite = suite
+        self.job_timeout_s = job_timeout_s or int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR)
+        self.poll_interval_s = poll_interval_s
+        self.max_reconnect_attempts = max_reconnect_attempts
+        self._launched: tuple[str, str, str] | None = None  # (node, job_dir, marker) of a launch by this process
 
     def execute(self, context: Any) -> None:
         with _worker_time(context):
-            self._launch_or_attach(context)
+            node, job_dir, marker = self._launch_or_attach(context)
+        self.defer(trigger=RLJobTrigger(ssh_conn_id=node, job_dir=job_dir, job_marker=marker,
+                                        poll_interval=self.poll_interval_s,
+                                        max_reconnect_attempts=self.max_reconnect_attempts),
+                   method_name="execute_complete", timeout=timedelta(seconds=self.job_timeout_s))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         with _worker_time(context):
-            self._job_marker = event.get("job_marker") or _marker_of(context, self.suite)
-            if event.get("done") and event.get("exit_code") == 124:
-                for line in (event.get("log_chunk") or "").splitlines():
-                    self.log.info("[remote] %s", line)
+            for line in (event.get("log_chunk") or "").splitlines():
+                self.log.info("[remote] %s", line)
+            exit_code = event.get("exit_code")
+            if exit_code is None:
+                # The watch ended without an exit code (node unreachable past the budget): the job
+                # may still be alive; a retry re-attaches to it.
+                raise AirflowException(f"the {self.suite} job could not be watched to its end: {event.get('message')}")
+            if exit_code == 124:
                 stalled = [line for line in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in line]
                 raise AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
                                            "the job was killed as stalled (exit 124)")
-            try:
-                super().execute_complete(context, event)
-            except AirflowException as err:
-                if event.get("done") and event.get("exit_code") not in (None, 0):
-                    # The job ran to its end: a retry would only re-attach to the same exit code.
-                    raise AirflowFailException(str(err)) from err
-                raise
+            if exit_code != 0:
+                # The job ran to its end: a retry would only re-attach to the same exit code.
+                raise AirflowFailException(f"the {self.suite} job exited {exit_code} (see the [remote] lines above)")
+            self.log.info("The %s job exited 0; the tracker decides whether it trained (fetch_%s)",
+                          self.suite, self.suite)
 
-    def _launch_or_attach(self, context: Any) -> None:
-        from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
+    def on_kill(self) -> None:
+        # Killed while launching (the worker phase lasts seconds); a deferred job is the trigger's.
+        if self._launched is None:
+            return
+        from rl_verify import pipeline, remote
+
+        node, job_dir, marker = self._launched
+        try:
+            with pipeline.ssh_client(node) as client:
+                _, out, _ = _run(client, remote.kill_job_script(job_dir, marker))
+            self.log.warning("Killed job %s: %s", marker, out.strip())
+        except Exception as err:  # the DAG's cleanup task kills what is left
+            self.log.warning("Could not kill job %s (%s); cleanup will", marker, err)
+
+    def _launch_or_attach(self, context: Any) -> tuple[str, str, str]:
+        """Launch the suite's job, or find this run's; return (node, job dir, job marker)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
         from rl_verify import pipeline, remote
 
-        ti = context["ti"]
-        resolved = ti.xcom_pull(task_ids="resolve_commit")
+        resolved = context["ti"].xcom_pull(task_ids="resolve_commit")
         if self.suite not in resolved["suites"]:
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
-        values = pipeline.node_settings(resolved["node"])
+        node = resolved["node"]
+        values = pipeline.node_settings(node)
         layout = remote.RunLayout(resolved["run_dir"])
         spec = pipeline.expanded_specs([self.suite], values, layout.worktree)[0]
-        work_dir = layout.work_dir(self.suite)
-        paths = RemoteJobPaths(job_id=self.suite, remote_os="posix", base_dir=layout.jobs_dir)
-        self._paths, self._detected_os, self._job_id = paths, "posix", self.suite
-        self._job_marker = remote.job_marker(resolved["run_key"], self.suite)
+        work_dir, job_dir = layout.work_dir(self.suite), layout.job_dir(self.suite)
+        marker = remote.job_marker(resolved["run_key"], self.suite)
 
-        with pipeline.ssh_client(resolved["node"]) as client:
-            state = job_state(client, paths.job_dir)
+        with pipeline.ssh_client(node) as client:
+            state = job_state(client, job_dir)
             if state == "absent":
                 _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"], self.suite)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
-                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args,
-                                             remote.job_marker(resolved["run_key"], self.suite),
+                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
                 env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares)
-                status, out, err = _run(client, remote.submit_script(
-                    build_posix_wrapper_command(command, paths, env), paths.job_dir))
+                self._launched = (node, job_dir, marker)
+                status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
                 if status != 0:
                     raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
-                self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, paths.job_dir, work_dir)
+                self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, job_dir, work_dir)
             elif state == "dead":
                 # Started, no exit code, no process: killed (or the node rebooted). Waiting for it
                 # would only run into the timeout; relaunching would be a second training.
-                raise AirflowFailException(f"the {self.suite} job of this run ({paths.job_dir}) died without an "
+                raise AirflowFailException(f"the {self.suite} job of this run ({job_dir}) died without an "
                                            "exit code (killed or node restarted); not launching a second training")
             else:
-                self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, paths.job_dir)
-
-        ti.xcom_push(key="ssh_remote_job", value={
-            "job_id": self.suite, "job_dir": paths.job_dir, "log_file": paths.log_file,
-            "exit_code_file": paths.exit_code_file, "pid_file": paths.pid_file, "remote_os": "posix",
-            "work_dir": work_dir})
-        self.defer(trigger=self._trigger(paths.job_dir, remote.job_marker(resolved["run_key"], self.suite), 0),
-                   method_name="execute_complete",
-                   timeout=timedelta(seconds=self.timeout) if self.timeout else None)
-
-    def _trigger(self, job_dir: str, marker: str, log_offset: int) -> "RLJobTrigger":
-        return RLJobTrigger(
-            ssh_conn_id=self.ssh_conn_id, remote_host=self.remote_host, job_id=self.suite,
-            job_dir=job_dir, log_file=f"{job_dir}/stdout.log", exit_code_file=f"{job_dir}/exit_code",
-            remote_os="posix", poll_interval=self.poll_interval, log_chunk_size=self.log_chunk_size,
-            log_offset=log_offset, command_timeout=self.command_timeout,
-            max_reconnect_attempts=self.max_reconnect_attempts, job_marker=marker)
-
-    def defer(self, *, trigger: Any, method_name: str, kwargs: Any = None, timeout: Any = None) -> None:
-        # The parent re-defers with its own trigger class while a job runs; keep ours (and its
-        # on_kill) for the whole life of the job.
-        if not isinstance(trigger, RLJobTrigger) and getattr(self, "_job_marker", None):
-            trigger = self._trigger(trigger.job_dir, self._job_marker, trigger.log_offset)
-        super().defer(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
-
-
-def _marker_of(context: Any, suite: str) -> str:
-    from rl_verify import remote
-
-    resolved = context["ti"].xcom_pull(task_ids="resolve_commit")
-    return remote.job_marker(resolved["run_key"], suite)
-
-
-class RLJobTrigger(SSHRemoteJobTrigger):
-    """The SSH provider's remote-job trigger, plus a kill when a user acts on the task.
-
-    ``on_kill`` runs only when a user marks the deferred task failed/success or clears it (not on
-    a triggerer restart), and stops every process of the job — its group, the teacher servers
-    that left it, Ray — on the node.
-    """
-
-    def __init__(self, *, job_marker: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.job_marker = job_marker
-
-    def _reconnect_delay(self, attempt: int) -> float:
-        # Capped at 10 s (the provider caps at 30-60 s): after an outage the monitor is back
-        # within ~10 s of the node; the budget is the number of attempts (~10 s each past the 4th).
-        import random
-
-        base = min(2 ** (attempt - 1), 10)
-        return base + random.uniform(0, 1)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        _, kwargs = super().serialize()
-        return f"{type(self).__module__}.{type(self).__qualname__}", {**kwargs, "job_marker": self.job_marker}
-
-    async def _read_log_chunk(self, conn: Any) -> tuple[str, int]:
-        # The streamed offset is kept beside the job on the node, so a retried task or a restarted
-        # triggerer resumes the remote log where the previous monitor stopped instead of at byte 0.
-        import shlex
-
-        marker = f"{shlex.quote(self.job_dir)}/stream_offset"
-        if not getattr(self, "_resumed", False):
-            self._resumed = True
-            if self.log_offset == 0:
-                _, out, _ = await self._run_command(conn, f"cat {marker} 2>/dev/null")
-                if out.strip().isdigit() and int(out.strip()) > 0:
-                    self.log_offset = int(out.strip())
-                    self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)",
-                                  self.log_offset)
-        chunk, offset = await super()._read_log_chunk(conn)
-        if offset != self.log_offset:
-            await self._run_command(conn, f"echo {int(offset)} > {marker}")
-        return chunk, offset
-
-    async def _task_state(self) -> str | None:
-        """The task's state as the scheduler now sees it, or None when it cannot be read."""
-        ti = getattr(self, "task_instance", None)
-        if ti is None:
-            return None
-        try:
-            from asgiref.sync import sync_to_async
-            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
-                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
-        except Exception as err:  # a state we cannot read must not kill a training
-            self.log.warning("Could not read the task state: %s", err)
-            return None
-        by_task = states.get(ti.run_id, states)
-        state = by_task.get(ti.task_id) if isinstance(by_task, dict) else None
-        return str(getattr(state, "value", state)) if state is not None else None
-
-    async def on_kill(self) -> None:
-        import shlex
-
-        from rl_verify import remote
-
-        # Airflow calls this for "clear" as well as for "mark failed/success". A cleared task
-        # comes back and re-attaches to the live job, so only a task that ended is killed here;
-        # when the state cannot be read, the DAG's cleanup task (one_failed) does the kill.
-        state = await self._task_state()
-        if state not in ("failed", "success", "skipped", "upstream_failed", "removed"):
-            self.log.info("Task state is %s (cleared or rescheduled): the job keeps running for re-attach", state)
-            return
-
-        script = remote.kill_job_script(self.job_dir, self.job_marker)
-        conn = await self._connect()
-        try:
-            result = await self._run_command(conn, f"bash -c {shlex.quote(script)}")
-            self.log.warning("Killed job %s on user request: %s", self.job_marker, result[1].strip())
-        finally:
-            await self._close(conn)
+                self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
+        return node, job_dir, marker
 
 
 @contextmanager
@@ -240,13 +145,9 @@ def _run(client: Any, script: str) -> tuple[int, str, str]:
 
 def job_state(client: Any, job_dir: str) -> str:
     """"absent", "running", "finished" or "dead" (started, no exit code, process gone)."""
-    import shlex
+    from rl_verify import remote
 
-    status, out, _ = _run(client, f"""d={shlex.quote(job_dir)}
-if [ -f "$d/exit_code" ]; then echo finished
-elif [ -f "$d/pid" ] && kill -0 "$(cat "$d/pid")" 2>/dev/null; then echo running
-elif [ -d "$d" ]; then echo dead
-else echo absent; fi""")
+    _, out, _ = _run(client, remote.job_state_script(job_dir))
     return out.strip() or "absent"
 
 

@@ -2,8 +2,10 @@
 
 Rules: a value from a user (``commit``, ``suites``) is validated against a strict pattern before
 anything runs; every value placed in a script is shell-quoted (``shlex.quote``), and remote paths
-are assembled only from validated parts. Scripts are sent on the SSH channel's stdin to ``bash -s``
-so no script text is ever interpolated into a command line.
+are assembled only from validated parts. The scripts themselves are bash files under ``sh/``
+(checked by shellcheck in ``make lint``); :func:`render` puts the quoted values in front of them.
+Scripts are sent on the SSH channel's stdin to ``bash -s`` so no script text is ever interpolated
+into a command line.
 """
 
 from __future__ import annotations
@@ -111,12 +113,14 @@ def q(path: str) -> str:
     return shlex.quote(path)
 
 
-def render(template: str, **values: str | int) -> str:
+def render(template: str, **values: str | int | Sequence[str]) -> str:
     """The script ``sh/<template>.sh`` preceded by one shell assignment per value.
 
     A ``str`` value is quoted with :func:`q` (a leading ``~/`` stays expandable), an ``int`` is
-    written as digits; callers validate values first. Templates are plain bash files checked by
-    shellcheck (``make lint``); they name their inputs in a header comment.
+    written as digits, a list or tuple of ``str`` becomes a bash array whose elements are quoted
+    with ``shlex.quote`` (arguments, so a ``~`` stays literal); callers validate values first.
+    Templates are plain bash files checked by shellcheck (``make lint``); they name their inputs
+    in a header comment.
     """
     from importlib.resources import files
 
@@ -125,8 +129,12 @@ def render(template: str, **values: str | int) -> str:
     for name, value in values.items():
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):
             raise ValueError(f"template variable {name!r} must be a lower-case shell name")
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            prelude.append(f"{name}=(" + " ".join(shlex.quote(v) for v in value) + ")")
+            continue
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise TypeError(f"template variable {name!r} must be str or int, not {type(value).__name__}")
+            raise TypeError(f"template variable {name!r} must be str, int or a list of str, "
+                            f"not {type(value).__name__}")
         prelude.append(f"{name}={int(value)}" if isinstance(value, int) else f"{name}={q(value)}")
     return "\n".join(prelude) + "\n" + body
 
@@ -165,45 +173,16 @@ def resolve_commit_script(checkout: str, runs_root: str, key: str, commit: str) 
     Prints ``KEY=value`` lines (SHA, RUN_DIR, WORKTREE, SUBJECT, DIRTY_STAT_B64). Exit 3 means
     the ref does not exist, exit 4 that the checkout is missing; stderr says which.
     """
-    validate_commit(commit)
-    validate_key(key)
-    return f"""set -eu
-checkout={q(validate_path(checkout, 'node checkout'))}
-runs={q(validate_path(runs_root, 'remote runs dir'))}
-key={shlex.quote(key)}
-ref={shlex.quote(commit)}
-if ! git -C "$checkout" rev-parse --git-dir >/dev/null 2>&1; then
-  echo "node checkout $checkout is not a git repository: set RL_VERIFY_NODE_CHECKOUT" >&2; exit 4
-fi
-if git -C "$checkout" remote get-url origin >/dev/null 2>&1; then
-  git -C "$checkout" fetch --quiet origin || echo "warning: git fetch origin failed" >&2
-fi
-sha=$(git -C "$checkout" rev-parse --verify --quiet "refs/remotes/origin/$ref^{{commit}}" 2>/dev/null \\
-      || git -C "$checkout" rev-parse --verify --quiet "$ref^{{commit}}" 2>/dev/null) || {{
-  echo "ref '$ref' does not exist in $checkout: push it or give an existing branch, tag or SHA" >&2
-  exit 3
-}}
-mkdir -p "$runs"
-runs=$(cd "$runs" && pwd -P)
-run_dir="$runs/$key"
-wt="$run_dir/xtuner"
-mkdir -p "$run_dir/work" "$run_dir/jobs"
-if [ -e "$wt/.git" ]; then
-  have=$(git -C "$wt" rev-parse HEAD)
-  if [ "$have" != "$sha" ]; then
-    echo "worktree $wt of this run is at $have, not $sha: remove it and retry" >&2; exit 5
-  fi
-else
-  git -C "$checkout" worktree add --detach --quiet "$wt" "$sha"
-fi
-echo "SHA=$sha"
-echo "RUN_DIR=$run_dir"
-echo "WORKTREE=$wt"
-echo "SUBJECT_B64=$(git -C "$wt" log -1 --format=%s "$sha" | base64 -w0)"
-if [ -n "$(git -C "$wt" status --porcelain)" ]; then
-  echo "DIRTY_STAT_B64=$( (git -C "$wt" diff --stat HEAD; git -C "$wt" status --porcelain) | base64 -w0)"
-fi
-"""
+    return render("resolve_commit", checkout=validate_path(checkout, "node checkout"),
+                  runs=validate_path(runs_root, "remote runs dir"), key=validate_key(key),
+                  ref=validate_commit(commit))
+
+
+def _check_field(value: str, what: str) -> str:
+    """A suite or input kind placed in a tab-separated line: non-empty, no tab or line break."""
+    if not isinstance(value, str) or not value or re.search(r"[\t\r\n]", value):
+        raise BadInput(f"{what} {value!r} must be non-empty text without tabs or line breaks")
+    return value
 
 
 def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str,
@@ -213,48 +192,17 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
     job of another run, and ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify.
     """
-    lines = ["set -u", f"runs={q(validate_path(runs_root, 'remote runs dir'))}",
-             f"key={shlex.quote(validate_key(key))}",
-             # Before launching suite S only S's own job is "ours": another suite of the same run
-             # that is still live (e.g. a cleared task) keeps the node busy too.
-             'mine="$runs/$key/"' + (f"jobs/{shlex.quote(validate_suite_name(own_suite))}/" if own_suite else ""),
-             'chk() { if [ -r "$3" ]; then s=OK; else s=MISSING; fi; '
-             'printf "%s\\t%s\\t%s\\t%s\\n" "$s" "$1" "$2" "$3"; }']
-    for suite, kind, path in checks:
-        lines.append(f"chk {shlex.quote(suite)} {shlex.quote(kind)} {q(validate_path(path, kind + ' path'))}")
-    lines.append("""for pidf in "$runs"/*/jobs/*/pid; do
-  [ -f "$pidf" ] || continue
-  job=$(dirname "$pidf")
-  case "$job/" in "$mine"*) continue;; esac
-  [ -f "$job/exit_code" ] && continue
-  p=$(cat "$pidf" 2>/dev/null)
-  case "$p" in ''|*[!0-9]*) continue;; esac
-  if kill -0 "$p" 2>/dev/null; then printf 'BUSY\\t%s\\t%s\\t%s\\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
-done
-# A launch script started by hand (or by another tool) also makes the node busy. The bracket
-# keeps the pattern from matching this script's own command line.
-# Jobs of rl-verify runs carry the run marker and are reported above as BUSY.
-pgrep -af '^([^ ]*/)?(ba)?sh( -[a-z]+)* [^ ]*(run_[r]l|run_[s]ampled_token_mopd)\\.sh' | while read -r pid cmd; do
-  if ! { tr '\\0' '\\n' < /proc/$pid/environ; } 2>/dev/null | grep -q "^{marker}="; then
-    printf 'PROC\\t%s\\t%s\\n' "$pid" "$cmd"
-  fi
-done
-exit 0
-""".replace("{marker}", RUN_MARKER_ENV))
-    return "\n".join(lines) + "\n"
+    lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
+             f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
+    return render("prerequisites", runs=validate_path(runs_root, "remote runs dir"), key=validate_key(key),
+                  own_suite=validate_suite_name(own_suite) if own_suite else "", checks="\n".join(lines),
+                  marker_env=RUN_MARKER_ENV)
 
 
 def _marked_fn(marker: str) -> str:
-    """Bash function ``marked VALUE``: pids whose environment holds ``marker=VALUE`` exactly.
-
-    Only processes exec'd by a job carry its exported marker, so the shells that run this very
-    script (and the job wrapper itself) are never listed.
-    """
-    return f"""marked() {{
-  for d in /proc/[0-9]*; do
-    {{ tr '\\0' '\\n' < "$d/environ"; }} 2>/dev/null | grep -qxF "{marker}=$1" && echo "${{d#/proc/}}"
-  done
-}}"""
+    """Bash function ``marked VALUE`` (``sh/lib_marked.sh``): pids whose environment holds
+    ``marker=VALUE`` exactly; rendered in front of the scripts that call it."""
+    return render("lib_marked", marker_env=marker)
 
 
 def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], job_marker: str,
@@ -267,58 +215,13 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], 
     node, so it works even while the node is unreachable from Airflow. Ray is stopped when the
     script returns so the node is free for the next suite.
     """
-    argv = " ".join(shlex.quote(a) for a in args)
-    worktree, work_dir = validate_path(worktree, "worktree"), validate_path(work_dir, "WORK_DIR")
-    script = validate_relative(script, "launch script")
-    glob = validate_relative(tracker_glob, "tracker glob", _GLOB_RE)
-    wd = shlex.quote(work_dir)
-    job_marker = validate_marker(job_marker)
+    body = render("job", worktree=validate_path(worktree, "worktree"), work_dir=validate_path(work_dir, "WORK_DIR"),
+                  script=validate_relative(script, "launch script"), args=[str(a) for a in args],
+                  job=validate_marker(job_marker), stall=int(stall_timeout_s),
+                  glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE))
     # One subshell: the remote-job wrapper redirects and reads the status of the command as a
     # whole, so a multi-line body must be a single compound command.
-    return f"""( cd {shlex.quote(worktree)} && mkdir -p {wd} || exit 97
-job={shlex.quote(job_marker)}
-stall={int(stall_timeout_s)}
-{_marked_fn(JOB_MARKER_ENV)}
-bash -x {shlex.quote(script)} {argv} &
-launch=$!
-if [ "$stall" -gt 0 ]; then
-  ( last=-1; since=$(date +%s)
-    while kill -0 "$launch" 2>/dev/null; do
-      size=$(stat -c %s {wd}/{glob} 2>/dev/null | awk '{{s+=$1}} END {{print s+0}}')
-      now=$(date +%s)
-      if [ "$size" != "$last" ]; then last=$size; since=$now
-      elif [ $((now - since)) -ge "$stall" ]; then
-        newest=$(ls -1d {wd}/{glob} 2>/dev/null | sort | tail -n 1)
-        steps=$(grep -c '"response/rewards/mean"' "$newest" 2>/dev/null || echo 0)
-        echo "$steps" > {wd}/.rl-verify-stalled
-        echo "[rl-verify] STALLED at step $steps: the tracker did not grow for $stall s; killing the job"
-        for p in $(marked "$job"); do kill -TERM "$p" 2>/dev/null; done
-        sleep 5
-        for p in $(marked "$job"); do kill -KILL "$p" 2>/dev/null; done
-        break
-      fi
-      sleep 2
-    done ) &
-  watch=$!
-fi
-wait "$launch"
-rc=$?
-[ -n "${{watch:-}}" ] && kill "$watch" 2>/dev/null
-ray stop --force >/dev/null 2>&1 || true
-echo "[rl-verify] launch script exited $rc (not trusted: the tracker decides)"
-[ -f {wd}/.rl-verify-stalled ] && exit 124
-exit $rc )"""
-
-
-def submit_script(wrapper: str, job_dir: str) -> str:
-    """The provider's detached-job wrapper, then a short wait until the job has written its pid.
-
-    The wrapper returns before the detached job records its pid; waiting for it makes the job
-    visible to every later busy check at once (no window for a second launch).
-    """
-    pid = q(validate_path(job_dir, "job dir")) + "/pid"
-    return (wrapper.rstrip("\n") + "\n"
-            f"for i in $(seq 100); do [ -s {pid} ] && break; sleep 0.05; done >/dev/null 2>&1\n")
+    return f"( {_marked_fn(JOB_MARKER_ENV)}{body}\n)"
 
 
 def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str, suite: str,
@@ -336,9 +239,7 @@ def job_marker(key: str, suite: str) -> str:
 
 def kill_job_script(job_dir: str, marker_value: str) -> str:
     """Script: stop one job (its process group, every process carrying its marker) and Ray."""
-    job_dir = q(validate_path(job_dir, "job dir"))
-    return _stop_script(job_dir + "/pid", JOB_MARKER_ENV, validate_marker(marker_value),
-                        stop_ray_if=job_dir + "/pid")
+    return _stop_script(JOB_MARKER_ENV, validate_marker(marker_value), job_dir=validate_path(job_dir, "job dir"))
 
 
 def cleanup_script(run_dir: str, key: str) -> str:
@@ -349,33 +250,20 @@ def cleanup_script(run_dir: str, key: str) -> str:
     Ray is stopped only when this run launched a job: a run that failed its prerequisites because
     another run is training must not stop that run's Ray.
     """
-    pids = q(validate_path(run_dir, "run dir")) + "/jobs/*/pid"
-    return _stop_script(pids, RUN_MARKER_ENV, validate_key(key), stop_ray_if=pids)
+    return _stop_script(RUN_MARKER_ENV, validate_key(key), run_dir=validate_path(run_dir, "run dir"))
 
 
-def _stop_script(pid_glob: str, marker: str, value: str, stop_ray_if: str) -> str:
-    return f"""set -u
-value={shlex.quote(value)}
-{_marked_fn(marker)}
-for pidf in {pid_glob}; do
-  [ -f "$pidf" ] || continue
-  p=$(cat "$pidf" 2>/dev/null)
-  case "$p" in ''|*[!0-9]*|0|1) continue;; esac
-  kill -TERM -"$p" 2>/dev/null && echo "TERM group $p"
-done
-for p in $(marked "$value"); do kill -TERM "$p" 2>/dev/null; done
-for i in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(marked "$value")" ] && break; sleep 0.5; done
-for p in $(marked "$value"); do
-  echo "KILLED $p $(tr '\\0' ' ' < /proc/$p/cmdline 2>/dev/null | cut -c1-200)"
-  kill -KILL "$p" 2>/dev/null
-done
-if ls {stop_ray_if} >/dev/null 2>&1; then
-  ray stop --force >/dev/null 2>&1 && echo "ray stopped" || echo "ray stop failed or ray absent"
-fi
-sleep 0.5
-for p in $(marked "$value"); do echo "LEFT $p"; done
-exit 0
-"""
+def _stop_script(marker: str, value: str, job_dir: str = "", run_dir: str = "") -> str:
+    return _marked_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir, value=value)
+
+
+def job_state_script(job_dir: str) -> str:
+    """Script: print exactly one of ``absent``, ``running``, ``finished`` or ``dead`` for a job.
+
+    ``finished``: it wrote an exit code; ``running``: its pid is alive; ``dead``: its folder exists
+    but it has no exit code and no live process (killed, or the node restarted); else ``absent``.
+    """
+    return render("job_state", job_dir=validate_path(job_dir, "job dir"))
 
 
 def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int) -> str:
@@ -384,23 +272,29 @@ def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int)
     Their records were archived by the runs that made them; the worktrees are unregistered from
     the checkout so git does not keep stale entries. Prints one REAPED line per folder.
     """
-    return f"""set -u
-runs={q(validate_path(runs_root, 'remote runs dir'))}
-checkout={q(validate_path(checkout, 'node checkout'))}
-keep={shlex.quote(validate_key(keep_key))}
-[ -d "$runs" ] || exit 0
-find "$runs" -mindepth 1 -maxdepth 1 -type d -mtime +{int(max_age_days)} | while read -r dir; do
-  [ "$(basename "$dir")" = "$keep" ] && continue
-  live=0
-  for pidf in "$dir"/jobs/*/pid; do
-    [ -f "$pidf" ] || continue
-    [ -f "$(dirname "$pidf")/exit_code" ] && continue
-    kill -0 "$(cat "$pidf" 2>/dev/null)" 2>/dev/null && live=1
-  done
-  [ "$live" = 1 ] && continue
-  [ -e "$dir/xtuner/.git" ] && git -C "$checkout" worktree remove --force "$dir/xtuner" 2>/dev/null
-  rm -rf -- "$dir" && echo "REAPED $dir"
-done
-git -C "$checkout" worktree prune 2>/dev/null || true
-exit 0
-"""
+    return render("reap", runs=validate_path(runs_root, "remote runs dir"),
+                  checkout=validate_path(checkout, "node checkout"), keep=validate_key(keep_key),
+                  max_age_days=int(max_age_days))
+
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def submit_job_script(job_dir: str, command: str, environment: Mapping[str, str]) -> str:
+    """Script: start ``command`` detached as the job in ``job_dir`` with ``environment`` exported.
+
+    Returns once the job has recorded its pid (see ``sh/job_submit.sh`` for the files it writes).
+    """
+    bad = [name for name in environment if not _ENV_NAME_RE.fullmatch(name)]
+    if bad:
+        raise BadInput(f"environment variable name(s) {', '.join(map(repr, bad))} are not shell names "
+                       "(letters, digits, _; not starting with a digit): fix the suite spec's env")
+    exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in environment.items())
+    return render("job_submit", job_dir=validate_path(job_dir, "job dir"), job_exports=exports,
+                  job_command=command)
+
+
+def job_poll_script(job_dir: str, offset: int, max_bytes: int) -> str:
+    """Script: the job's exit code (or ``-``), the log offset it starts at, the log size, the next bytes."""
+    return render("job_poll", job_dir=validate_path(job_dir, "job dir"), offset=max(0, int(offset)),
+                  max_bytes=max(1, int(max_bytes)))

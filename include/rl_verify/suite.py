@@ -10,65 +10,93 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
 
-@dataclass(frozen=True)
-class Input:
-    kind: str
-    path: str
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-@dataclass(frozen=True)
-class SuiteSpec:
-    """One suite's launch command, inputs, tracker location, baseline, scale and budget."""
+class Input(_Spec):
+    """A file the suite needs on the node; checked before the card is shown."""
 
-    name: str
-    title: str
-    source: str
-    script: str
-    args: tuple[str, ...]
-    env: Mapping[str, str]
-    inputs: tuple[Input, ...]
-    tracker: str
-    logs: tuple[str, ...]
-    baseline: str | None
-    expected_steps: int
-    eval_points: tuple[int, ...]
-    wall_time_budget_s: int
-    engine: str
-    data: str
-    checker_dir: str | None = None
+    kind: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+class Launch(_Spec):
+    """The launch script (relative to the checkout), its arguments and environment."""
+
+    script: str = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+
+
+class SuiteSpec(_Spec):
+    """One suite's launch command, inputs, tracker location, baseline, scale and budget.
+
+    The single source of the suite's step count, eval points and wall-time budget: its data file
+    holds thresholds and provenance only. ``${VAR}`` in paths and the launch environment are filled
+    in by :meth:`expanded`; ``${EXPECTED_STEPS}`` is the spec's own step count.
+    """
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
+    title: str = Field(min_length=1)
+    source: str = ""
+    launch: Launch
+    inputs: tuple[Input, ...] = ()
+    tracker: str = Field(min_length=1)
+    logs: tuple[str, ...] = ()
+    baseline: str | None = None
     #: Optional tracker giving baseline values the golden table lacks; absent is not an error.
     reference_baseline: str | None = None
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    reference_baseline_note: str | None = None
+    checker_dir: str | None = None
+    expected_steps: int = Field(ge=1)
+    eval_points: tuple[int, ...] = ()
+    wall_time_budget_s: int = Field(gt=0)
+    engine: str
+    data: str = Field(min_length=1)
+    #: The spec file as written (the experiment fingerprint hashes it).
+    raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @property
+    def script(self) -> str:
+        return self.launch.script
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return self.launch.args
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self.launch.env
 
     def expanded(self, values: Mapping[str, str]) -> "SuiteSpec":
-        """Return a copy with every ``${VAR}`` replaced from ``values``.
+        """Return a copy with every ``${VAR}`` replaced from ``values`` (and ``EXPECTED_STEPS``).
 
         Raises KeyError naming the variable and the suite when a value is missing, so that a
         deployment without e.g. ``CI_SHARE_MODEL`` fails before anything reaches the node.
         """
+        values = {**values, "EXPECTED_STEPS": str(self.expected_steps)}
         env = {k: expand(v, values, self.name) for k, v in self.env.items()}
         merged = {**values, **env}
-        return SuiteSpec(
-            name=self.name, title=self.title, source=self.source, script=self.script,
-            args=tuple(expand(a, merged, self.name) for a in self.args), env=env,
-            inputs=tuple(Input(i.kind, expand(i.path, merged, self.name)) for i in self.inputs),
-            tracker=self.tracker, logs=self.logs,
-            baseline=expand(self.baseline, merged, self.name) if self.baseline else None,
-            expected_steps=self.expected_steps, eval_points=self.eval_points,
-            wall_time_budget_s=self.wall_time_budget_s, engine=self.engine, data=self.data,
-            checker_dir=expand(self.checker_dir, merged, self.name) if self.checker_dir else None,
-            reference_baseline=(expand(self.reference_baseline, merged, self.name)
-                                if self.reference_baseline else None),
-            raw=self.raw,
-        )
+
+        def opt(text: str | None) -> str | None:
+            return expand(text, merged, self.name) if text else None
+
+        launch = self.launch.model_copy(update={"env": env,
+                                                "args": tuple(expand(a, merged, self.name) for a in self.args)})
+        inputs = tuple(Input(kind=i.kind, path=expand(i.path, merged, self.name)) for i in self.inputs)
+        return self.model_copy(update={"launch": launch, "inputs": inputs, "baseline": opt(self.baseline),
+                                       "checker_dir": opt(self.checker_dir),
+                                       "reference_baseline": opt(self.reference_baseline)})
 
 
 def expand(text: str, values: Mapping[str, str], suite: str = "?") -> str:
@@ -88,55 +116,39 @@ class SpecError(ValueError):
     """A suite spec that cannot be used; the message names the file, the field and the fix."""
 
 
-def _checked(raw: Mapping[str, Any], path: str) -> None:
+def _from_dict(raw: Mapping[str, Any], path: str = "") -> SuiteSpec:
+    """The validated spec; every problem (shape, engine, data file, contradiction) names ``path``."""
     from rl_verify.engines import ENGINES
 
-    engine = raw.get("engine")
-    if engine not in ENGINES:
-        raise SpecError(f"{path}: field 'engine': unknown engine {engine!r}; known engines: {', '.join(ENGINES)}")
-    data = raw.get("data")
-    if not isinstance(data, str) or not data or not data_file(data).is_file():
-        raise SpecError(f"{path}: field 'data': data file {data!r} not found under rl_verify/data; add it "
+    try:
+        spec = SuiteSpec.model_validate({**raw, "raw": dict(raw)})
+    except ValidationError as exc:
+        from rl_verify.thresholds import field_errors
+
+        raise SpecError(f"{path}: {field_errors(exc)}") from exc
+    if spec.engine not in ENGINES:
+        raise SpecError(f"{path}: field 'engine': unknown engine {spec.engine!r}; known engines: {', '.join(ENGINES)}")
+    if not data_file(spec.data).is_file():
+        raise SpecError(f"{path}: field 'data': data file {spec.data!r} not found under rl_verify/data; add it "
                         "there or name an existing one")
-    contradictions = _contradictions(raw, json.loads(data_file(data).read_text(encoding="utf-8")), data)
+    from rl_verify.errors import InputError
+
+    try:
+        data = ENGINES[spec.engine].load_data(data_file(spec.data))
+    except InputError as exc:
+        raise SpecError(f"{path}: field 'data': {exc}") from exc
+    contradictions = _launch_contradictions(spec) + ENGINES[spec.engine].contradictions(spec, data)
     if contradictions:
-        raise SpecError(f"{path}: contradicts itself or its data file: " + "; ".join(contradictions))
+        raise SpecError(f"{path}: contradicts itself or its data file {spec.data}: " + "; ".join(contradictions))
+    return spec
 
 
-def _contradictions(raw: Mapping[str, Any], data: Mapping[str, Any], data_name: str) -> list[str]:
-    """Every fact the spec and its data file (or its launch environment) state differently."""
-    out = []
-    steps = raw.get("expected_steps")
-    if "expected_steps" in data and data["expected_steps"] != steps:
-        out.append(f"expected_steps is {steps} but {data_name} says {data['expected_steps']}")
-    budget = (data.get("wall_time") or {}).get("threshold_s")
-    if budget is not None and budget != raw.get("wall_time_budget_s"):
-        out.append(f"wall_time_budget_s is {raw.get('wall_time_budget_s')} but {data_name} wall_time.threshold_s "
-                   f"says {budget}")
-    if "eval_points" in data and list(data["eval_points"]) != list(raw.get("eval_points") or []):
-        out.append(f"eval_points are {raw.get('eval_points')} but {data_name} says {data['eval_points']}")
-    env = (raw.get("launch") or {}).get("env") or {}
-    if "TOTAL_TRAIN_STEPS" in env and str(env["TOTAL_TRAIN_STEPS"]) != str(steps):
-        out.append(f"launch.env.TOTAL_TRAIN_STEPS is {env['TOTAL_TRAIN_STEPS']} but expected_steps is {steps}")
-    total = (data.get("source") or {}).get("total_train_steps")
-    if total is not None and total != steps:
-        out.append(f"expected_steps is {steps} but {data_name} was measured at total_train_steps {total}")
-    return out
-
-
-def _from_dict(raw: Mapping[str, Any], path: str = "") -> SuiteSpec:
-    _checked(raw, path)
-    launch = raw["launch"]
-    return SuiteSpec(
-        name=raw["name"], title=raw["title"], source=raw.get("source", ""),
-        script=launch["script"], args=tuple(launch.get("args", [])), env=dict(launch.get("env", {})),
-        inputs=tuple(Input(i["kind"], i["path"]) for i in raw.get("inputs", [])),
-        tracker=raw["tracker"], logs=tuple(raw.get("logs", [])), baseline=raw.get("baseline"),
-        expected_steps=int(raw["expected_steps"]), eval_points=tuple(raw.get("eval_points", [])),
-        wall_time_budget_s=int(raw["wall_time_budget_s"]), engine=raw["engine"],
-        data=raw["data"], checker_dir=raw.get("checker_dir"),
-        reference_baseline=raw.get("reference_baseline"), raw=raw,
-    )
+def _launch_contradictions(spec: SuiteSpec) -> list[str]:
+    steps = spec.env.get("TOTAL_TRAIN_STEPS")
+    if steps is not None and steps != "${EXPECTED_STEPS}" and steps != str(spec.expected_steps):
+        return [f"launch.env.TOTAL_TRAIN_STEPS is {steps} but expected_steps is {spec.expected_steps} (write "
+                "\"${EXPECTED_STEPS}\" to use the spec's step count)"]
+    return []
 
 
 def available_suites() -> list[str]:

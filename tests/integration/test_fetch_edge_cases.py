@@ -14,7 +14,6 @@ never changes the shared share roots.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import subprocess
@@ -48,7 +47,7 @@ def run_dir(sim_node) -> str:
 
 def _spec(sim_node, suite: str = "grpo", **changes):
     spec = load_suite(suite).expanded({**sim_node.info["env"], "CHECKOUT": sim_node.checkout})
-    return dataclasses.replace(spec, **changes) if changes else spec
+    return spec.model_copy(update=changes) if changes else spec
 
 
 def _experiment(sim_node, work_dir: str, folder: str, rows: int | None) -> str:

@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow.providers.ssh.utils.remote_job import RemoteJobPaths, build_posix_wrapper_command
 from sim_ssh import simnode
 
 from rl_verify import node, remote
@@ -27,24 +26,24 @@ def _specs(sim_node, worktree: str, suites=("grpo", "opd")):
     return [load_suite(s).expanded({**sim_node.info["env"], "CHECKOUT": worktree}) for s in suites]
 
 
-def _launch(sim_node, resolved: dict, suite: str) -> RemoteJobPaths:
+def _launch(sim_node, resolved: dict, suite: str) -> str:
+    """Submit the suite's job as the training operator does; return its job folder."""
     layout = remote.RunLayout(resolved["run_dir"])
     spec = _specs(sim_node, layout.worktree, (suite,))[0]
-    paths = RemoteJobPaths(job_id=suite, remote_os="posix", base_dir=layout.jobs_dir)
     key = resolved["run_dir"].rsplit("/", 1)[1]
     command = remote.job_command(layout.worktree, layout.work_dir(suite), spec.script, spec.args,
                                  remote.job_marker(key, suite), 0)
     env = remote.job_environment(spec.env, layout.work_dir(suite), key, suite, sim_node.info["env"])
-    status, _, err = node.run_script(sim_node.client, remote.submit_script(
-        build_posix_wrapper_command(command, paths, env), paths.job_dir))
+    status, _, err = node.run_script(sim_node.client,
+                                     remote.submit_job_script(layout.job_dir(suite), command, env))
     assert status == 0, err
-    return paths
+    return layout.job_dir(suite)
 
 
-def _wait_exit(sim_node, paths: RemoteJobPaths, timeout: float = 60) -> str:
+def _wait_exit(sim_node, job_dir: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status, out, _ = node.run_script(sim_node.client, f"cat {paths.exit_code_file} 2>/dev/null")
+        status, out, _ = node.run_script(sim_node.client, f"cat {job_dir}/exit_code 2>/dev/null")
         if out.strip():
             return out.strip()
         time.sleep(0.3)
@@ -85,8 +84,8 @@ def test_prerequisites_list_every_missing_input_in_one_error(sim_node):
 
 def test_job_runs_detached_and_fetch_archives_tracker_logs_baseline_and_checker(sim_node, tmp_path):
     resolved = _resolve(sim_node, "it-fetch")
-    paths = _launch(sim_node, resolved, "grpo")
-    assert _wait_exit(sim_node, paths) == "0"
+    job_dir = _launch(sim_node, resolved, "grpo")
+    assert _wait_exit(sim_node, job_dir) == "0"
     spec = _specs(sim_node, resolved["worktree"], ("grpo",))[0]
     meta = node.fetch_suite(sim_node.client, spec, remote.RunLayout(resolved["run_dir"]), tmp_path)
     assert meta["problems"] == []

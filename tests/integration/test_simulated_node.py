@@ -12,35 +12,22 @@ import pytest
 import paramiko
 from sim_ssh import REPO, Node, pinned_client, simnode
 
+from rl_verify.suite import available_suites, load_suite
+
 pytestmark = pytest.mark.integration
 
-SUITES = REPO / "include" / "rl_verify" / "suites"
 MARKER = "response/rewards/mean"
 EXP_RE = re.compile(r"^\d{14}$")
 
 
 # ------------------------------------------------------------------------------------------------
 # helpers
-def expand(value: str, env: dict[str, str]) -> str:
-    """Expand ${NAME} from ``env`` until nothing is left (suite specs nest MODEL_PATH etc.)."""
-    for _ in range(5):
-        new = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], value)
-        if new == value:
-            return new
-        value = new
-    return value
-
-
 def suite_launch(node: Node, suite: str, worktree: str, work_dir: str) -> tuple[str, dict[str, str]]:
     """Command and environment of a suite's launch exactly as its spec file declares them."""
-    spec = json.loads((SUITES / f"{suite}.json").read_text())
-    env = {**node.share_env(), "CHECKOUT": worktree}
-    launch_env = {k: expand(v, env) for k, v in spec["launch"]["env"].items()}
-    env.update(launch_env)
-    args = [expand(a, env) for a in spec["launch"]["args"]]
-    cmd = (f"cd {shlex.quote(worktree)} && bash {shlex.quote(spec['launch']['script'])} "
-           f"{' '.join(shlex.quote(a) for a in args)} > {shlex.quote(work_dir)}/launch.out 2>&1")
-    return cmd, {**node.share_env(), **launch_env, "WORK_DIR": work_dir}
+    spec = load_suite(suite).expanded({**node.share_env(), "CHECKOUT": worktree})
+    cmd = (f"cd {shlex.quote(worktree)} && bash {shlex.quote(spec.script)} "
+           f"{' '.join(shlex.quote(a) for a in spec.args)} > {shlex.quote(work_dir)}/launch.out 2>&1")
+    return cmd, {**node.share_env(), **spec.env, "WORK_DIR": work_dir}
 
 
 def run_suite(node: Node, suite: str, ref: str, name: str) -> tuple[int, Path]:
@@ -116,13 +103,9 @@ def test_node_json_and_session_environment(sim_node: Node) -> None:
 
 
 def test_every_suite_input_exists_on_the_node(sim_node: Node) -> None:
-    env = {**sim_node.share_env(), "CHECKOUT": sim_node.checkout}
-    for spec_file in SUITES.glob("*.json"):
-        spec = json.loads(spec_file.read_text())
-        env2 = {**env, **{k: expand(v, env) for k, v in spec["launch"]["env"].items()}}
-        paths = [expand(i["path"], env2) for i in spec["inputs"]]
-        if spec.get("baseline"):
-            paths.append(expand(spec["baseline"], env2))
+    for name in available_suites():
+        spec = load_suite(name).expanded({**sim_node.share_env(), "CHECKOUT": sim_node.checkout})
+        paths = [i.path for i in spec.inputs] + ([spec.baseline] if spec.baseline else [])
         rc, out, _ = sim_node.run(" ; ".join(f"test -r {shlex.quote(p)} || echo MISSING {shlex.quote(p)}"
                                              for p in paths))
         assert "MISSING" not in out, out

@@ -1,28 +1,64 @@
-"""The training trigger keeps its kill hook and its job marker across serialisation."""
+"""The training operator and its trigger (serialisation, poll parsing, backoff); the card approval."""
 
 from __future__ import annotations
 
-from rl_verify.operators import RLJobTrigger, SuiteTrainingOperator
+from rl_verify.operators import SuiteTrainingOperator
+from rl_verify.triggers import RLJobTrigger, parse_poll, reconnect_delay
 
 
 def _trigger() -> RLJobTrigger:
-    return RLJobTrigger(ssh_conn_id="rl_gpu_node", remote_host=None, job_id="grpo", job_dir="/r/k/jobs/grpo",
-                        log_file="/r/k/jobs/grpo/stdout.log", exit_code_file="/r/k/jobs/grpo/exit_code",
-                        remote_os="posix", poll_interval=1, log_chunk_size=1024, log_offset=7,
-                        command_timeout=30.0, max_reconnect_attempts=12, job_marker="k/grpo")
+    return RLJobTrigger(ssh_conn_id="rl_gpu_node", job_dir="/r/k/jobs/grpo", job_marker="k/grpo", poll_interval=1,
+                        log_chunk_size=1024, log_offset=7, command_timeout=30.0, max_reconnect_attempts=12)
 
 
 def test_trigger_serialises_to_its_own_class_with_the_job_marker():
     path, kwargs = _trigger().serialize()
-    assert path == "rl_verify.operators.RLJobTrigger"
+    assert path == "rl_verify.triggers.RLJobTrigger"
     assert kwargs["job_marker"] == "k/grpo" and kwargs["log_offset"] == 7
     assert RLJobTrigger(**kwargs).serialize() == (path, kwargs)
 
 
 def test_training_operator_timeout_comes_from_the_suite_budget():
     op = SuiteTrainingOperator(task_id="run_grpo", suite="grpo")
-    assert op.timeout == int(2400 * 1.5)
-    assert op.max_reconnect_attempts >= 12 and op.ssh_conn_id == "{{ params.node }}"
+    assert op.job_timeout_s == int(2400 * 1.5)
+    assert op.max_reconnect_attempts >= 12
+
+
+def test_a_running_jobs_poll_takes_whole_lines_only():
+    exit_code, start, size, text, offset = parse_poll(b"- 10 40\nstep 1 done\nstep 2 do")
+    assert (exit_code, start, size, text, offset) == (None, 10, 40, "step 1 done\n", 10 + 12)
+
+
+def test_a_finished_jobs_last_poll_takes_the_partial_last_line():
+    assert parse_poll(b"3 0 14\nhi b c\npartial") == (3, 0, 14, "hi b c\npartial", 14)
+
+
+def test_a_finished_job_with_more_log_than_one_chunk_is_read_to_its_end_in_whole_lines():
+    exit_code, _, size, text, offset = parse_poll(b"0 0 100\nline\npart")
+    assert exit_code == 0 and text == "line\n" and offset == 5 < size
+
+
+def test_a_utf8_character_cut_by_the_chunk_limit_waits_for_the_next_poll():
+    chunk = "ok\nstep é".encode()[:-1]  # the chunk limit cut the two-byte character
+    assert parse_poll(b"- 0 99\n" + chunk)[3] == "ok\n"
+
+
+def test_a_line_longer_than_a_chunk_is_passed_on_in_pieces_without_cutting_a_character():
+    chunk = ("x" * 5 + "é").encode()[:-1]  # 7-byte chunk limit, no newline in it, more log to come
+    assert parse_poll(b"- 0 99\n" + chunk)[3:] == ("xxxxx", 5)
+
+
+def test_unexpected_poll_output_is_an_error_naming_it():
+    import pytest
+
+    with pytest.raises(ValueError, match="unexpected job poll output"):
+        parse_poll(b"bash: stat: not found\n")
+
+
+def test_reconnect_backoff_is_capped_so_the_monitor_returns_soon_after_an_outage():
+    delays = [reconnect_delay(n) for n in range(1, 13)]
+    assert delays[0] < 2 and max(delays) <= 11
+    assert 60 < sum(delays) < 140  # 12 attempts ride out a 60 s outage
 
 
 from types import SimpleNamespace  # noqa: E402
@@ -189,10 +225,3 @@ def test_approvers_restrict_who_may_answer(monkeypatch):
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice, bob")
     op = CardApprovalOperator(task_id="approve")
     assert op.assigned_users == [{"id": "alice", "name": "alice"}, {"id": "bob", "name": "bob"}]
-
-
-def test_reconnect_backoff_is_capped_so_the_monitor_returns_soon_after_an_outage():
-    trigger = _trigger()
-    delays = [trigger._reconnect_delay(n) for n in range(1, 13)]
-    assert delays[0] < 2 and max(delays) <= 11
-    assert 60 < sum(delays) < 140  # 12 attempts ride out a 60 s outage

@@ -1,56 +1,107 @@
-"""Contract with the SSH provider (apache-airflow-providers-ssh, pinned in requirements.txt).
+"""Contract with Airflow and the SSH provider: only public members, and those pinned here.
 
-``SuiteTrainingOperator`` and ``RLJobTrigger`` extend the provider's ``SSHRemoteJobOperator`` and
-``SSHRemoteJobTrigger``. Where they lean on members the provider does not document, this test pins
-exactly those members (names, signatures, and the state the operator's ``execute_complete`` and
-``on_kill`` read), so a provider upgrade that changes them fails here, not in a night's run.
+``SuiteTrainingOperator`` is a plain ``BaseOperator`` launching through ``SSHHook`` and
+``RLJobTrigger`` a plain ``BaseTrigger`` watching through ``SSHHookAsync``: no provider class is
+extended. What the package relies on from Airflow and the provider is pinned below, so an upgrade
+that changes it fails here, not in a night's run. A scan of the package's source shows that no
+private member (``._name``) of anything but the package's own code is used.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
+from pathlib import Path
 
-from airflow.providers.ssh.operators.ssh_remote_job import SSHRemoteJobOperator
-from airflow.providers.ssh.triggers.ssh_remote_job import SSHRemoteJobTrigger
-from airflow.providers.ssh.utils import remote_job
+from airflow.providers.ssh.hooks.ssh import SSHHook, SSHHookAsync
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.types import RuntimeTaskInstanceProtocol
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from rl_verify.operators import RLJobTrigger
+from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
+from rl_verify.triggers import RLJobTrigger
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = sorted([*(ROOT / "include" / "rl_verify").rglob("*.py"), *(ROOT / "dags").glob("*.py"),
+                  *(ROOT / "plugins").rglob("*.py")])
 
 
 def params(func) -> list[str]:
     return list(inspect.signature(func).parameters)
 
 
-def test_operator_reads_the_job_state_the_package_sets_before_deferring():
-    # _launch_or_attach sets these three instead of the parent's execute(): the parent's
-    # execute_complete/on_kill must still read them under these names.
-    source = inspect.getsource(SSHRemoteJobOperator)
-    for name in ("self._paths", "self._detected_os", "self._job_id"):
-        assert name in source, name
-    assert params(SSHRemoteJobOperator.execute_complete) == ["self", "context", "event"]
-    assert {"trigger", "method_name", "kwargs", "timeout"} <= set(params(SSHRemoteJobOperator.defer))
+def test_training_operator_and_trigger_extend_no_provider_class():
+    assert SuiteTrainingOperator.__mro__[1] is BaseOperator
+    assert RLJobTrigger.__mro__[1] is BaseTrigger
+    for cls in (SuiteTrainingOperator, RLJobTrigger):
+        assert not any(base.__module__.startswith("airflow.providers.ssh") for base in cls.__mro__), cls
 
 
-def test_trigger_members_the_package_overrides_or_calls():
-    assert params(SSHRemoteJobTrigger._reconnect_delay) == ["self", "attempt"]
-    assert params(SSHRemoteJobTrigger._read_log_chunk) == ["self", "conn"]
-    assert params(SSHRemoteJobTrigger._run_command) == ["self", "conn", "command"]
-    assert params(SSHRemoteJobTrigger._connect) == ["self"]
-    assert params(SSHRemoteJobTrigger._close) == ["conn"]
-    for coroutine in ("_read_log_chunk", "_run_command", "_connect", "_close"):
-        assert inspect.iscoroutinefunction(getattr(SSHRemoteJobTrigger, coroutine)), coroutine
+def test_ssh_hooks_offer_what_the_launch_and_the_watch_use():
+    assert params(SSHHook.__init__)[:2] == ["self", "ssh_conn_id"]
+    assert {"conn_timeout", "conn_retry_attempts"} <= set(params(SSHHook.__init__))
+    source = inspect.getsource(SSHHook)
+    # pipeline.ssh_client refuses a connection without a pinned host key by reading these two.
+    assert "self.no_host_key_check =" in source and "self.host_key =" in source and "get_conn" in vars(SSHHook)
+    assert "ssh_conn_id" in params(SSHHookAsync.__init__)
+    assert inspect.iscoroutinefunction(SSHHookAsync.get_conn)
 
 
-def test_trigger_serialisation_keys_the_package_extends():
-    trigger = RLJobTrigger(ssh_conn_id="c", remote_host=None, job_id="grpo", job_dir="/j", log_file="/j/stdout.log",
-                           exit_code_file="/j/exit_code", remote_os="posix", poll_interval=1, log_chunk_size=1024,
-                           log_offset=3, command_timeout=30.0, max_reconnect_attempts=2, job_marker="k/grpo")
-    _, parent = SSHRemoteJobTrigger.serialize(trigger)
-    assert {"job_dir", "log_offset", "log_file", "exit_code_file", "job_id"} <= set(parent)
+def test_trigger_interface_the_watch_relies_on():
+    assert inspect.iscoroutinefunction(BaseTrigger.on_kill) and inspect.isasyncgenfunction(RLJobTrigger.run)
+    assert isinstance(BaseTrigger.__dict__["task_instance"], property)
+    assert params(TriggerEvent.__init__)[:2] == ["self", "payload"]
+    # The kill on a user's action reads the task's state through the Task SDK's public protocol.
+    assert {"dag_id", "task_ids", "run_ids"} <= set(params(RuntimeTaskInstanceProtocol.get_task_states))
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+    assert {"dag_id", "task_ids", "run_ids"} <= set(params(RuntimeTaskInstance.get_task_states))
 
 
-def test_remote_job_helpers_the_package_builds_its_job_with():
-    paths = remote_job.RemoteJobPaths(job_id="grpo", remote_os="posix", base_dir="/runs/k/jobs")
-    assert paths.job_dir == "/runs/k/jobs/grpo"
-    assert {"log_file", "exit_code_file", "pid_file"} <= set(dir(paths))
-    assert params(remote_job.build_posix_wrapper_command) == ["command", "paths", "environment"]
+def test_operator_interface_the_deferral_relies_on():
+    assert {"trigger", "method_name", "kwargs", "timeout"} <= set(params(BaseOperator.defer))
+    assert callable(BaseOperator.on_kill)
+
+
+def test_approval_operator_members_the_card_approval_uses():
+    assert (ApprovalOperator.APPROVE, ApprovalOperator.REJECT) == ("Approve", "Reject")
+    hitl = set(inspect.signature(ApprovalOperator.__mro__[1]).parameters)
+    assert {"subject", "body", "params", "assigned_users", "response_timeout"} <= hitl
+    assert params(ApprovalOperator.execute_complete) == ["self", "context", "event"]
+    assert {"ti", "tasks"} <= set(params(CardApprovalOperator.skip))
+
+
+def _private_accesses(tree: ast.AST) -> set[str]:
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and node.attr.startswith("_") and not node.attr.startswith("__")}
+
+
+def _own_names(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def test_the_package_uses_no_private_member_of_airflow_or_a_provider():
+    trees = {path: ast.parse(path.read_text()) for path in SOURCES}
+    own = set().union(*(_own_names(t) for t in trees.values()))
+    foreign = {f"{path.relative_to(ROOT)}: .{name}" for path, tree in trees.items()
+               for name in _private_accesses(tree) - own}
+    private_imports = {f"{path.relative_to(ROOT)}: {node.module}" for path, tree in trees.items()
+                       for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module
+                       and node.module.startswith("airflow") and any(p.startswith("_") for p in node.module.split("."))}
+    assert not foreign and not private_imports, sorted(foreign | private_imports)
+
+
+def test_the_scan_finds_a_private_provider_member():
+    tree = ast.parse("class Op(X):\n    def execute(self):\n        self._paths = 1\n        hook._get_conn()\n")
+    assert _private_accesses(tree) - _own_names(tree) == {"_get_conn"}

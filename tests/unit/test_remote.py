@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -134,3 +135,136 @@ def test_watchdog_leaves_a_healthy_job_alone(tmp_path):
     body = remote.job_command(str(tmp_path), str(tmp_path / "w"), script.name, [], "k/grpo", 2)
     done = subprocess.run(["bash", "-c", body], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "STALLED" not in done.stdout
+
+
+# ------------------------------------------------------------------------------ templates
+
+
+@pytest.mark.parametrize("name", ["Upper", "1st", "a-b", "a b", "x;id", "$(id)", ""])
+def test_render_refuses_a_bad_variable_name(name):
+    with pytest.raises(ValueError, match="lower-case shell name"):
+        remote.render("job_state", **{name: "/x"})
+
+
+@pytest.mark.parametrize("value", [True, 1.5, None, ["a", 1], {"a": "b"}])
+def test_render_refuses_a_value_that_is_not_str_int_or_list_of_str(value):
+    with pytest.raises(TypeError):
+        remote.render("job_state", job_dir=value)
+
+
+def test_render_quotes_values_before_the_template():
+    script = remote.render("job_state", job_dir="~/a b", n=3, argv=["$(id)", "~/x"])
+    prelude = script.split("#!/usr/bin/env bash", 1)[0]
+    assert prelude == "job_dir=\"$HOME\"/'a b'\nn=3\nargv=('$(id)' '~/x')\n"
+
+
+def _every_script() -> dict[str, str]:
+    """One rendered script per public builder (the job body as the wrapper would run it)."""
+    return {
+        "resolve_commit": remote.resolve_commit_script("~/xtuner", "~/runs", "k-1", "main"),
+        "prerequisites": remote.prerequisites_script([("grpo", "model", "~/m/Qwen3-8B")], "/runs", "k",
+                                                     own_suite="grpo"),
+        "prerequisites_none": remote.prerequisites_script([], "/runs", "k"),
+        "job": remote.job_command("/wt", "/wt/w", "run.sh", ["a b", "$(x)", "it's"], "k/grpo", 900),
+        "submit": remote.submit_job_script("/runs/k/jobs/grpo", "( echo submitted )", {"A": "b c", "B": "$(x)"}),
+        "poll": remote.job_poll_script("/runs/k/jobs/grpo", 10, 65536),
+        "kill_job": remote.kill_job_script("/runs/k/jobs/grpo", "k/grpo"),
+        "cleanup": remote.cleanup_script("~/runs/k", "k"),
+        "reap": remote.reap_script("~/runs", "~/xtuner", "k", 7),
+        "job_state": remote.job_state_script("/runs/k/jobs/grpo"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_every_script()))
+def test_every_rendered_script_runs_under_bash_n(name):
+    script = _every_script()[name]
+    done = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_template_starts_with_its_bash_shebang():
+    from importlib.resources import files
+
+    for path in files("rl_verify").joinpath("sh").iterdir():
+        if path.name.endswith(".sh"):
+            assert path.read_text().startswith("#!/usr/bin/env bash\n"), path.name
+
+
+def test_the_marked_function_is_defined_once_per_script():
+    for name, script in _every_script().items():
+        assert script.count("marked() {") == (1 if name in ("job", "kill_job", "cleanup") else 0), name
+
+
+def test_prerequisites_expand_a_home_path_and_refuse_tabs(tmp_path, monkeypatch):
+    (tmp_path / "model").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    script = remote.prerequisites_script([("grpo", "model", "~/model")], str(tmp_path / "runs"), "k")
+    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True).stdout
+    assert f"OK\tgrpo\tmodel\t{tmp_path}/model" in out.splitlines()
+    for bad in [("gr\tpo", "model", "/m"), ("grpo", "mo\ndel", "/m"), ("", "model", "/m")]:
+        with pytest.raises(remote.BadInput):
+            remote.prerequisites_script([bad], "/runs", "k")
+
+
+def test_prerequisites_report_a_live_job_of_another_run_as_busy(tmp_path):
+    job = tmp_path / "other-run" / "jobs" / "grpo"
+    job.mkdir(parents=True)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (job / "pid").write_text(str(sleeper.pid))
+        mine = remote.prerequisites_script([], str(tmp_path), "other-run")
+        theirs = remote.prerequisites_script([], str(tmp_path), "this-run")
+        run = lambda s: subprocess.run(["bash", "-s"], input=s, text=True, capture_output=True).stdout  # noqa: E731
+        assert not [line for line in run(mine).splitlines() if line.startswith("BUSY")]
+        busy = [line.split("\t") for line in run(theirs).splitlines() if line.startswith("BUSY")]
+        assert busy and busy[0][:3] == ["BUSY", str(job), str(sleeper.pid)]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _job_state(job_dir) -> str:
+    done = subprocess.run(["bash", "-s"], input=remote.job_state_script(str(job_dir)), text=True,
+                          capture_output=True, timeout=30)
+    assert done.returncode == 0 and done.stderr == ""
+    return done.stdout
+
+
+def test_job_state_script_prints_each_state(tmp_path):
+    job = tmp_path / "jobs" / "grpo"
+    assert _job_state(job) == "absent\n"
+    job.mkdir(parents=True)
+    assert _job_state(job) == "dead\n"  # started (folder made), no pid, no exit code
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (job / "pid").write_text(str(sleeper.pid))
+        assert _job_state(job) == "running\n"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert _job_state(job) == "dead\n"  # pid file of a process that is gone
+    (job / "exit_code").write_text("0")
+    assert _job_state(job) == "finished\n"
+
+
+def test_job_state_script_refuses_an_unvalidated_folder():
+    with pytest.raises(remote.BadInput):
+        remote.job_state_script("/runs/$(id)")
+
+
+def test_kill_job_script_stops_the_marked_processes_and_its_group(tmp_path):
+    job = tmp_path / "jobs" / "grpo"
+    job.mkdir(parents=True)
+    marker = f"kill-test-{os.getpid()}/grpo"  # unique: never touches a job of a concurrent test run
+    marked = subprocess.Popen(["sleep", "61"], env={"PATH": "/usr/bin:/bin", "RL_VERIFY_JOB": marker})
+    group = subprocess.Popen(["sleep", "62"], start_new_session=True)
+    try:
+        (job / "pid").write_text(str(group.pid))
+        out = subprocess.run(["bash", "-s"], input=remote.kill_job_script(str(job), marker), text=True,
+                             capture_output=True, timeout=60).stdout
+        assert f"TERM group {group.pid}" in out and "LEFT" not in out
+        assert marked.wait(timeout=10) is not None and group.wait(timeout=10) is not None
+    finally:
+        for p in (marked, group):
+            p.kill()
+            p.wait()

@@ -117,13 +117,14 @@ def test_html_escapes_a_script_metric_name_and_value_coming_from_a_tracker(tmp_p
     from rl_verify.opd import compare_opd
 
     evil = "<script>alert('m')</script>"
-    golden = {"eval_points": [1], "calibrated_max_step": 1,
+    golden = {"suite": "opd", "source": {"document": "test", "measured": "2026-11-30", "commit": "c", "runs": 1,
+                                         "total_train_steps": 1},
               "thresholds": {evil: {"method": "absolute", "operator": "<", "threshold": 0.1}},
               "golden": {"1": {evil: 0.5}}}
     (tmp_path / "golden.json").write_text(json.dumps(golden))
     (tmp_path / "cur.jsonl").write_text(json.dumps({"step": 1, "response/rewards/mean": 0.5,
                                                     evil: "<script>alert('v')</script>"}) + "\n")
-    result = compare_opd(tmp_path / "cur.jsonl", tmp_path / "out", golden=tmp_path / "golden.json")
+    result = compare_opd(tmp_path / "cur.jsonl", tmp_path / "out", golden=tmp_path / "golden.json", eval_points=[1])
     assert result.verdict == "FAIL"  # a non-numeric value never passes
     page = write_report(tmp_path / "out", [result], ReportMeta())["html"].read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(&#x27;m&#x27;)&lt;/script&gt;" in page

@@ -95,9 +95,11 @@ BUILDERS = {
     "cleanup_script": (
         dict(run_dir=GOOD["abs2"], key=GOOD["key"]),
         {"run_dir": "abs", "key": "key"}),
-    "submit_script": (
-        dict(wrapper="echo submitted\n", job_dir=GOOD["abs2"] + "/jobs/grpo"),
+    "submit_job_script": (
+        dict(job_dir=GOOD["abs2"] + "/jobs/grpo", command="( true )", environment={"A": "b c"}),
         {"job_dir": "abs"}),
+    "job_poll_script": (dict(job_dir=GOOD["abs2"] + "/jobs/grpo", offset=0, max_bytes=100), {"job_dir": "abs"}),
+    "job_state_script": (dict(job_dir=GOOD["abs2"] + "/jobs/grpo"), {"job_dir": "abs"}),
     "reap_script": (
         dict(runs_root=GOOD["abs"], checkout=GOOD["abs"], keep_key=GOOD["key"], max_age_days=7),
         {"runs_root": "abs", "checkout": "abs", "keep_key": "key"}),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -83,7 +82,7 @@ def _changed(spec, path, value):
     for key in path[:-1]:
         node = node[key]
     node[path[-1]] = value
-    return dataclasses.replace(spec, raw=raw)
+    return spec.model_copy(update={"raw": raw})
 
 
 @pytest.mark.parametrize("what,path,value", [

@@ -84,12 +84,49 @@ def test_no_suite_name_branch_outside_the_engines():
 
 
 @pytest.mark.parametrize("suite,change,said", [
-    ("grpo", {"expected_steps": 46}, "expected_steps is 46 but grpo_thresholds.json says 45"),
-    ("grpo", {"wall_time_budget_s": 3000}, "wall_time_budget_s is 3000 but grpo_thresholds.json wall_time.threshold_s"),
-    ("opd", {"eval_points": [0, 10, 20]}, "eval_points are [0, 10, 20] but opd_golden_2026-10-26.json says"),
-    ("opd", {"expected_steps": 50}, "launch.env.TOTAL_TRAIN_STEPS is 25 but expected_steps is 50"),
+    ("opd", {"expected_steps": 50}, "expected_steps is 50 but opd_golden_2026-10-26.json was measured at "
+                                    "total_train_steps 25"),
+    ("opd", {"eval_points": [0, 10, 20]}, "eval_points are [0, 10, 20] but opd_golden_2026-10-26.json has golden "
+                                          "values at steps [0, 5, 10, 15, 20, 25]"),
+    ("grpo", {"launch": {"script": "run.sh", "env": {"TOTAL_TRAIN_STEPS": "40"}}},
+     "launch.env.TOTAL_TRAIN_STEPS is 40 but expected_steps is 45"),
 ])
 def test_a_spec_contradicting_its_data_or_environment_is_refused_naming_both(suite, change, said):
     raw = json.loads((PACKAGE / "suites" / f"{suite}.json").read_text())
     with pytest.raises(SpecError, match=re.escape(said)):
         _from_dict({**raw, **change}, f"/x/{suite}.json")
+
+
+@pytest.mark.parametrize("change,said", [
+    ({"expected_steps": 0}, "expected_steps: Input should be greater than or equal to 1"),
+    ({"launch": {"args": ["x"]}}, "launch.script: Field required"),
+    ({"eval_points": "0,15"}, "eval_points: Input should be a valid tuple"),
+    ({"wall_time_budget": 2400}, "wall_time_budget: Extra inputs are not permitted"),
+])
+def test_a_malformed_spec_is_refused_naming_the_file_and_every_bad_field(change, said):
+    raw = {**json.loads((PACKAGE / "suites" / "grpo.json").read_text()), **change}
+    with pytest.raises(SpecError, match=re.escape("/x/grpo.json: ") + ".*" + re.escape(said)):
+        _from_dict(raw, "/x/grpo.json")
+
+
+def test_a_malformed_data_file_is_refused_naming_the_field(tmp_path, monkeypatch):
+    from rl_verify import suite as suite_module
+
+    bad = json.loads((PACKAGE / "data" / "grpo_thresholds.json").read_text())
+    bad["assert_info"]["check_metrics"][1]["operator"] = ">"
+    bad["percentile_metrics"]["eval/unknown"] = 80
+    (tmp_path / "grpo_thresholds.json").write_text(json.dumps(bad))
+    monkeypatch.setattr(suite_module, "data_file", lambda name: tmp_path / name)
+    raw = json.loads((PACKAGE / "suites" / "grpo.json").read_text())
+    with pytest.raises(SpecError) as err:
+        _from_dict(raw, "/x/grpo.json")
+    assert "field 'data'" in str(err.value) and "assert_info.check_metrics.1.operator" in str(err.value)
+
+
+def test_each_fact_is_written_once():
+    """Step counts, eval points and budgets live in the spec; the data files hold thresholds only."""
+    for name in available_suites():
+        spec = load_suite(name)
+        data = json.loads((PACKAGE / "data" / spec.data).read_text())
+        assert not {"expected_steps", "eval_points", "calibrated_max_step", "wall_time"} & set(data), spec.data
+        assert spec.env.get("TOTAL_TRAIN_STEPS") in (None, "${EXPECTED_STEPS}"), name

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One look at a detached training job: its exit code, the log's next bytes.
+# Inputs (assigned by remote.render): job_dir; offset, the log bytes already streamed (0: resume
+# at the offset an earlier monitor recorded in $job_dir/stream_offset); max_bytes, the chunk limit.
+# Prints "<exit code or -> <start offset> <log size>", then the log from the start offset.
+# The exit code is read before the log's size: once it exists the log is complete.
+# shellcheck disable=SC2154  # the inputs are assigned by the prelude remote.render writes
+set -u
+log="$job_dir/stdout.log"
+if [ "$offset" -eq 0 ] && [ -s "$job_dir/stream_offset" ]; then
+  offset=$(cat "$job_dir/stream_offset")
+  case "$offset" in '' | *[!0-9]*) offset=0 ;; esac
+fi
+echo "$offset" >"$job_dir/stream_offset"
+code=-
+if [ -f "$job_dir/exit_code" ]; then code=$(cat "$job_dir/exit_code"); fi
+case "$code" in '' | *[!0-9]*) code=- ;; esac
+size=$(stat -c %s "$log" 2>/dev/null || echo 0)
+echo "$code $offset $size"
+if [ "$size" -gt "$offset" ]; then tail -c +"$((offset + 1))" "$log" | head -c "$max_bytes"; fi
+exit 0

@@ -1,0 +1,204 @@
+"""The trigger that watches one training job on the node while its task is deferred.
+
+Owned outright on the SSH provider's public async hook (``SSHHookAsync.get_conn``) and Airflow's
+public ``BaseTrigger`` interface: no provider class is subclassed, no private member is used
+(``tests/unit/test_provider_contract.py`` pins what is relied on). Imported by the triggerer and
+by the DAG file at parse time, so only Airflow itself is imported at module level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+#: The task states after which a user's "kill" really means stop the job (a cleared task comes back).
+ENDED_STATES = ("failed", "success", "skipped", "upstream_failed", "removed")
+
+
+def reconnect_delay(attempt: int) -> float:
+    """Seconds before reconnect ``attempt`` (1-based): 1, 2, 4, 8, then 10, plus up to 1 s of jitter.
+
+    Capped at 10 s so the monitor is back within ~10 s of the node after an outage; the outage a
+    job survives is set by the number of attempts (``settings.SSH_RECONNECT_ATTEMPTS``).
+    """
+    return min(2 ** (attempt - 1), 10) + random.uniform(0, 1)
+
+
+def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
+    """Split the output of the ``job_poll`` script: (exit code, start offset, log size, text, new offset).
+
+    The first line is ``<exit code or -> <start offset> <log size>``; the rest is the log's bytes
+    from the start offset. While the job runs only whole lines are taken (a partial last line, or a
+    UTF-8 character cut by the chunk limit, waits for the next poll); once it has exited, all.
+    """
+    head, _, chunk = output.partition(b"\n")
+    fields = head.decode(errors="replace").split()
+    if len(fields) != 3 or not (fields[1].isdigit() and fields[2].isdigit()):
+        raise ValueError(f"unexpected job poll output: {head[:200]!r}")
+    exit_code = None if fields[0] == "-" else int(fields[0])
+    start, size = int(fields[1]), int(fields[2])
+    if exit_code is None or start + len(chunk) < size:
+        whole_lines = chunk[: chunk.rfind(b"\n") + 1]
+        # A line longer than a whole chunk is passed on in pieces (never cutting a character).
+        chunk = whole_lines or (_utf8_prefix(chunk) if start + len(chunk) < size else b"")
+    return exit_code, start, size, chunk.decode("utf-8", errors="replace"), start + len(chunk)
+
+
+def _utf8_prefix(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut at its end."""
+    for cut in range(min(4, len(data)) + 1):
+        try:
+            (data[: len(data) - cut]).decode("utf-8")
+            return data[: len(data) - cut]
+        except UnicodeDecodeError:
+            continue
+    return data
+
+
+class RLJobTrigger(BaseTrigger):
+    """Poll a detached training job: stream its log, end with its exit code, kill it on a user's kill.
+
+    One SSH connection is held for the whole watch and re-opened after a drop, with at most
+    ``max_reconnect_attempts`` failures in a row: the job itself runs on the node, so an outage
+    shorter than that budget costs nothing. The streamed offset is recorded beside the job, so a
+    retried task or a restarted triggerer resumes the log where the last monitor stopped.
+    """
+
+    def __init__(self, *, ssh_conn_id: str, job_dir: str, job_marker: str, poll_interval: float = 5,
+                 log_chunk_size: int = 65536, log_offset: int = 0, command_timeout: float = 30.0,
+                 max_reconnect_attempts: int = 12) -> None:
+        super().__init__()
+        self.ssh_conn_id = ssh_conn_id
+        self.job_dir = job_dir
+        self.job_marker = job_marker
+        self.poll_interval = poll_interval
+        self.log_chunk_size = log_chunk_size
+        self.log_offset = log_offset
+        self.command_timeout = command_timeout
+        self.max_reconnect_attempts = max_reconnect_attempts
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "ssh_conn_id": self.ssh_conn_id, "job_dir": self.job_dir, "job_marker": self.job_marker,
+            "poll_interval": self.poll_interval, "log_chunk_size": self.log_chunk_size,
+            "log_offset": self.log_offset, "command_timeout": self.command_timeout,
+            "max_reconnect_attempts": self.max_reconnect_attempts})
+
+    def _event(self, exit_code: int | None, chunk: str, message: str) -> TriggerEvent:
+        status = "error" if exit_code is None else "success" if exit_code == 0 else "failed"
+        return TriggerEvent({"status": status, "done": True, "exit_code": exit_code, "log_chunk": chunk,
+                             "log_offset": self.log_offset, "job_dir": self.job_dir, "job_marker": self.job_marker,
+                             "message": message})
+
+    async def _connect(self) -> Any:
+        import asyncssh
+
+        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+        # The library logs every channel it opens at INFO; in a task log that is most of the lines.
+        asyncssh.set_log_level("WARNING")
+        return await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
+
+    async def _script(self, conn: Any, script: str) -> tuple[int, bytes]:
+        """Run ``script`` with ``bash -s`` (script on stdin); return (exit status, raw stdout)."""
+        result = await conn.run("bash -s", input=script.encode(), encoding=None, check=False,
+                                timeout=self.command_timeout)
+        out = result.stdout or b""
+        return result.exit_status or 0, out if isinstance(out, bytes) else out.encode()
+
+    async def _poll(self, conn: Any) -> tuple[int | None, str, bool]:
+        """One look at the job: (exit code, new log text, whether the log has been read to its end)."""
+        from rl_verify import remote
+
+        status, out = await self._script(conn, remote.job_poll_script(self.job_dir, self.log_offset,
+                                                                      self.log_chunk_size))
+        if status != 0:
+            raise ValueError(f"job poll exited {status}: {out[-300:]!r}")
+        exit_code, start, size, text, offset = parse_poll(out)
+        if self.log_offset == 0 and start > 0:
+            self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)", start)
+        self.log_offset = offset
+        return exit_code, text, offset >= size
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import asyncssh
+
+        connection_errors = (OSError, asyncssh.Error, TimeoutError)
+        conn: Any = None
+        failures = 0
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        conn = await self._connect()
+                    exit_code, text, read_all = await self._poll(conn)
+                except connection_errors as err:
+                    failures += 1
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if failures > self.max_reconnect_attempts:
+                        yield self._event(None, "", f"the node was unreachable for {failures} attempts in a row "
+                                                    f"(reconnect budget {self.max_reconnect_attempts}): {err}")
+                        return
+                    delay = reconnect_delay(failures)
+                    self.log.warning("SSH to the node failed (%s); reconnect attempt %d/%d in %.1f s",
+                                     err, failures, self.max_reconnect_attempts, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                if exit_code is not None and read_all:
+                    yield self._event(exit_code, text, f"job exited {exit_code}")
+                    return
+                if text:
+                    self.log.info("%s", text.rstrip("\n"))
+                if exit_code is None:
+                    await asyncio.sleep(self.poll_interval)
+        except Exception as err:  # anything else ends the watch with a readable event, not a silent hang
+            self.log.exception("Watching job %s failed", self.job_marker)
+            yield self._event(None, "", f"watching the job failed: {err}")
+        finally:
+            if conn is not None:
+                conn.close()
+
+    async def _task_state(self) -> str | None:
+        """The task's state as Airflow now records it, or None when it cannot be read."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        try:
+            from asgiref.sync import sync_to_async
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+        except Exception as err:  # a state we cannot read must not kill a training
+            self.log.warning("Could not read the task state: %s", err)
+            return None
+        by_task = states.get(ti.run_id, states)
+        state = by_task.get(ti.task_id) if isinstance(by_task, dict) else None
+        return str(getattr(state, "value", state)) if state is not None else None
+
+    async def on_kill(self) -> None:
+        """Stop every process of the job (group, teachers, Ray) when a user ended the task.
+
+        Airflow calls this for "clear" as well as "mark failed/success". A cleared task comes back
+        and re-attaches to the live job, so only a task that ended is killed; when the state cannot
+        be read, the DAG's cleanup task (``one_failed``) does the kill.
+        """
+        from rl_verify import remote
+
+        state = await self._task_state()
+        if state not in ENDED_STATES:
+            self.log.info("Task state is %s (cleared or rescheduled): the job keeps running for re-attach", state)
+            return
+        conn = await self._connect()
+        try:
+            _, out = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+            self.log.warning("Killed job %s on user request: %s", self.job_marker, out.decode(errors="replace").strip())
+        finally:
+            conn.close()

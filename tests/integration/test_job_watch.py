@@ -1,0 +1,113 @@
+"""The training job's submit script and RLJobTrigger against the real sshd of the simulated node."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from sim_ssh import Node
+
+from rl_verify import remote
+from rl_verify.node import run_script
+from rl_verify.triggers import RLJobTrigger
+
+pytestmark = pytest.mark.integration
+CONN_ID = "watched_node"
+
+
+@pytest.fixture()
+def node_conn(sim_node: Node, monkeypatch: pytest.MonkeyPatch) -> Node:
+    info = sim_node.info
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
+        "conn_type": "ssh", "host": info["host"], "port": info["port"], "login": info["user"],
+        "extra": {"key_file": info["client_key"], "host_key": info["host_key"], "no_host_key_check": False}}))
+    return sim_node
+
+
+def _submit(node: Node, job_dir: str, command: str, env: dict[str, str] | None = None) -> None:
+    status, _, err = run_script(node.client, remote.submit_job_script(job_dir, command, env or {}))
+    assert status == 0, err
+
+
+def _watch(trigger: RLJobTrigger) -> dict:
+    async def first_event() -> dict:
+        async for event in trigger.run():
+            return event.payload
+        raise AssertionError("the trigger ended without an event")
+
+    return asyncio.run(asyncio.wait_for(first_event(), 60))
+
+
+class Collected:
+    """Stands in for the trigger's logger: keeps what it was given to log, message per record."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str]] = []
+
+    def __getattr__(self, level: str):
+        return lambda msg, *args, **kw: self.records.append((level, msg % args if args else msg))
+
+
+def test_the_watch_streams_the_whole_log_and_ends_with_the_jobs_exit_code(node_conn: Node, monkeypatch) -> None:
+    job_dir = f"{node_conn.root}/runs/watch-1/jobs/grpo"
+    lines = [f"step {i} {'é' * i}" for i in range(1, 26)]  # each under the 64-byte chunk
+    body = "; ".join(f"echo {remote.shlex.quote(line)}" for line in lines)
+    _submit(node_conn, job_dir, f"( echo \"marker=$RUN_MARK\"; sleep 1; {body}; printf tail; exit 3 )",
+            {"RUN_MARK": "a b"})
+    trigger = RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="watch-1/grpo", poll_interval=0.2,
+                           log_chunk_size=64)
+    log = Collected()
+    monkeypatch.setattr(RLJobTrigger, "log", log)
+    event = _watch(trigger)
+    assert (event["exit_code"], event["status"], event["done"]) == (3, "failed", True)
+    streamed = "".join(f"{msg}\n" for level, msg in log.records if level == "info")
+    # Every line exactly once, in order, none split at a chunk boundary, then the final partial line.
+    assert (streamed + event["log_chunk"]).splitlines() == ["marker=a b", *lines, "tail"]
+
+
+def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: Node) -> None:
+    job_dir = f"{node_conn.root}/runs/watch-2/jobs/opd"
+    _submit(node_conn, job_dir, f"( echo line 1; echo line 2; until [ -e {job_dir}/go ]; do sleep 0.1; done; "
+                                "echo line 3; exit 0 )")
+    first = RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="watch-2/opd", poll_interval=0.1)
+
+    async def watch_until_streamed() -> None:
+        events = first.run()
+        task = asyncio.ensure_future(events.__anext__())
+        while first.log_offset < len("line 1\nline 2\n"):
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # a few more polls: the streamed offset is recorded on the node
+        task.cancel()  # the triggerer went away mid-job
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    asyncio.run(asyncio.wait_for(watch_until_streamed(), 60))
+    assert node_conn.run(f"touch {job_dir}/go")[0] == 0
+    # A new monitor starts at offset 0: it resumes at the recorded offset, not at byte 0.
+    again = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="watch-2/opd", poll_interval=0.1))
+    assert again["exit_code"] == 0 and again["log_chunk"] == "line 3\n"
+
+
+def test_an_unreachable_node_ends_the_watch_after_the_reconnect_budget(node_conn: Node, monkeypatch) -> None:
+    monkeypatch.setattr("rl_verify.triggers.reconnect_delay", lambda attempt: 0.05)
+    info = dict(node_conn.info)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
+        "conn_type": "ssh", "host": info["host"], "port": 1, "login": info["user"],
+        "extra": {"key_file": info["client_key"], "host_key": info["host_key"], "no_host_key_check": False}}))
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=f"{node_conn.root}/runs/none/jobs/grpo",
+                                job_marker="none/grpo", max_reconnect_attempts=2))
+    assert event["exit_code"] is None and event["status"] == "error"
+    assert "unreachable for 3 attempts" in event["message"]
+
+
+def test_a_changed_host_key_is_refused_not_accepted(node_conn: Node, monkeypatch) -> None:
+    info = node_conn.info
+    other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
+        "conn_type": "ssh", "host": info["host"], "port": info["port"], "login": info["user"],
+        "extra": {"key_file": info["client_key"], "host_key": other, "no_host_key_check": False}}))
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=f"{node_conn.root}/runs/none/jobs/grpo",
+                                job_marker="none/grpo", max_reconnect_attempts=0))
+    assert event["exit_code"] is None and "host key" in event["message"].lower()
