@@ -86,6 +86,7 @@ def rl_accuracy_verification():
     def report(params=None, run_id=None, ti=None):
         from rl_verify import pipeline
 
+        # Pulled, not passed: the report is written after any failure, when these may not exist.
         card = ti.xcom_pull(task_ids="experiment_card") or {}
         return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
@@ -100,18 +101,18 @@ def rl_accuracy_verification():
     def cleanup(run_id=None, ti=None):
         from rl_verify import pipeline
 
+        # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
         return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id)
 
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)
     card = experiment_card(resolved, prereq)
-    approve = CardApprovalOperator(task_id="approve")
-    chain(card, approve)
+    approve = CardApprovalOperator(task_id="approve", card=card)
 
     compared = []
     watched = [resolved, prereq]
     for suite in settings.KNOWN_SUITES:
-        run = SuiteTrainingOperator(task_id=f"run_{suite}", suite=suite, pool=POOL,
+        run = SuiteTrainingOperator(task_id=f"run_{suite}", suite=suite, resolved=resolved, pool=POOL,
                                     **settings.TRAINING_TASK_ARGS)
         fetched = fetch.override(task_id=f"fetch_{suite}")(suite, resolved)
         result = compare.override(task_id=f"compare_{suite}")(suite)

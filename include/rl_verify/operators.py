@@ -16,6 +16,7 @@ from airflow.sdk import BaseOperator, Param
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from rl_verify import settings
+from rl_verify.contract import Card, Resolved
 from rl_verify.triggers import RLJobTrigger
 
 
@@ -31,8 +32,10 @@ class SuiteTrainingOperator(BaseOperator):
     """
 
     ui_color = "#e8f0fe"
+    #: ``resolved`` is ``resolve_commit``'s output (an XComArg in the DAG, a ``contract.Resolved`` when run).
+    template_fields = ("resolved",)
 
-    def __init__(self, *, suite: str, job_timeout_s: int | None = None,
+    def __init__(self, *, suite: str, resolved: Any, job_timeout_s: int | None = None,
                  poll_interval_s: float = settings.JOB_POLL_INTERVAL_S,
                  max_reconnect_attempts: int = settings.SSH_RECONNECT_ATTEMPTS, **kwargs: Any) -> None:
         from rl_verify.suite import load_suite
@@ -40,6 +43,7 @@ class SuiteTrainingOperator(BaseOperator):
         super().__init__(**kwargs)
         spec = load_suite(suite)  # package data file only: no network at parse time
         self.suite = suite
+        self.resolved = resolved
         self.job_timeout_s = job_timeout_s or int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR)
         self.poll_interval_s = poll_interval_s
         self.max_reconnect_attempts = max_reconnect_attempts
@@ -92,7 +96,7 @@ class SuiteTrainingOperator(BaseOperator):
 
         from rl_verify import pipeline, remote
 
-        resolved = context["ti"].xcom_pull(task_ids="resolve_commit")
+        resolved: Resolved = self.resolved
         if self.suite not in resolved["suites"]:
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
         node = resolved["node"]
@@ -173,12 +177,16 @@ class CardApprovalOperator(ApprovalOperator):
       by default: the request has no default options.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    template_fields = (*ApprovalOperator.template_fields, "card")
+
+    def __init__(self, *, card: Any, **kwargs: Any) -> None:
+        """``card``: ``experiment_card``'s output (an XComArg in the DAG, a ``contract.Card`` when run)."""
         approvers = settings.approvers()
         kwargs.pop("params", None)  # DAG-level params are not form fields of the approval
+        self.card = card
         super().__init__(
             subject="Approve the RL accuracy experiment card for {{ params.commit }}",
-            body="{{ ti.xcom_pull(task_ids='experiment_card')['markdown'] }}",
+            body=None,  # the card's Markdown, set once the card is known (execute)
             params={"standing_approval": Param(
                 False, type="boolean", title="Standing approval for nightly runs",
                 description="Scheduled runs only: let later scheduled runs with this exact card proceed without "
@@ -188,7 +196,8 @@ class CardApprovalOperator(ApprovalOperator):
         )
 
     def execute(self, context: Any) -> Any:
-        card = context["ti"].xcom_pull(task_ids="experiment_card")
+        card: Card = self.card
+        self.body = card["markdown"]
         if context["dag_run"].run_type == "scheduled":
             grant = self._verified_grant(card["fingerprint"])
             if grant is not None:
@@ -245,7 +254,7 @@ class CardApprovalOperator(ApprovalOperator):
         at = at.isoformat() if hasattr(at, "isoformat") else str(at)
         _push_decision(context, chosen, who, at, standing=False)
         scheduled = context["dag_run"].run_type == "scheduled"
-        card = context["ti"].xcom_pull(task_ids="experiment_card")
+        card: Card = self.card
         if self.REJECT in chosen:
             self.log.warning("Experiment card REJECTED by %s: nothing is launched", who)
             if scheduled:

@@ -71,7 +71,8 @@ def test_dag_shape_matches_the_spec(parsed):
     assert tasks["check_prerequisites"]["upstream"] == ["resolve_commit"]
     assert tasks["approve"]["upstream"] == ["experiment_card"]
     for suite in ("grpo", "opd"):
-        assert tasks[f"run_{suite}"]["upstream"] == ["approve"]
+        # resolve_commit's output is the training operator's input (an XComArg), approval its gate
+        assert tasks[f"run_{suite}"]["upstream"] == ["approve", "resolve_commit"]
         assert f"run_{suite}" in tasks[f"fetch_{suite}"]["upstream"]
         assert f"fetch_{suite}" in tasks[f"compare_{suite}"]["upstream"]
     assert tasks["report"]["upstream"] == ["compare_grpo", "compare_opd"]
@@ -99,3 +100,14 @@ def test_tags_params_and_scheduling(parsed):
     assert parsed["params"] == ["commit", "node", "suites"]
     assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
 
+
+
+def test_every_pulled_task_id_names_a_task_of_the_dag(parsed):
+    """A task renamed without its pulls fails here, not at run time."""
+    import re
+
+    pulled = re.compile(r"""task_ids\s*=\s*["']([A-Za-z0-9_]+)["']""")
+    sources = [*(ROOT / "dags").glob("*.py"), *(ROOT / "include" / "rl_verify").rglob("*.py")]
+    named = {(path.name, m.group(1)) for path in sources for m in pulled.finditer(path.read_text())}
+    assert named, "the scan found no xcom_pull(task_ids=...) at all"
+    assert {(f, t) for f, t in named if t not in parsed["tasks"]} == set()

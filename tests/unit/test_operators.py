@@ -19,7 +19,7 @@ def test_trigger_serialises_to_its_own_class_with_the_job_marker():
 
 
 def test_training_operator_timeout_comes_from_the_suite_budget():
-    op = SuiteTrainingOperator(task_id="run_grpo", suite="grpo")
+    op = SuiteTrainingOperator(task_id="run_grpo", suite="grpo", resolved={})
     assert op.job_timeout_s == int(2400 * 1.5)
     assert op.max_reconnect_attempts >= 12
 
@@ -70,12 +70,14 @@ from rl_verify import settings  # noqa: E402
 from rl_verify.operators import CardApprovalOperator  # noqa: E402
 
 
+def _op(ctx):
+    """The approval operator of the run ``ctx``, given that run's card as the DAG passes it."""
+    return CardApprovalOperator(task_id="approve", card=ctx["ti"].card)
+
+
 class FakeTI:
     def __init__(self, card):
         self.card, self.pushed = card, {}
-
-    def xcom_pull(self, task_ids=None, key="return_value"):
-        return self.card if task_ids == "experiment_card" else None
 
     def xcom_push(self, key, value):
         self.pushed[key] = value
@@ -104,6 +106,10 @@ GRANTED_AT = "2026-11-28T02:05:00+00:00"
 def _context(run_type, fingerprint="fp1", run_id="scheduled__x"):
     return {"ti": FakeTI({"fingerprint": fingerprint, "markdown": "card"}),
             "dag_run": SimpleNamespace(run_type=run_type, dag_id="rl_accuracy_verification"), "run_id": run_id}
+
+
+def _execute(ctx):
+    return _op(ctx).execute(ctx)
 
 
 def _grant(variables, fingerprint="fp1", by="alice"):
@@ -135,7 +141,7 @@ def test_scheduled_run_proceeds_on_a_standing_approval_verified_against_the_reco
                                                                                    airflow_record):
     _grant(variables, fingerprint="f" * 16)
     ctx = _context("scheduled", fingerprint="f" * 16)
-    result = CardApprovalOperator(task_id="approve").execute(ctx)
+    result = _op(ctx).execute(ctx)
     assert waited == [] and result["chosen_options"] == ["Approve"]
     assert ctx["ti"].pushed["decision"] == {"chosen_options": ["Approve"], "by": "alice", "at": GRANTED_AT,
                                             "standing": True, "granted_in": "scheduled__granting"}
@@ -143,30 +149,31 @@ def test_scheduled_run_proceeds_on_a_standing_approval_verified_against_the_reco
 
 def test_a_forged_grant_naming_another_user_waits_for_a_person(variables, waited, airflow_record):
     _grant(variables, fingerprint="f" * 16, by="mallory")
-    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
+    assert _execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
 
 
 def test_a_changed_card_waits_for_a_human_again(variables, waited, airflow_record):
     _grant(variables, fingerprint="0" * 16)
-    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
+    assert _execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
     assert waited == ["waited"]
 
 
 def test_a_grant_that_cannot_be_verified_waits(variables, waited, monkeypatch):
     _grant(variables, fingerprint="f" * 16)
     monkeypatch.delenv("AIRFLOW_CONN_RL_VERIFY_AIRFLOW_API", raising=False)
-    assert CardApprovalOperator(task_id="approve").execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
+    assert _execute(_context("scheduled", fingerprint="f" * 16)) == "WAIT"
 
 
 def test_manual_runs_always_wait_for_a_human(variables, waited, airflow_record):
     _grant(variables, fingerprint="f" * 16)
-    assert CardApprovalOperator(task_id="approve").execute(_context("manual", fingerprint="f" * 16)) == "WAIT"
+    assert _execute(_context("manual", fingerprint="f" * 16)) == "WAIT"
 
 
 def test_the_wait_is_bounded_by_the_configured_timeout(variables, waited, monkeypatch):
     monkeypatch.setenv("RL_VERIFY_APPROVAL_TIMEOUT_S", "90")
-    op = CardApprovalOperator(task_id="approve")
-    op.execute(_context("manual"))
+    ctx = _context("manual")
+    op = _op(ctx)
+    op.execute(ctx)
     assert op.response_timeout.total_seconds() == 90 and op.defaults is None  # never approved by default
 
 
@@ -180,7 +187,7 @@ def test_approving_a_scheduled_card_with_standing_approval_records_the_grant(var
 
     monkeypatch.setattr(ApprovalOperator, "execute_complete", lambda self, context, event: event)
     ctx = _context("scheduled", fingerprint="fp9", run_id="scheduled__9")
-    CardApprovalOperator(task_id="approve").execute_complete(ctx, _event(["Approve"], standing=True))
+    _op(ctx).execute_complete(ctx, _event(["Approve"], standing=True))
     grant = parse_grant(variables[settings.STANDING_APPROVAL_VARIABLE])
     assert (grant.fingerprint, grant.granted_by, grant.dag_run_id, grant.task_id) == ("fp9", "bob", "scheduled__9",
                                                                                      "approve")
@@ -189,7 +196,8 @@ def test_approving_a_scheduled_card_with_standing_approval_records_the_grant(var
 
 def test_a_manual_runs_approval_never_grants_a_standing_approval(variables, monkeypatch):
     monkeypatch.setattr(ApprovalOperator, "execute_complete", lambda self, context, event: event)
-    CardApprovalOperator(task_id="approve").execute_complete(_context("manual"), _event(["Approve"], standing=True))
+    ctx = _context("manual")
+    _op(ctx).execute_complete(ctx, _event(["Approve"], standing=True))
     assert settings.STANDING_APPROVAL_VARIABLE not in variables
 
 
@@ -203,16 +211,16 @@ def test_a_reject_is_recorded_before_downstream_is_skipped_and_revokes_the_grant
     _grant(variables, fingerprint="fp1")
     ctx = _context("scheduled")
     with pytest.raises(RuntimeError):
-        CardApprovalOperator(task_id="approve").execute_complete(ctx, _event(["Reject"], who="carol"))
+        _op(ctx).execute_complete(ctx, _event(["Reject"], who="carol"))
     assert ctx["ti"].pushed["decision"]["chosen_options"] == ["Reject"]
     assert parse_grant(variables[settings.STANDING_APPROVAL_VARIABLE]).revoked_by == "carol"
 
 
 def test_an_unanswered_card_times_out_as_not_approved_and_skips_downstream(variables, monkeypatch):
     skipped = []
-    op = CardApprovalOperator(task_id="approve")
     monkeypatch.setattr(CardApprovalOperator, "skip", lambda self, ti, tasks: skipped.extend(tasks))
     ctx = _context("scheduled")
+    op = _op(ctx)
     ctx["task"] = SimpleNamespace(get_direct_relatives=lambda upstream: [SimpleNamespace(is_teardown=False)])
     result = op.execute_complete(ctx, {"error": "The Human-in-the-loop response timeout has passed without a "
                                                 "response.", "error_type": "timeout"})
@@ -223,5 +231,5 @@ def test_an_unanswered_card_times_out_as_not_approved_and_skips_downstream(varia
 
 def test_approvers_restrict_who_may_answer(monkeypatch):
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice, bob")
-    op = CardApprovalOperator(task_id="approve")
+    op = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})
     assert op.assigned_users == [{"id": "alice", "name": "alice"}, {"id": "bob", "name": "bob"}]
