@@ -4,7 +4,9 @@
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
 #   make gallery         report headline, class and first next step for every simulated regression
-#   make lint            byte-compile + ruff (pinned in requirements-dev.txt; config in pyproject.toml)
+#   make lint            byte-compile + ruff + shellcheck (pinned in requirements-dev.txt; ruff config in
+#                        pyproject.toml); shellcheck: sh templates, scripts, .ci/run, tracked .sh files
+#                        except simulator/xtuner_checkout (test doubles mimicking XTuner's scripts, traps included)
 #   make clean           remove .venv, .state, caches
 
 SHELL := /bin/bash
@@ -43,8 +45,10 @@ bench: venv
 	$(PY) scripts/bench_parse.py
 
 lint: venv
-	$(PY) -m compileall -q include dags scripts simulator tests
-	$(PY) -m ruff check include dags scripts simulator tests
+	$(PY) -m compileall -q include dags harness scripts simulator tests
+	$(PY) -m ruff check include dags harness scripts simulator tests
+	.venv/bin/shellcheck $(sort $(wildcard include/rl_verify/sh/*.sh scripts/*.sh) .ci/run \
+	  $(filter-out simulator/xtuner_checkout/% .venv/%,$(shell git ls-files '*.sh' 2>/dev/null)))
 
 clean:
 	rm -rf .venv .state .pytest_cache build include/*.egg-info

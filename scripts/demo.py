@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.rig import DAG_ID, Rig
+from harness.rig import DAG_ID, Rig
 from simulator import node as sim
 
 
@@ -36,7 +36,7 @@ def stop_kept() -> int:
     if not info.exists():
         _say("no kept demo found")
         return 0
-    from scripts.airflow_stack import stop_from_state
+    from harness.airflow_stack import stop_from_state
 
     stop_from_state(STATE / "airflow")
     sim.stop_node(STATE / "node")

@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scripts.rig import Rig
+from harness.rig import Rig
 from simulator import node as sim
 
 

@@ -1,4 +1,4 @@
-"""Proves the local-Airflow harness (scripts/airflow_stack.py) against a REAL Airflow 3.3.
+"""Proves the local-Airflow harness (harness/airflow_stack.py) against a REAL Airflow 3.3.
 
 A tiny throwaway DAG (written into a tmp dags folder) exercises every component:
   prepare (@task, reads env/Variable/Connection passed through start())
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.airflow_stack import AirflowStack, StackError
+from harness.airflow_stack import AirflowStack, StackError
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def test_health_auth_and_pool(stack):
     api = stack.client()
     health = api.health()
     assert {health[k]["status"] for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")} == {"healthy"}
-    pool = api.get(f"/pools/{POOL}")
+    pool = api.pool(POOL)
     assert pool["slots"] == 1 and pool["include_deferred"] is True
     # The password never reaches a log; the file is private.
     pw = stack.password
@@ -115,7 +115,7 @@ def test_health_auth_and_pool(stack):
     for log in stack.log_dir.glob("*.log"):
         assert pw not in log.read_text(errors="replace"), log
     # Wrong password is refused.
-    from scripts.airflow_stack import AirflowClient
+    from harness.airflow_stack import AirflowClient
 
     with AirflowClient(stack.base_url, "demo", "wrong") as bad, pytest.raises(StackError):
         bad.login()

@@ -17,12 +17,12 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 
+from harness.airflow_stack import StackError
+from harness.rig import DAG_ID, Rig
 from rl_verify.remote import run_key
-from scripts.rig import DAG_ID, Rig
 from simulator import node as sim
 
 
@@ -51,8 +51,7 @@ def rig(tmp_path_factory):
 # ------------------------------------------------------------------------------ observations
 
 def _dag_runs(rig) -> set[str]:
-    data = rig.client.get(f"/dags/{DAG_ID}/dagRuns", params={"limit": 100})
-    return {r["dag_run_id"] for r in data["dag_runs"]}
+    return {r["dag_run_id"] for r in rig.client.dag_runs(DAG_ID, limit=100)}
 
 
 def _runs_root(rig) -> Path:
@@ -99,12 +98,13 @@ def test_bad_input_is_refused_at_trigger_time_before_anything_runs(rig, label):
     change, param, rule = MATRIX[label]
     conf = {"commit": "main", "suites": ["grpo", "opd"], "node": NODE_CONN, **change}
     runs, folders, logins = _dag_runs(rig), _run_folders(rig), _ssh_logins(rig)
-    r = rig.client.request("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf},
-                           expect=(200, 400, 422))
-    if r.status_code == 200:
+    try:
+        run_id = rig.client.trigger(DAG_ID, conf=conf)
+    except StackError as err:
+        refused = err
+    else:
         # Accepted: let the run end so it does not hold the DAG (max_active_runs=1), then report
         # what happened to it.
-        run_id = r.json()["dag_run_id"]
         state = rig.client.wait_for_run(DAG_ID, run_id, timeout=300)
         tasks = rig.client.task_states(DAG_ID, run_id)
         log = rig.client.task_log(DAG_ID, run_id, "resolve_commit")
@@ -113,8 +113,8 @@ def test_bad_input_is_refused_at_trigger_time_before_anything_runs(rig, label):
                     f"the run ended {state}, resolve_commit {tasks.get('resolve_commit')}, "
                     f"SSH logins during the run: {_ssh_logins(rig) - logins}, new run folders: "
                     f"{sorted(_run_folders(rig) - folders)}; resolve_commit said: {reasons}")
-    assert r.status_code == 400, r.text
-    detail = r.json().get("detail")
+    assert refused.status == 400, refused
+    detail = json.loads(refused.body).get("detail")
     assert isinstance(detail, str) and f"param {param}" in detail, detail
     assert any(word in detail for word in rule), detail
     time.sleep(2)  # anything started by the request would show by now
@@ -149,11 +149,13 @@ def test_approval_is_restricted_to_the_named_approvers(rig):
     try:
         detail = rig.client.wait_for_hitl(DAG_ID, run_id, task_id="approve", timeout=300)
         assert [u["id"] for u in detail["assigned_users"]] == [APPROVER]
-        path = (f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}/taskInstances/approve/-1/hitlDetails")
-        r = rig.client.request("PATCH", path, json={"chosen_options": ["Approve"], "params_input": {}},
-                               expect=(200, 403))
-        assert r.status_code == 403, f"user {rig.client.username!r} (not an approver) could approve: {r.text}"
-        assert "not a respondent" in r.text
+        try:
+            answer = rig.client.respond_hitl(DAG_ID, run_id, "approve", ["Approve"])
+        except StackError as err:
+            assert err.status == 403, err
+            assert "not a respondent" in err.body, err
+        else:
+            pytest.fail(f"user {rig.client.username!r} (not an approver) could approve: {answer}")
         assert rig.client.task_instance(DAG_ID, run_id, "run_grpo")["state"] in (None, "scheduled", "none")
     finally:
         # End the run: the approval is failed by an operator action; cleanup then runs.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.rig import DAG_ID, Rig
 from rl_verify.remote import run_key
-from scripts.rig import DAG_ID, Rig
 from simulator import node as sim
 
 

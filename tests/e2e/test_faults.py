@@ -24,12 +24,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import quote
 
 import pytest
 
+from harness.rig import DAG_ID, Rig, RunOutcome
 from rl_verify.remote import run_key
-from scripts.rig import DAG_ID, Rig, RunOutcome
 from simulator import node as sim
 
 
@@ -428,7 +427,7 @@ def end_stuck_run(rig: Rig, run_id: str, row: FaultResult) -> None:
     with contextlib.suppress(Exception):
         sim.sshd_up(_node_state(rig))
         if client.dag_run(DAG_ID, run_id)["state"] not in ("success", "failed"):
-            client.request("PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run_id, safe='')}", json={"state": "failed"})
+            client.set_run_state(DAG_ID, run_id, "failed")
             row.notes.append("DAG run force-failed by the test")
     if row.suite:
         with contextlib.suppress(Exception):

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
+from harness.rig import DAG_ID, Rig
 from rl_verify.remote import run_key
-from scripts.rig import DAG_ID, Rig
 from simulator import node as sim
 
 
@@ -77,8 +77,7 @@ def changed_golden():
 
 
 def scheduled_runs(rig: Rig) -> list[dict[str, Any]]:
-    return rig.client.get(f"/dags/{DAG_ID}/dagRuns", params={"run_type": "scheduled", "order_by": "logical_date",
-                                                             "limit": 100})["dag_runs"]
+    return rig.client.dag_runs(DAG_ID, run_type=["scheduled"], order_by=["logical_date"], limit=100)
 
 
 def next_scheduled_run(rig: Rig, after: str | None, timeout: float = 240) -> dict[str, Any]:
@@ -97,12 +96,11 @@ def _at(text: str) -> datetime:
 
 
 def variable(rig: Rig) -> str | None:
-    r = rig.client.request("GET", f"/variables/{VARIABLE}", expect=(200, 404))
-    return r.json()["value"] if r.status_code == 200 else None
+    return rig.client.variable(VARIABLE)
 
 
 def set_variable(rig: Rig, value: str) -> None:
-    rig.client.request("PATCH", f"/variables/{VARIABLE}", json={"key": VARIABLE, "value": value})
+    rig.client.set_variable(VARIABLE, value)
 
 
 def approve_log(rig: Rig, run_id: str) -> str:

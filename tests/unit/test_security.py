@@ -257,10 +257,11 @@ def test_approval_operator_is_assigned_to_the_named_approvers_only(monkeypatch):
     from rl_verify.operators import CardApprovalOperator
 
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice,bob")
-    op = CardApprovalOperator(task_id="approve")
+    op = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})
     assert [u["id"] for u in op.assigned_users] == ["alice", "bob"]
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "")
-    assert not CardApprovalOperator(task_id="approve").assigned_users  # empty = any user with access
+    anyone = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})
+    assert not anyone.assigned_users  # empty = any user with access
 
 
 # ------------------------------------------------------------------------------ record store

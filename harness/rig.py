@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from scripts.airflow_stack import AirflowClient, AirflowStack, free_port
+from harness.airflow_stack import AirflowClient, AirflowStack, free_port
 from simulator import node as sim
 
 DAG_ID = "rl_accuracy_verification"

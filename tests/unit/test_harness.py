@@ -1,0 +1,188 @@
+"""The local-Airflow harness's pure parts (no Airflow started): the scheduler-log pattern it depends on,
+the conversion of the official client's models to plain data, log rendering, errors and re-login."""
+
+from __future__ import annotations
+
+import datetime
+
+import airflow_client.client as ac
+import pytest
+from airflow_client.client.exceptions import ApiException, NotFoundException, UnauthorizedException
+
+from harness.airflow_stack import (
+    SCHEDULER_TI_FINISHED,
+    AirflowClient,
+    AirflowStack,
+    StackError,
+    api_error,
+    finished_task_instances,
+    free_port,
+    plain,
+    probe_health,
+    render_log_line,
+)
+
+# A line of a real Airflow 3.3.2 scheduler log (SchedulerJobRunner.process_executor_events).
+FINISHED_LINE = (
+    "2026-11-30T12:51:59.243750Z [info     ] TaskInstance Finished: dag_id=rl_accuracy_verification, "
+    "task_id=resolve_commit, run_id=manual__2026-11-30T12:51:49.370908+00:00, map_index=-1, "
+    "ti_id=01a22c82-f427-732a-bc0b-c3930c070e35, run_start_date=2026-11-30 12:51:50.405851+00:00, "
+    "run_end_date=2026-11-30 12:51:58.996877+00:00, run_duration=8.591, state=success, "
+    "executor=LocalExecutor(parallelism=8), executor_state=success, try_number=1, max_tries=2, "
+    "pool=default_pool, queue=default, priority_weight=13, operator=_PythonDecoratedOperator, "
+    "queued_dttm=2026-11-30 12:51:50.249850+00:00, scheduled_dttm=2026-11-30 12:51:50.233500+00:00,"
+    "queued_by_job_id=1, pid=29704 [airflow.jobs.scheduler_job_runner.SchedulerJobRunner] "
+    "loc=scheduler_job_runner.py:1439"
+)
+TI_ID = "01a22c82-f427-732a-bc0b-c3930c070e35"
+
+
+# ------------------------------------------------------------------ scheduler log (3.3.2 wording)
+
+def test_the_scheduler_pattern_reads_ti_id_and_try_number_of_a_3_3_2_line():
+    m = SCHEDULER_TI_FINISHED.search(FINISHED_LINE)
+    assert m is not None
+    assert (m.group(1), int(m.group(2))) == (TI_ID, 1)
+
+
+def test_finished_task_instances_reads_every_finished_line_and_nothing_else():
+    other = FINISHED_LINE.replace(TI_ID, "0000aaaa-0000-0000-0000-00000000bbbb")
+    other = other.replace("try_number=1,", "try_number=3,")
+    text = "\n".join([
+        "2026-11-30T12:51:58Z [info     ] Received executor event with state success for task instance "
+        f"TaskInstanceKey(dag_id='d', task_id='t', run_id='r', try_number=1, map_index=-1) ti_id={TI_ID},",
+        FINISHED_LINE,
+        other,
+        FINISHED_LINE.replace("TaskInstance Finished", "TaskInstance Done"),  # other wording: not read
+    ])
+    assert finished_task_instances(text) == {(TI_ID, 1), ("0000aaaa-0000-0000-0000-00000000bbbb", 3)}
+    assert finished_task_instances("") == set()
+
+
+def test_worker_released_reads_only_complete_new_lines_of_the_scheduler_log(tmp_path):
+    stack = AirflowStack(tmp_path / "state")
+    assert stack.worker_released(TI_ID, 1) is False  # no log yet
+    log = stack.log_dir / "scheduler.log"
+    log.parent.mkdir(parents=True)
+    half = len(FINISHED_LINE) // 2
+    log.write_text("starting\n" + FINISHED_LINE[:half])
+    assert stack.worker_released(TI_ID, 1) is False  # the line is not complete yet
+    with open(log, "a") as f:
+        f.write(FINISHED_LINE[half:] + "\n")
+    assert stack.worker_released(TI_ID, 1) is True
+    assert stack.worker_released(TI_ID, 2) is False  # another try of the same task instance
+    log.write_text("")  # remembered, not re-read
+    assert stack.worker_released(TI_ID, 1) is True
+
+
+# ------------------------------------------------------------------ generated models -> plain data
+
+def test_plain_keeps_none_renders_datetimes_and_enums_and_nests():
+    at = datetime.datetime(2026, 11, 30, 12, 51, 59, tzinfo=datetime.timezone.utc)
+    resp = ac.HITLDetailResponse(chosen_options=["Approve"], params_input={"standing_approval": True},
+                                 responded_at=at, responded_by=ac.HITLUser(id="demo", name="demo"))
+    assert plain(resp) == {"chosen_options": ["Approve"], "params_input": {"standing_approval": True},
+                           "responded_at": "2026-11-30T12:51:59Z", "responded_by": {"id": "demo", "name": "demo"}}
+    assert plain(ac.DAGRunPatchBody(state="failed")) == {"note": None, "state": "failed"}
+    body = plain(ac.PatchTaskInstanceBody(new_state="failed"))
+    assert body["new_state"] == "failed" and body["note"] is None
+    assert plain([ac.HITLUser(id="a", name="b")]) == [{"id": "a", "name": "b"}]
+
+
+def test_plain_merges_additional_properties_and_unwraps_any_of():
+    line = ac.StructuredLogMessage.from_dict({"event": "hello", "timestamp": "2026-11-30T12:00:00Z",
+                                              "level": "info", "error_detail": [{"exc_value": "boom"}]})
+    assert plain(line) == {"event": "hello", "timestamp": "2026-11-30T12:00:00Z", "level": "info",
+                           "error_detail": [{"exc_value": "boom"}]}
+    assert plain(ac.Content.from_json('["plain line"]')) == ["plain line"]
+    entry = ac.ResponseGetXcomEntry.from_dict({
+        "dag_display_name": "d", "dag_id": "d", "key": "return_value", "map_index": -1,
+        "run_after": "2026-11-30T12:00:00Z", "run_id": "r", "task_display_name": "t", "task_id": "t",
+        "timestamp": "2026-11-30T12:00:01Z", "value": {"verdict": "PASS", "n": [1, 2]},
+    })
+    assert plain(entry)["value"] == {"verdict": "PASS", "n": [1, 2]}
+
+
+def test_the_generated_log_model_drops_all_but_event_and_timestamp():
+    """Why AirflowClient.task_log parses the log JSON itself: if this starts failing, the generated
+    client keeps the structured fields and task_log can use TaskInstanceApi.get_log."""
+    page = ac.TaskInstancesLogResponse.from_json(
+        '{"content": [{"event": "failed", "level": "error", "error_detail": [{"exc_value": "boom"}]}],'
+        ' "continuation_token": null}')
+    assert plain(page.content) == [{"event": "failed", "timestamp": None}]
+
+
+def test_render_log_line():
+    assert render_log_line("raw text") == "raw text"
+    line = {"event": "hi", "timestamp": "2026-11-30T12:00:00Z", "level": "info", "logger": "task", "k": None}
+    assert render_log_line(line) == '[2026-11-30T12:00:00Z info] hi {"k": null}'
+    assert render_log_line({"event": "::group::", "timestamp": None, "sources": ["a"]}) == "::group::"
+    assert render_log_line({"event": "boom", "error_detail": [{"exc_type": "X"}]}) == \
+        'boom {"error_detail": [{"exc_type": "X"}]}'
+
+
+# ------------------------------------------------------------------ errors and re-login
+
+def test_api_error_names_method_path_and_status():
+    err = api_error(NotFoundException(status=404, reason="Not Found", body='{"detail": "no such dag"}'),
+                    "GET", "http://127.0.0.1:8080/api/v2/dags/x?limit=1")
+    assert isinstance(err, StackError)
+    assert str(err) == 'GET /api/v2/dags/x?limit=1 -> HTTP 404: {"detail": "no such dag"}'
+    assert (err.status, err.body) == (404, '{"detail": "no such dag"}')
+
+
+@pytest.fixture()
+def client(monkeypatch):
+    c = AirflowClient("http://127.0.0.1:1", "demo", "pw")
+    logins: list[str] = []
+
+    def login() -> str:
+        token = f"token-{len(logins)}"
+        logins.append(token)
+        c._api.configuration.access_token = token
+        return token
+
+    monkeypatch.setattr(c, "login", login)
+    c.logins = logins  # type: ignore[attr-defined]
+    yield c
+    c.close()
+
+
+def test_call_logs_in_first_and_once_more_on_401(client):
+    calls = []
+
+    def endpoint(*args, _request_timeout=None, **kw):
+        calls.append(client._api.configuration.access_token)
+        if len(calls) == 1:
+            raise UnauthorizedException(status=401, reason="Unauthorized", body="expired")
+        return "ok"
+
+    assert client._call(endpoint) == "ok"
+    assert client.logins == ["token-0", "token-1"] and calls == ["token-0", "token-1"]
+
+
+def test_call_raises_stack_error_on_a_second_401_and_passes_allowed_statuses(client):
+    def unauthorized(*args, **kw):
+        raise UnauthorizedException(status=401, reason="Unauthorized", body="bad token")
+
+    with pytest.raises(StackError, match="HTTP 401: bad token") as err:
+        client._call(unauthorized)
+    assert err.value.status == 401 and len(client.logins) == 2
+
+    def missing(*args, **kw):
+        raise NotFoundException(status=404, reason="Not Found", body="{}")
+
+    assert client._call(missing, allow=(404,)) is None
+    with pytest.raises(StackError, match="HTTP 404"):
+        client._call(missing)
+
+    def conflict(*args, **kw):
+        raise ApiException(status=409, reason="Conflict", body="exists")
+
+    with pytest.raises(StackError, match="HTTP 409: exists"):
+        client._call(conflict, allow=(404,))
+
+
+def test_probe_health_says_why_when_nothing_answers():
+    answer = probe_health(f"http://127.0.0.1:{free_port()}", timeout=2)
+    assert isinstance(answer, str) and answer
