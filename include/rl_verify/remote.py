@@ -207,7 +207,7 @@ def _marked_fn(marker: str) -> str:
 
 def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], job_marker: str,
                 stall_timeout_s: int, tracker_glob: str = "*/logs/exp_tracking/tracker.jsonl") -> str:
-    """The command of one training job, run from the worktree by SSHRemoteJobOperator.
+    """The command of one training job (run detached by :func:`submit_job_script`) from the worktree.
 
     The launch script's exit status is reported but never trusted (it can be 0 after a crash).
     A node-side watchdog kills the job when its tracker has not grown for ``stall_timeout_s``
@@ -219,8 +219,8 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], 
                   script=validate_relative(script, "launch script"), args=[str(a) for a in args],
                   job=validate_marker(job_marker), stall=int(stall_timeout_s),
                   glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE))
-    # One subshell: the remote-job wrapper redirects and reads the status of the command as a
-    # whole, so a multi-line body must be a single compound command.
+    # One subshell: the job's exit status is that of the command as a whole (sh/job_submit.sh
+    # records it), and the job's exports stay outside it.
     return f"( {_marked_fn(JOB_MARKER_ENV)}{body}\n)"
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Body of one training job, run by the remote-job wrapper (remote.job_command wraps it in ( )).
+# Body of one training job, run detached by job_submit.sh (remote.job_command wraps it in ( )).
 # Inputs (assigned by remote.render before this text, validated in Python):
 #   worktree   the run's worktree             work_dir  the suite's WORK_DIR
 #   script     launch script, relative to the worktree
