@@ -4,6 +4,7 @@ naming an unknown engine or a missing data file is refused, naming the file and 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -58,6 +59,25 @@ def test_a_new_suite_gets_its_tasks_and_param_value_in_the_dag(new_suite):
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert {f"run_{NEW}", f"fetch_{NEW}", f"compare_{NEW}"} <= set(seen["tasks"]) and NEW in seen["enum"]
+
+
+def test_a_spec_naming_an_unknown_engine_fails_dag_import_naming_the_file_and_the_engine(tmp_path):
+    raw = json.loads((PACKAGE / "suites" / "grpo.json").read_text())
+    path = PACKAGE / "suites" / "dapo.json"
+    path.write_text(json.dumps({**raw, "name": "dapo", "engine": "dapo"}))
+    probe = ("import json; from airflow.dag_processing.dagbag import DagBag; "
+             f"bag = DagBag({str(REPO / 'dags')!r}); "
+             "print(json.dumps({k: str(v) for k, v in bag.import_errors.items()}))")
+    try:
+        env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO,
+                             env=env)
+    finally:
+        path.unlink()
+    assert out.returncode == 0, out.stderr[-2000:]
+    errors = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(errors) == [str(REPO / "dags" / "rl_accuracy_verification.py")]
+    assert f"{path}: field 'engine': unknown engine 'dapo'" in next(iter(errors.values()))
 
 
 def test_an_unknown_engine_is_refused_naming_the_file_and_the_engine():
