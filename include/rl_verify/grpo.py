@@ -27,7 +27,7 @@ from typing import Any
 from rl_verify.errors import CheckerError, InputError
 from rl_verify.model import (FAIL, PASS, STEP_COUNT, Check, SuiteResult, failure_class_of, missing_findings,
                              verdict_of, within)
-from rl_verify.nextsteps import suggest
+from rl_verify.nextsteps import GRPO_RULES, suggest
 from rl_verify.shapes import ComparedPoint, classify
 from rl_verify.thresholds import GrpoThresholds, Rule, load_data
 from rl_verify.tracker import Point, Tracker, read_tracker, write_sanitised
@@ -448,7 +448,7 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
                  "step_times": step_times(base, cur),
                  "checker_step_translations": [t for c in checks if (t := _translation(c))]},
     )
-    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class,
+    result.next_steps = suggest(GRPO_RULES, checks, verdict, result.failure_class,
                                 step_times=result.details["step_times"])
     if plot:
         from rl_verify.plots import plot_panels

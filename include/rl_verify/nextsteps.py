@@ -23,6 +23,7 @@ that no metric was judged.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rl_verify.model import INFRASTRUCTURE, STEP_COUNT, TIMING_METRICS, Check
@@ -31,6 +32,20 @@ from rl_verify.shapes import ComparedPoint, Shape, classify
 MISMATCH = "mismatch/mismatch_k3_kl"
 DISTILL_KL = "distillation/reduced_distillation_kl"
 REWARDS = "response/rewards/mean"
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """The engine-specific rules of runbook section 3 that apply to a suite (its engine passes them)."""
+
+    #: GRPO: a mismatch/mismatch_k3_kl breach is looked at before anything else.
+    mismatch_first: bool = False
+    #: OPD: distill_kl vs rewards tells the teacher path from rollout/the judger.
+    distillation: bool = False
+
+
+GRPO_RULES = EngineRules(mismatch_first=True)
+OPD_RULES = EngineRules(distillation=True)
 
 
 def infrastructure_steps(reason: str) -> list[str]:
@@ -111,7 +126,7 @@ def _performance(timing: list[Check], step_times: Mapping[str, Any] | None) -> s
             "share): re-run on an idle node; if it is still slow, profile the commit.")
 
 
-def suggest(engine: str, checks: list[Check], verdict: str, failure_class: str | None = None,
+def suggest(rules: EngineRules, checks: list[Check], verdict: str, failure_class: str | None = None,
             reason: str = "", step_times: Mapping[str, Any] | None = None) -> list[str]:
     """Next-step suggestions for one suite, each starting with "Inference:".
 
@@ -151,11 +166,11 @@ def suggest(engine: str, checks: list[Check], verdict: str, failure_class: str |
         out.append(f"Inference: {_said(shapes, [MISMATCH])}. Runbook section 3: a mismatch/mismatch_k3_kl breach "
                    "means train/inference inconsistency: check the logprob path, the weight update/sync into the "
                    "rollout engine and the rollout backend"
-                   + (" first, before anything else for GRPO." if engine == "grpo" else "."))
-    if engine == "opd" and DISTILL_KL in accuracy and REWARDS not in accuracy:
+                   + (" first, before anything else for GRPO." if rules.mismatch_first else "."))
+    if rules.distillation and DISTILL_KL in accuracy and REWARDS not in accuracy:
         out.append(f"Inference: {_said(shapes, [DISTILL_KL])}, rewards within threshold. Runbook section 3: suspect "
                    "the teacher path (teacher endpoints, sampled tokens sent to the teachers, distillation loss).")
-    if engine == "opd" and accuracy == [REWARDS]:
+    if rules.distillation and accuracy == [REWARDS]:
         out.append(f"Inference: {_said(shapes, [REWARDS])}, only rewards drift. Runbook section 3: suspect rollout "
                    "or the judger (reward function, answer parsing), not distillation.")
     by_kind: dict[str, list[str]] = {}

@@ -22,7 +22,7 @@ from functools import reduce
 from pathlib import Path
 
 from rl_verify.model import Check, SuiteResult, failure_class_of, missing_findings, verdict_of
-from rl_verify.nextsteps import suggest
+from rl_verify.nextsteps import OPD_RULES, suggest
 from rl_verify.shapes import ComparedPoint, classify
 from rl_verify.thresholds import OpdGolden, Rule, load_data
 from rl_verify.tracker import EVAL_PREFIX, Point, Tracker, read_tracker
@@ -205,7 +205,7 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
                          checks=checks, abnormal=abnormal, trackers=trackers,
                          details={"golden_source": table.source.model_dump(), "eval_points": points,
                                   "current_steps": cur.steps})
-    result.next_steps = suggest(SUITE, checks, verdict, result.failure_class)
+    result.next_steps = suggest(OPD_RULES, checks, verdict, result.failure_class)
     if plot:
         from rl_verify.plots import plot_panels
 

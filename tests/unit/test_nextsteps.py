@@ -4,7 +4,7 @@ breach it reads, and applies a runbook rule only to the shape that rule describe
 from __future__ import annotations
 
 from rl_verify.model import Check, SuiteResult
-from rl_verify.nextsteps import suggest
+from rl_verify.nextsteps import GRPO_RULES, OPD_RULES, suggest
 
 THRESHOLD = 0.1
 
@@ -27,37 +27,37 @@ def text(lines):
 
 
 def test_every_suggestion_is_marked_as_inference():
-    cases = [suggest("grpo", [c("time/step", 1, False)], "FAIL"), suggest("opd", [], "PASS"),
-             suggest("opd", curve("eval/gsm8k/acc", [0.2, 0.2]), "FAIL"),
-             suggest("grpo", [], "FAIL", failure_class="infrastructure", reason="node down")]
+    cases = [suggest(GRPO_RULES, [c("time/step", 1, False)], "FAIL"), suggest(OPD_RULES, [], "PASS"),
+             suggest(OPD_RULES, curve("eval/gsm8k/acc", [0.2, 0.2]), "FAIL"),
+             suggest(GRPO_RULES, [], "FAIL", failure_class="infrastructure", reason="node down")]
     assert all(s.startswith("Inference:") for lines in cases for s in lines)
 
 
 def test_pass_gives_a_short_no_action_line():
-    assert suggest("grpo", [c("response/rewards/mean", None, True)], "PASS") == [
+    assert suggest(GRPO_RULES, [c("response/rewards/mean", None, True)], "PASS") == [
         "Inference: no action needed; every checked metric is within its threshold."]
 
 
 def test_breach_from_the_first_eval_point_points_to_init_or_config_only():
-    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.2, 0.2, 0.01], first_step=0), "FAIL"))
+    out = text(suggest(OPD_RULES, curve("eval/gsm8k/acc", [0.2, 0.2, 0.01], first_step=0), "FAIL"))
     assert "outside its bound from the first compared step 0" in out
     assert "initialisation or config" in out and "weight mapping" in out and "points to the training loop" not in out
 
 
 def test_gradual_growth_points_to_the_training_loop_only():
-    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.02, 0.06, 0.09, 0.12, 0.15]), "FAIL"))
+    out = text(suggest(OPD_RULES, curve("eval/gsm8k/acc", [0.02, 0.06, 0.09, 0.12, 0.15]), "FAIL"))
     assert "grows into the bound" in out and "outside from step 20" in out
     assert "training loop" in out and "advantage" in out and "initialisation" not in out
 
 
 def test_jump_that_stays_is_not_called_gradual_and_names_its_step():
-    out = text(suggest("opd", curve("eval/gsm8k/acc", [0.01, 0.01, 0.3, 0.3, 0.3]), "FAIL"))
+    out = text(suggest(OPD_RULES, curve("eval/gsm8k/acc", [0.01, 0.01, 0.3, 0.3, 0.3]), "FAIL"))
     assert "jump at step 15" in out and "No runbook rule describes a jump" in out
     assert "gradual" not in out and "training loop" not in out and "initialisation" not in out
 
 
 def test_single_breach_at_the_last_eval_point_is_isolated_not_gradual():
-    out = text(suggest("opd", curve("eval/geo3k/acc", [0.01, 0.01, 0.01, 0.01, 0.2]), "FAIL"))
+    out = text(suggest(OPD_RULES, curve("eval/geo3k/acc", [0.01, 0.01, 0.01, 0.01, 0.2]), "FAIL"))
     assert "single breach at step 25 (the last compared point)" in out and "re-run once" in out
     assert "gradual" not in out and "training loop" not in out
 
@@ -65,7 +65,7 @@ def test_single_breach_at_the_last_eval_point_is_isolated_not_gradual():
 def test_single_nan_gets_one_numerical_suggestion_not_three_causes():
     checks = curve("response/rewards/mean", [0.01, 0.01, 0.01, 0.01, 0.01])
     checks[2] = c("response/rewards/mean", 15, False, error=float("nan"), current=float("nan"))
-    out = suggest("opd", checks, "FAIL")
+    out = suggest(OPD_RULES, checks, "FAIL")
     said = text(out)
     assert "NaN/Infinity only at step 15" in said and "diverged numerically" in said
     assert "gradual" not in said and "initialisation" not in said and "rollout or the judger" in said
@@ -75,32 +75,32 @@ def test_shape_recorded_by_the_engine_is_used_for_an_aggregate_row():
     row = c("response/rewards/mean", None, False, source="checker")
     row.shape, row.first_breach_step = "from-start", 1
     row.shape_text = "outside its bound from the first compared step 1"
-    out = text(suggest("grpo", [row], "FAIL"))
+    out = text(suggest(GRPO_RULES, [row], "FAIL"))
     assert "first compared step 1" in out and "initialisation or config" in out
 
 
 def test_mismatch_breach_points_to_train_inference_consistency_first_for_grpo():
     mismatch = c("mismatch/mismatch_k3_kl", 12, False, source="checker")
     mismatch.shape, mismatch.shape_text = "jump", "jump at step 12 (error 0.0002; 1e-05 at step 11), stays outside"
-    out = suggest("grpo", [c("response/rewards/mean", None, True, source="checker"), mismatch], "FAIL")
+    out = suggest(GRPO_RULES, [c("response/rewards/mean", None, True, source="checker"), mismatch], "FAIL")
     assert out[0].startswith("Inference: mismatch/mismatch_k3_kl: jump at step 12")
     assert "logprob path" in out[0] and "rollout backend" in out[0] and "before anything else for GRPO" in out[0]
 
 
 def test_distill_kl_breach_with_healthy_rewards_points_to_the_teacher_path():
     checks = curve("distillation/reduced_distillation_kl", [0.2, 0.2]) + curve("response/rewards/mean", [0.01, 0.01])
-    out = text(suggest("opd", checks, "FAIL"))
+    out = text(suggest(OPD_RULES, checks, "FAIL"))
     assert "teacher path" in out and "teacher endpoints" in out
 
 
 def test_distill_kl_breach_with_bad_rewards_is_not_blamed_on_the_teacher_alone():
     checks = curve("distillation/reduced_distillation_kl", [0.2, 0.2]) + curve("response/rewards/mean", [0.2, 0.2])
-    assert "teacher path" not in text(suggest("opd", checks, "FAIL"))
+    assert "teacher path" not in text(suggest(OPD_RULES, checks, "FAIL"))
 
 
 def test_rewards_only_drift_points_to_rollout_or_judger_not_distillation():
     checks = curve("response/rewards/mean", [0.2, 0.2]) + curve("distillation/reduced_distillation_kl", [0.01, 0.01])
-    out = text(suggest("opd", checks, "FAIL"))
+    out = text(suggest(OPD_RULES, checks, "FAIL"))
     assert "rollout or the judger" in out and "not distillation" in out
 
 
@@ -113,7 +113,7 @@ def test_infrastructure_failure_gets_its_own_suggestion():
 
 def test_missing_values_are_not_read_as_a_breach():
     checks = curve("eval/gsm8k/acc", [0.01, 0.01]) + [c("eval/gsm8k/acc", 20, False, current=None, missing=True)]
-    out = text(suggest("opd", checks, "FAIL", failure_class="infrastructure"))
+    out = text(suggest(OPD_RULES, checks, "FAIL", failure_class="infrastructure"))
     assert "not measured (eval/gsm8k/acc at step(s) 20)" in out and "not an accuracy signal" in out
     assert "initialisation" not in out and "training loop" not in out and "single breach" not in out
 
@@ -122,7 +122,7 @@ def test_performance_failure_names_a_slower_commit_and_a_slow_node_with_the_step
     checks = [Check("time/step", 30, 45.0, 57.0, 12.0, 10.0, "<", "absolute", False, "checker"),
               Check("e2e wall time", None, None, 2500.0, 2500.0, 2400.0, "<", "value", False, "wall-time")]
     times = {"current_mean": 52.1, "current_max": 57.0, "current_max_step": 30, "baseline_mean": 45.3}
-    (line,) = suggest("grpo", checks, "FAIL", failure_class="performance", step_times=times)
+    (line,) = suggest(GRPO_RULES, checks, "FAIL", failure_class="performance", step_times=times)
     assert "commit under test is slower" in line and "slow or contended" in line
     assert "time/step mean 52.1 s vs baseline 45.3 s, slowest step 30 at 57 s" in line
     assert "e2e wall time 2500 s against a budget of < 2400 s" in line
