@@ -231,6 +231,31 @@ def _worst(errors: list[float]) -> int:
     return best_i
 
 
+def step_errors(rule: Rule, base: list[Point], cur: list[Point]) -> list[float]:
+    """Per-step errors of ``cur`` against ``base``, paired by position as the checker pairs them.
+
+    Unrounded: a percentile is taken over these; a metric checked step by step rounds them to
+    ``STEP_ROUND`` decimals first (see :func:`stepwise_breach`).
+    """
+    return [rule.error(x.value, y.value) for x, y in zip(base, cur)]
+
+
+def stepwise_breach(rule: Rule, error: float) -> bool:
+    """Whether one step breaks a metric checked step by step (the checker rounds first)."""
+    return not rule.holds(round(error, STEP_ROUND))
+
+
+def percentile_fail_count(steps: int, q: float) -> int:
+    """How many breaching steps of ``steps`` make the p``q`` of per-step errors breach, whatever the rest.
+
+    numpy's linear percentile (what the checker takes) lies between s[f] and s[f + 1] of the sorted
+    errors s, f = floor(q / 100 * (steps - 1)), so it is at least s[f]; s[f] breaches once
+    ``steps - f`` errors breach (they fill the top places of the order). With one fewer, s[f] can be
+    any within error and the percentile may still hold: that many never decides.
+    """
+    return steps - math.floor((q / 100) * (steps - 1))
+
+
 def metric_check(rule: Rule, base: Tracker, cur: Tracker, percentiles: dict[str, float],
                  checker_reason: str | None = None) -> Check:
     """The display row for one assert_info entry, applying the threshold as the checker does.
@@ -249,9 +274,9 @@ def metric_check(rule: Rule, base: Tracker, cur: Tracker, percentiles: dict[str,
         return Check(step=None, baseline=float(len(b)), current=float(len(c)), error=None, passed=False,
                      missing=True, note=f"missing values: baseline has {len(b)} values, current {len(c)} "
                                         "(the checker fails this metric; nothing comparable was measured)", **row)
-    errors = [rule.error(x.value, y.value) for x, y in zip(b, c)]
+    errors = step_errors(rule, b, c)
     stepwise = [round(e, STEP_ROUND) for e in errors]
-    breach = next((i for i, e in enumerate(stepwise) if not rule.holds(e)), None)
+    breach = next((i for i, e in enumerate(errors) if stepwise_breach(rule, e)), None)
     first_breach = c[breach].step if breach is not None else None
     shape = classify([ComparedPoint(y.step, y.value, e, not rule.holds(e))
                       for y, e in zip(c, stepwise)], threshold)

@@ -91,7 +91,7 @@ def point_check(rule: Rule, step: int, golden: OpdGolden, golden_path: Path,
                  note=note, **row)
 
 
-def _wanted_at(metric: str, step: int, golden: OpdGolden) -> bool:
+def wanted_at(metric: str, step: int, golden: OpdGolden) -> bool:
     """False for the golden table's "-" cells: training metrics at step 0, metrics the table leaves empty."""
     if golden.value(step, metric) is not None:
         return True
@@ -175,7 +175,7 @@ def compare_opd(current: Path, out_dir: Path, golden: Path | None = None, baseli
     checks: list[Check] = []
     for step in points:
         for metric, rule in table.thresholds.items():
-            if _wanted_at(metric, step, table):
+            if wanted_at(metric, step, table):
                 checks.append(point_check(rule, step, table, golden_path, cur, base))
     abnormal = list(cur.abnormal) + (list(base.abnormal) if base else [])
     extra = uncalibrated_steps(cur, table, points)

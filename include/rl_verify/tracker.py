@@ -296,3 +296,54 @@ def write_sanitised(tracker: Tracker, dest: str | Path) -> Path:
             out.write(raw if raw.endswith(b"\n") else raw + b"\n")
     os.replace(tmp, dest)
     return dest
+
+
+class TrackerFeed:
+    """A tracker read while it grows: :meth:`feed` takes the file's new bytes only.
+
+    Complete lines are classified exactly as :func:`read_tracker` classifies them (same ``_Reader``);
+    a partial last line waits in a buffer until its newline arrives. ``offset`` is the byte length
+    of the complete lines taken, i.e. where the next read of the file starts.
+    """
+
+    def __init__(self, path: str | Path, metrics: Iterable[str] | None = None) -> None:
+        self._reader = _Reader(Path(path), set(metrics) if metrics is not None else None)
+        self._pending = b""
+        self._line = 0
+        self.offset = 0
+
+    @property
+    def tracker(self) -> Tracker:
+        """Everything taken so far (rows, evals, last values, abnormal values)."""
+        return self._reader.result
+
+    @property
+    def waiting(self) -> int:
+        """Bytes of a partial last line waiting for its end."""
+        return len(self._pending)
+
+    def feed(self, data: bytes) -> int:
+        """Take the complete lines in the buffer + ``data``; return how many step-summary rows were new.
+
+        A complete line that does not parse raises ``InputError`` naming file:line (only the last,
+        still unfinished line may be partial, and it is kept waiting, not parsed).
+        """
+        buffer = self._pending + data
+        cut = buffer.rfind(b"\n") + 1
+        complete, self._pending = buffer[:cut], buffer[cut:]
+        before = len(self.tracker.rows)
+        for raw in complete.splitlines(keepends=True):
+            self._line += 1
+            self.offset += len(raw)
+            if not raw.strip():
+                self.tracker.blank_lines += 1
+                continue
+            try:
+                row = _parse(raw)
+            except (UnicodeDecodeError, ValueError) as exc:
+                raise InputError(f"malformed tracker line ({exc})", self._reader.path, self._line,
+                                 "only the last line of a growing tracker may be partial") from exc
+            self._reader.take(self._line, row)
+            self.tracker.lines = self._line
+            self.tracker.kept_bytes = self.offset
+        return len(self.tracker.rows) - before

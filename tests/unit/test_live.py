@@ -1,0 +1,197 @@
+"""Live checking: each certainty rule, the p80 count boundary, and agreement with the final comparison.
+
+The equivalence cases feed a tracker row by row (as it grows on the node) and compare what the live
+check concluded with the full comparison of the complete tracker: a run whose full comparison is
+PASS is never doomed, and a doomed run's full comparison is FAIL on the metrics the live check named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
+
+from rl_verify.grpo import compare_grpo, load_thresholds, percentile_fail_count
+from rl_verify.live import GrpoLive, OpdLive
+from rl_verify.opd import compare_opd, load_golden
+from rl_verify.suite import data_file, load_suite
+from rl_verify.tracker import TrackerFeed, read_tracker
+
+GRPO = load_suite("grpo")
+OPD = load_suite("opd")
+
+
+# ----------------------------------------------------------------------------- the p80 count
+@pytest.mark.parametrize("steps,q,count", [(45, 80, 10), (25, 80, 6), (10, 80, 3), (2, 80, 2), (101, 90, 11)])
+def test_percentile_fail_count_follows_numpy_linear_percentile(steps, q, count):
+    assert percentile_fail_count(steps, q) == count
+
+
+@pytest.mark.parametrize("steps", range(2, 61))
+@pytest.mark.parametrize("q", [50, 80, 90, 95])
+def test_the_count_decides_whatever_the_rest_and_one_fewer_does_not(steps, q):
+    thr, needed = 0.1, percentile_fail_count(steps, q)
+    # ``needed`` steps at the bound (breaching "< 0.1"), the rest as large as a within error can be: FAIL.
+    assert not np.percentile([0.0999999] * (steps - needed) + [0.1] * needed, q) < thr
+    # One fewer breaching step: the other steps can still make the percentile hold.
+    assert np.percentile([0.0] * (steps - needed + 1) + [0.1] * (needed - 1), q) < thr
+
+
+# ----------------------------------------------------------------------------- GRPO rules
+def _grpo_live(tmp_path) -> GrpoLive:
+    base = read_tracker(dump_rows(tmp_path / "base.jsonl", grpo_rows()))
+    return GrpoLive(load_thresholds(data_file(GRPO.data)), base, GRPO.expected_steps, GRPO.wall_time_budget_s)
+
+
+def _feed_rows(rows, steps: int | None = None):
+    """A tracker fed with the rows up to step ``steps`` (all when None), line by line as it grows."""
+    feed = TrackerFeed("tracker.jsonl")
+    for row in rows:
+        if steps is not None and row["step"] > steps:
+            break
+        feed.feed((json.dumps(row) + "\n").encode())
+    return feed.tracker
+
+
+def test_a_mismatch_breach_at_step_1_is_certain_at_step_1(tmp_path):
+    rows = grpo_rows(mismatch=lambda i: 4e-4)
+    result = _grpo_live(tmp_path).check(_feed_rows(rows, steps=1))
+    assert [(c.metric, c.step, c.rule) for c in result.certain] == [("mismatch/mismatch_k3_kl", 1, "every-step")]
+
+
+def test_a_nan_in_a_percentile_metric_is_certain(tmp_path):
+    rows = grpo_rows(rewards=lambda i: math.nan if i == 3 else 0.5 + 0.005 * i)
+    result = _grpo_live(tmp_path).check(_feed_rows(rows, steps=3))
+    assert [(c.metric, c.rule) for c in result.certain] == [("response/rewards/mean", "non-finite")]
+
+
+def test_p80_metric_is_certain_at_the_tenth_breaching_step_of_45_not_the_ninth(tmp_path):
+    offset = {i: 0.2 for i in range(5, 15)}  # steps 5-14 outside 0.1
+    rows = grpo_rows(rewards=lambda i: 0.5 + 0.005 * i + offset.get(i, 0.0))
+    live = _grpo_live(tmp_path)
+    ninth = live.check(_feed_rows(rows, steps=13))
+    assert not ninth.certain and {s.metric: s.state for s in ninth.status}["response/rewards/mean"] == "warning"
+    tenth = live.check(_feed_rows(rows, steps=14))
+    assert [(c.metric, c.step, c.rule) for c in tenth.certain] == [("response/rewards/mean", 14, "percentile")]
+
+
+def test_the_wall_time_budget_passed_is_certain(tmp_path):
+    live, tracker = _grpo_live(tmp_path), _feed_rows(grpo_rows(), 5)
+    assert [c.rule for c in live.check(tracker, elapsed_s=2400).certain] == ["wall-time"]
+    assert not live.check(tracker, elapsed_s=2399).certain
+
+
+def test_a_metric_near_its_bound_is_a_warning_not_an_abort(tmp_path):
+    rows = grpo_rows(mismatch=lambda i: 9e-5)  # 90 % of the 1e-4 bound
+    result = _grpo_live(tmp_path).check(_feed_rows(rows, 10))
+    assert not result.certain
+    assert {s.metric: s.state for s in result.status}["mismatch/mismatch_k3_kl"] == "warning"
+
+
+# ----------------------------------------------------------------------------- OPD rules
+def _opd_live() -> OpdLive:
+    return OpdLive(load_golden(GOLDEN), GOLDEN, list(OPD.eval_points), OPD.wall_time_budget_s)
+
+
+def test_an_opd_eval_point_breach_is_certain_once_its_rows_are_in():
+    kl = "distillation/reduced_distillation_kl"
+    rows = opd_rows(change=lambda m, s, v: v + 0.1 if m == kl and s >= 5 else v)
+    live = _opd_live()
+    assert not live.check(_feed_rows(rows, 4)).certain
+    result = live.check(_feed_rows(rows, 5))
+    assert [(c.metric, c.step, c.rule) for c in result.certain] == [(kl, 5, "eval-point")]
+
+
+def test_a_nan_between_opd_eval_points_is_a_warning_only():
+    kl = "distillation/reduced_distillation_kl"
+    rows = opd_rows(change=lambda m, s, v: math.nan if m == kl and s == 7 else v)
+    result = _opd_live().check(_feed_rows(rows, 9))
+    assert not result.certain and {s.metric: s.state for s in result.status}[kl] == "warning"
+
+
+def test_time_step_is_reference_only_and_never_decides():
+    rows = opd_rows(change=lambda m, s, v: v * 3 if m == "time/step" else v)
+    assert not _opd_live().check(_feed_rows(rows)).certain
+
+
+# ----------------------------------------------------------------------------- the growing file
+def test_a_partial_last_line_waits_for_its_end_and_bytes_are_read_once(tmp_path):
+    path = dump_rows(tmp_path / "t.jsonl", grpo_rows(steps=5))
+    data = path.read_bytes()
+    feed = TrackerFeed(path, None)
+    taken = 0
+    for i in range(0, len(data), 7):  # 7-byte reads cut lines and characters anywhere
+        taken += feed.feed(data[i:i + 7])
+    whole = read_tracker(path)
+    assert taken == 5 and feed.offset == len(data) and feed.waiting == 0
+    assert [r.values for r in feed.tracker.rows] == [r.values for r in whole.rows]
+    assert feed.tracker.evals == whole.evals
+
+
+# ----------------------------------------------------------------------------- equivalence
+def _grpo_cases():
+    """(name, rows, the step the live check dooms the run at, or None)."""
+    rng = random.Random(7)
+    noisy = set(rng.sample(range(1, 46), 9))  # 9 breaching steps: the p80 still holds
+    return [
+        ("healthy", grpo_rows(), None),
+        ("noisy rewards, p80 within", grpo_rows(rewards=lambda i: 0.5 + 0.005 * i + (0.15 if i in noisy else 0)),
+         None),
+        ("noisy length, p80 within", grpo_rows(length=lambda i: 300.0 + i + (120 if i in noisy else 0)), None),
+        ("mismatch from step 1", grpo_rows(mismatch=lambda i: 4e-4), 1),
+        ("mismatch at step 30", grpo_rows(mismatch=lambda i: 4e-4 if i == 30 else 1e-5), 30),
+        ("rewards diverge from step 20", grpo_rows(rewards=lambda i: 0.5 + 0.005 * i + (0.3 if i >= 20 else 0)), 29),
+        ("time/step slow at step 40", grpo_rows(time_step=lambda i: 55.0 if i == 40 else 40.0), 40),
+        ("final accuracy only (decided at the end)", grpo_rows(final_acc=0.7), None),
+    ]
+
+
+def _first_doomed(live, rows, steps):
+    for n in steps:
+        result = live.check(_feed_rows(rows, n))
+        if result.certain:
+            return n, result
+    return None, None
+
+
+@pytest.mark.parametrize("name,rows,doomed_at", _grpo_cases(), ids=[c[0] for c in _grpo_cases()])
+def test_grpo_live_never_dooms_a_passing_run_and_agrees_on_the_metrics(name, rows, doomed_at, tmp_path,
+                                                                       checker_dir):
+    base = dump_rows(tmp_path / "base.jsonl", grpo_rows())
+    final = compare_grpo(base, dump_rows(tmp_path / "cur.jsonl", rows), checker_dir, tmp_path / "out", plot=False)
+    live = GrpoLive(load_thresholds(data_file(GRPO.data)), read_tracker(base), GRPO.expected_steps,
+                    GRPO.wall_time_budget_s)
+    step, doomed = _first_doomed(live, rows, range(1, 46))
+    assert step == doomed_at, name
+    if final.verdict == "PASS":
+        assert doomed is None, f"{name}: aborted a run that passes ({doomed.certain})"
+    if doomed is not None:
+        breached = {c.metric for c in final.checks if c.breached}
+        assert final.verdict == "FAIL" and {c.metric for c in doomed.certain} <= breached, name
+
+
+def _opd_cases():
+    kl, gsm = "distillation/reduced_distillation_kl", "eval/gsm8k/acc"
+    return [
+        ("healthy", opd_rows(), None),
+        ("teacher path from step 5", opd_rows(change=lambda m, s, v: v + 0.1 if m == kl and s >= 5 else v), 5),
+        ("gsm8k drops at 20", opd_rows(change=lambda m, s, v: v - 0.1 if m == gsm and s >= 20 else v), 20),
+        ("noise between eval points", opd_rows(change=lambda m, s, v: v + 0.5 if m == kl and s % 5 else v), None),
+        ("slow steps (reference only)", opd_rows(time_step=90.0), None),
+    ]
+
+
+@pytest.mark.parametrize("name,rows,doomed_at", _opd_cases(), ids=[c[0] for c in _opd_cases()])
+def test_opd_live_never_dooms_a_passing_run_and_agrees_on_the_metrics(name, rows, doomed_at, tmp_path):
+    final = compare_opd(dump_rows(tmp_path / "cur.jsonl", rows), tmp_path / "out", plot=False)
+    step, doomed = _first_doomed(_opd_live(), rows, range(0, 26))
+    assert step == doomed_at, name
+    if final.verdict == "PASS":
+        assert doomed is None, f"{name}: aborted a run that passes ({doomed.certain})"
+    if doomed is not None:
+        breached = {c.metric for c in final.checks if c.breached}
+        assert final.verdict == "FAIL" and {c.metric for c in doomed.certain} <= breached, name
