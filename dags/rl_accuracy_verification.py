@@ -16,7 +16,8 @@ accuracy aligned with the baselines, following the team's runbook:
 6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
 7. **cleanup** — on any failure: `ray stop --force`, the run's processes killed, logs kept.
 
-Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id, pinned host key).
+Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id, pinned host key),
+`early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there).
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ POOL = settings.node_pool()
                         minItems=1, uniqueItems=True),
         "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",
                       pattern=r"^[A-Za-z0-9_.-]{1,100}(?![\s\S])"),
+        "early_abort": Param(True, type="boolean", title="Early abort",
+                             description="End a suite's training as soon as its FAIL is certain (the live check "
+                                         "uses the final comparison's rules). Off: train to the end; the report "
+                                         "says where it would have stopped."),
     },
 )
 def rl_accuracy_verification():

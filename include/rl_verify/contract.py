@@ -22,6 +22,8 @@ class Resolved(TypedDict):
     run_key: str
     suites: list[str]
     node: str
+    #: End a suite's training as soon as its FAIL is certain (param ``early_abort``).
+    early_abort: bool
 
 
 class PrerequisiteItem(TypedDict):

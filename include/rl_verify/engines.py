@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_verify.nextsteps import GRPO_RULES, OPD_RULES
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -39,6 +41,13 @@ class Engine:
     cli_args: Callable[[argparse.ArgumentParser], None]
     #: The verdict from command-line arguments.
     cli_compare: Callable[[argparse.Namespace, "SuiteSpec", Path], "SuiteResult"]
+    #: The live check of a training (``rl_verify.live``) from the spec and its baseline tracker, or
+    #: None when nothing can be judged live (e.g. a GRPO run without its baseline).
+    live: Callable[["SuiteSpec", Any], Any]
+    #: The remote path of the tracker the live check compares against (a spec field), if any.
+    live_baseline: Callable[["SuiteSpec"], str | None]
+    #: The engine-specific rules of runbook section 3 (``nextsteps.EngineRules``).
+    rules: Any = None
 
 
 # ----------------------------------------------------------------------------- grpo
@@ -98,6 +107,16 @@ def _grpo_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) ->
                         wall_time_s=args.wall_time_s, timeout_s=args.timeout_s, thresholds=data_file(spec.data),
                         suite=spec.name, expected_steps=spec.expected_steps,
                         wall_time_budget_s=spec.wall_time_budget_s)
+
+
+def _grpo_live(spec: "SuiteSpec", baseline: Any) -> Any:
+    from rl_verify.grpo import load_thresholds
+    from rl_verify.live import GrpoLive
+    from rl_verify.suite import data_file
+
+    if baseline is None:
+        return None  # the checker compares against the baseline tracker: nothing to judge without it
+    return GrpoLive(load_thresholds(data_file(spec.data)), baseline, spec.expected_steps, spec.wall_time_budget_s)
 
 
 # ----------------------------------------------------------------------------- opd
@@ -166,11 +185,22 @@ def _opd_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) -> 
                                          "tracker of a run of the baseline config, to compare them)")
 
 
+def _opd_live(spec: "SuiteSpec", baseline: Any) -> Any:
+    from rl_verify.live import OpdLive
+    from rl_verify.opd import load_golden
+    from rl_verify.suite import data_file
+
+    path = data_file(spec.data)
+    return OpdLive(load_golden(path), path, list(spec.eval_points), spec.wall_time_budget_s, baseline)
+
+
 ENGINES: dict[str, Engine] = {
     "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time", _grpo_data,
-                   _grpo_contradictions, _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare),
+                   _grpo_contradictions, _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare,
+                   _grpo_live, lambda spec: spec.baseline, GRPO_RULES),
     "opd": Engine("opd", "every eval point against a golden table", _opd_data, _opd_contradictions,
-                  _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare),
+                  _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare,
+                  _opd_live, lambda spec: spec.reference_baseline, OPD_RULES),
 }
 
 

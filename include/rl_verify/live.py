@@ -24,6 +24,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_verify.model import FAIL, Check, SuiteResult, failure_class_of
+from rl_verify.nextsteps import EngineRules
 from rl_verify.grpo import percentile_fail_count, step_errors, stepwise_breach
 from rl_verify.opd import point_check, wanted_at
 from rl_verify.thresholds import GrpoThresholds, OpdGolden, Rule
@@ -42,6 +44,12 @@ class Certain:
     step: int | None
     rule: str
     text: str
+    baseline: float | None = None
+    current: float | None = None
+    error: float | None = None
+    threshold: float | None = None
+    operator: str = "<"
+    method: str = "absolute"
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,8 @@ def _near(rule: Rule, error: float) -> bool:
 def _wall_time(elapsed_s: float | None, budget_s: float) -> Certain | None:
     if elapsed_s is not None and elapsed_s >= budget_s:
         return Certain("e2e wall time", None, "wall-time",
-                       f"e2e wall time {elapsed_s:.0f} s has reached the budget of < {budget_s:.0f} s")
+                       f"e2e wall time {elapsed_s:.0f} s has reached the budget of < {budget_s:.0f} s",
+                       None, float(elapsed_s), float(elapsed_s), float(budget_s), "<", "value")
     return None
 
 
@@ -109,12 +118,15 @@ class GrpoLive:
         points, errors = self._series(rule, cur)
         if not errors:
             return [], Status(rule.metric, WAITING, "no step yet")
-        for point, error in zip(points, errors):
+        base = self.baseline.series(rule.metric)
+        for i, (point, error) in enumerate(zip(points, errors)):
             if stepwise_breach(rule, error):
                 kind = "every-step" if math.isfinite(error) else "non-finite"
                 text = (f"{rule.metric} error {error:.5g} at step {point.step} breaks {rule.operator} "
                         f"{rule.threshold:g} (checked at every step)")
-                return [Certain(rule.metric, point.step, kind, text)], Status(rule.metric, BREACHED, text)
+                found = Certain(rule.metric, point.step, kind, text, base[i].value, point.value, error,
+                                rule.threshold, rule.operator, rule.method)
+                return [found], Status(rule.metric, BREACHED, text)
         last = errors[-1]
         if _near(rule, last):
             return [], Status(rule.metric, WARNING, f"error {last:.5g} at step {points[-1].step} is "
@@ -129,13 +141,16 @@ class GrpoLive:
         non_finite = [p.step for p, e in zip(points, errors) if not math.isfinite(e)]
         if non_finite:
             text = (f"{rule.metric} is not finite at step {non_finite[0]}: its p{q:g} over the run can never hold")
-            return [Certain(rule.metric, non_finite[0], "non-finite", text)], Status(rule.metric, BREACHED, text)
+            found = Certain(rule.metric, non_finite[0], "non-finite", text, None, math.nan, math.nan, rule.threshold,
+                            rule.operator, rule.method)
+            return [found], Status(rule.metric, BREACHED, text)
         breaching = [p.step for p, e in zip(points, errors) if not rule.holds(e)]
         if len(breaching) >= needed:
             text = (f"{rule.metric}: {len(breaching)} of {self.expected_steps} steps outside {rule.operator} "
                     f"{rule.threshold:g} (steps {_steps(breaching)}); {needed} decide its p{q:g}")
-            return [Certain(rule.metric, breaching[needed - 1], "percentile", text)], Status(rule.metric, BREACHED,
-                                                                                             text)
+            found = Certain(rule.metric, breaching[needed - 1], "percentile", text, None, None, None, rule.threshold,
+                            rule.operator, rule.method)
+            return [found], Status(rule.metric, BREACHED, text)
         if breaching:
             return [], Status(rule.metric, WARNING, f"{len(breaching)} step(s) outside (FAIL certain at {needed} of "
                                                     f"{self.expected_steps}): steps {_steps(breaching)}")
@@ -170,7 +185,9 @@ class OpdLive:
             if check.passed is False and not check.missing:
                 text = (f"{rule.metric} at eval point {step}: {check.current:.5g} vs golden {check.baseline:.5g}, "
                         f"error {check.error:.5g} breaks {rule.operator} {rule.threshold:g}")
-                return [Certain(rule.metric, step, "eval-point", text)], Status(rule.metric, BREACHED, text)
+                found = Certain(rule.metric, step, "eval-point", text, check.baseline, check.current, check.error,
+                                rule.threshold, rule.operator, rule.method)
+                return [found], Status(rule.metric, BREACHED, text)
             seen.append(check)
         unjudged = [p.step for p in cur.series(rule.metric) if not math.isfinite(p.value)]
         if unjudged:
@@ -187,3 +204,53 @@ class OpdLive:
 def _steps(steps: list[int]) -> str:
     shown = ", ".join(map(str, steps[:8]))
     return shown + (f" (+{len(steps) - 8} more)" if len(steps) > 8 else "")
+
+
+def progress(result: LiveResult, expected_steps: int, elapsed_s: float | None) -> str:
+    """One task-log line: ``step N/M``, the ETA from the observed step time, every metric's status."""
+    eta = ""
+    if elapsed_s and result.steps:
+        per_step = elapsed_s / result.steps
+        eta = f", ETA {max(0, expected_steps - result.steps) * per_step / 60:.1f} min ({per_step:.1f} s/step observed)"
+    states = "; ".join(s.metric + " " + s.state + (f" ({s.text})" if s.state in (BREACHED, WARNING) else "")
+                       for s in result.status)
+    return f"step {result.steps}/{expected_steps}{eta} | {states}"
+
+
+def aborted_checks(certain: list[Certain]) -> list[Check]:
+    """The comparison rows of an early abort: one failing row per certain breach."""
+    return [Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
+                  threshold=c.threshold, operator=c.operator,
+                  method=c.method, passed=False, first_breach_step=c.step, source="live",
+                  note=f"early abort ({c.rule}): {c.text}") for c in certain]
+
+
+def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:
+    """The suite's FAIL after an early abort, from what the live check recorded (``abort.json``).
+
+    One failing row per certain breach (its rule and the step where it became certain in the note),
+    the class those rows call for, "aborted at step N of M" first among the findings, and the
+    runbook's next steps for the breached metrics.
+    """
+    from rl_verify.nextsteps import suggest
+
+    certain = [Certain(**{k: _number(v) if k in _FLOATS else v for k, v in c.items()}) for c in abort["certain"]]
+    checks = aborted_checks(certain)
+    failure_class = failure_class_of(checks, FAIL)
+    rules_named = "; ".join(f"{c.metric} ({c.rule}, step {c.step})" for c in certain)
+    abnormal = [f"Aborted at step {abort['step']} of {abort['expected_steps']}: the final verdict could no longer "
+                f"be PASS ({rules_named}); the job was stopped early (early_abort on). "
+                + "; ".join(c.text for c in certain)]
+    abnormal += [f"Live warning: {w}" for w in abort.get("warnings") or []]
+    result = SuiteResult(suite=suite, verdict=FAIL, failure_class=failure_class, checks=checks, abnormal=abnormal,
+                         details={"early_abort": {k: v for k, v in abort.items() if k != "certain"}})
+    result.next_steps = suggest(rules, checks, FAIL, failure_class)
+    return result
+
+
+_FLOATS = {"baseline", "current", "error", "threshold"}
+
+
+def _number(value: object) -> float | None:
+    """A float back from its JSON form ("nan"/"inf" were written as text)."""
+    return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None

@@ -51,16 +51,22 @@ class SuiteTrainingOperator(BaseOperator):
 
     def execute(self, context: Any) -> None:
         with _worker_time(context):
-            node, job_dir, marker = self._launch_or_attach(context)
+            node, job_dir, marker, live = self._launch_or_attach(context)
         self.defer(trigger=RLJobTrigger(ssh_conn_id=node, job_dir=job_dir, job_marker=marker,
                                         poll_interval=self.poll_interval_s,
-                                        max_reconnect_attempts=self.max_reconnect_attempts),
+                                        max_reconnect_attempts=self.max_reconnect_attempts, live=live),
                    method_name="execute_complete", timeout=timedelta(seconds=self.job_timeout_s))
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         with _worker_time(context):
             for line in (event.get("log_chunk") or "").splitlines():
                 self.log.info("[remote] %s", line)
+            live = event.get("live") or {}
+            if live.get("certain"):
+                _record_early_abort(context, self.suite, live, applied=event.get("status") == "aborted")
+            if event.get("status") == "aborted":
+                # Certain FAIL: the job was stopped; fetch and compare still run on what it wrote.
+                raise AirflowFailException(f"{self.suite} {event.get('message')}")
             exit_code = event.get("exit_code")
             if exit_code is None:
                 # The watch ended without an exit code (node unreachable past the budget): the job
@@ -90,8 +96,8 @@ class SuiteTrainingOperator(BaseOperator):
         except Exception as err:  # the DAG's cleanup task kills what is left
             self.log.warning("Could not kill job %s (%s); cleanup will", marker, err)
 
-    def _launch_or_attach(self, context: Any) -> tuple[str, str, str]:
-        """Launch the suite's job, or find this run's; return (node, job dir, job marker)."""
+    def _launch_or_attach(self, context: Any) -> tuple[str, str, str, dict[str, Any]]:
+        """Launch the suite's job, or find this run's; return (node, job dir, job marker, live check config)."""
         from airflow.sdk.exceptions import AirflowSkipException
 
         from rl_verify import pipeline, remote
@@ -126,7 +132,18 @@ class SuiteTrainingOperator(BaseOperator):
                                            "exit code (killed or node restarted); not launching a second training")
             else:
                 self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
-        return node, job_dir, marker
+        from rl_verify.engines import engine_of
+
+        live = {"suite": self.suite, "work_dir": work_dir, "tracker_glob": spec.tracker,
+                "baseline": engine_of(spec).live_baseline(spec), "early_abort": bool(resolved.get("early_abort", True))}
+        return node, job_dir, marker, live
+
+
+def _record_early_abort(context: Any, suite: str, live: dict[str, Any], applied: bool) -> None:
+    """Keep what the live check found in the run's record (``<suite>/abort.json``) for fetch, compare, report."""
+    from rl_verify import record
+
+    record.write_json(record.run_record_dir(context["run_id"]) / suite / "abort.json", {**live, "applied": applied})
 
 
 @contextmanager

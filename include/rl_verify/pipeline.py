@@ -79,7 +79,14 @@ def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """commit, suites and node from the run's params, validated before anything reaches a shell."""
     return {"commit": remote.validate_commit(params.get("commit")),
             "suites": remote.validate_suites(params.get("suites")),
-            "node": _validate_conn_id(params.get("node"))}
+            "node": _validate_conn_id(params.get("node")),
+            "early_abort": _validate_flag(params.get("early_abort", True), "early_abort")}
+
+
+def _validate_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise remote.BadInput(f"param {name!r} must be true or false, got {value!r}")
+    return value
 
 
 def _validate_conn_id(value: Any) -> str:
@@ -120,7 +127,7 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
         with no_retry_on(node.NodeError):
             resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
                                            values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
-    resolved.update(run_key=key, suites=p["suites"], node=p["node"])
+    resolved.update(run_key=key, suites=p["suites"], node=p["node"], early_abort=p["early_abort"])
     record.write_json(record.run_record_dir(dag_run_id) / "commit.json", resolved)
     log.info("Commit under test: %s (%s) in worktree %s", resolved["sha"], p["commit"], resolved["worktree"])
     if resolved["dirty_stat"]:
@@ -171,6 +178,9 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
     with ssh_client(resolved["node"]) as client:
         meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
     meta["expected_steps"] = spec.expected_steps
+    abort = record.read_json(dest / "abort.json")
+    if abort and abort.get("applied"):
+        meta["early_abort"] = abort
     tracker = meta["files"].get("tracker")
     if tracker:
         try:
@@ -178,7 +188,10 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
         except InputError as err:
             meta["problems"].append(f"tracker unreadable: {err}")
             meta["steps"] = 0
-        if meta["steps"] != spec.expected_steps:
+        if meta["steps"] != spec.expected_steps and "early_abort" in meta:
+            log.info("%s was stopped early at step %d of %d (its FAIL was certain): partial tracker kept",
+                     suite, meta["early_abort"]["step"], spec.expected_steps)
+        elif meta["steps"] != spec.expected_steps:
             meta["problems"].append(f"wrong step count: the tracker has {meta['steps']} step-summary rows, "
                                     f"expected {spec.expected_steps} (launch script exit code "
                                     f"{meta.get('exit_code')}, not trusted)")
@@ -208,6 +221,10 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
     elif meta["problems"]:
         result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
                                             remote_work_dir=meta["work_dir"])
+    elif meta.get("early_abort"):
+        from rl_verify.live import aborted_result
+
+        result = aborted_result(suite, meta["early_abort"], engine_of(spec).rules)
     else:
         node_name = (record.read_json(record.run_record_dir(dag_run_id) / "commit.json") or {}).get("node")
         try:

@@ -298,3 +298,17 @@ def job_poll_script(job_dir: str, offset: int, max_bytes: int) -> str:
     """Script: the job's exit code (or ``-``), the log offset it starts at, the log size, the next bytes."""
     return render("job_poll", job_dir=validate_path(job_dir, "job dir"), offset=max(0, int(offset)),
                   max_bytes=max(1, int(max_bytes)))
+
+
+def tracker_poll_script(work_dir: str, tracker_glob: str, known: str, offset: int, max_bytes: int) -> str:
+    """Script: the newest tracker under ``work_dir`` and its bytes after ``offset`` (0 if it is a new file)."""
+    if known:
+        validate_path(known, "tracker path")
+    return render("tracker_poll", work_dir=validate_path(work_dir, "WORK_DIR"),
+                  glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE), known=known,
+                  offset=max(0, int(offset)), max_bytes=max(1, int(max_bytes)))
+
+
+def read_file_script(path: str, max_bytes: int) -> str:
+    """Script: print the file ``path`` (at most ``max_bytes``); exit 3 when it cannot be read."""
+    return render("read_file", path=validate_path(path, "file path"), max_bytes=max(1, int(max_bytes)))

@@ -9,6 +9,7 @@ by the DAG file at parse time, so only Airflow itself is imported at module leve
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,13 +32,14 @@ def reconnect_delay(attempt: int) -> float:
 def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
     """Split the output of the ``job_poll`` script: (exit code, start offset, log size, text, new offset).
 
-    The first line is ``<exit code or -> <start offset> <log size>``; the rest is the log's bytes
-    from the start offset. While the job runs only whole lines are taken (a partial last line, or a
-    UTF-8 character cut by the chunk limit, waits for the next poll); once it has exited, all.
+    The first line is ``<exit code or -> <start offset> <log size> [<seconds since start>]``; the rest
+    is the log's bytes from the start offset (see :func:`poll_elapsed` for the fourth field). While
+    the job runs only whole lines are taken (a partial last line, or a UTF-8 character cut by the
+    chunk limit, waits for the next poll); once it has exited, all.
     """
     head, _, chunk = output.partition(b"\n")
     fields = head.decode(errors="replace").split()
-    if len(fields) != 3 or not (fields[1].isdigit() and fields[2].isdigit()):
+    if len(fields) not in (3, 4) or not (fields[1].isdigit() and fields[2].isdigit()):
         raise ValueError(f"unexpected job poll output: {head[:200]!r}")
     exit_code = None if fields[0] == "-" else int(fields[0])
     start, size = int(fields[1]), int(fields[2])
@@ -46,6 +48,12 @@ def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
         # A line longer than a whole chunk is passed on in pieces (never cutting a character).
         chunk = whole_lines or (_utf8_prefix(chunk) if start + len(chunk) < size else b"")
     return exit_code, start, size, chunk.decode("utf-8", errors="replace"), start + len(chunk)
+
+
+def poll_elapsed(output: bytes) -> float | None:
+    """Seconds since the job started, from the ``job_poll`` header (None when absent)."""
+    fields = output.partition(b"\n")[0].split()
+    return float(fields[3]) if len(fields) == 4 and fields[3].lstrip(b"-").isdigit() else None
 
 
 def _utf8_prefix(data: bytes) -> bytes:
@@ -59,6 +67,110 @@ def _utf8_prefix(data: bytes) -> bytes:
     return data
 
 
+class LiveWatch:
+    """The live check of one training as the trigger runs it: tracker bytes in, log lines out.
+
+    ``config``: ``suite`` (a spec name), ``work_dir`` and ``tracker_glob`` (remote, expanded),
+    ``baseline`` (remote path of the tracker the engine compares against, or None) and
+    ``early_abort`` (end the job once its FAIL is certain; off: only say where it would have).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from rl_verify.suite import load_suite
+
+        self.spec = load_suite(config["suite"])
+        self.work_dir, self.tracker_glob = config["work_dir"], config["tracker_glob"]
+        self.baseline_path: str | None = config.get("baseline")
+        self.early_abort = bool(config.get("early_abort", True))
+        self.checker: Any = None
+        self.feed: Any = None
+        self.tracker_path = ""
+        self.offset = 0
+        self.reported_steps = -1
+        self.doomed: Any = None   # the first LiveResult with a certain FAIL
+        self.last: Any = None
+
+    def start(self, baseline: bytes | None) -> str:
+        """Build the checker (``baseline``: the baseline tracker's bytes, None if unreadable); say so."""
+        from rl_verify.engines import engine_of
+        from rl_verify.tracker import TrackerFeed
+
+        base = None
+        if baseline is not None:
+            feed = TrackerFeed(self.baseline_path or "baseline")
+            feed.feed(baseline + (b"" if baseline.endswith(b"\n") else b"\n"))
+            base = feed.tracker
+        try:
+            self.checker = engine_of(self.spec).live(self.spec, base)
+        except Exception as err:  # bad data must never stop a training: the final comparison judges it
+            return f"Live check off for {self.spec.name}: {err}"
+        if self.checker is None:
+            return (f"Live check off for {self.spec.name}: no baseline tracker at {self.baseline_path} to compare "
+                    "against (the final comparison reports it)")
+        mode = "aborts the run as soon as its FAIL is certain" if self.early_abort else \
+            "reports where it would abort (early_abort off)"
+        return f"Live check on for {self.spec.name}: every new step is checked with the final rules; {mode}"
+
+    def take(self, output: bytes) -> bool:
+        """Feed one ``tracker_poll`` output; True when the tracker has more bytes to read now."""
+        from rl_verify.tracker import TrackerFeed
+
+        head, _, chunk = output.partition(b"\n")
+        fields = head.decode(errors="replace").split()
+        if len(fields) != 3 or fields[0] == "-":
+            return False
+        path, start, size = fields[0], int(fields[1]), int(fields[2])
+        if path != self.tracker_path or self.feed is None:
+            self.tracker_path, self.offset, self.feed = path, 0, TrackerFeed(path)
+            if start != 0:
+                return True  # a new file: read it from its start
+        self.feed.feed(chunk)
+        self.offset = start + len(chunk)
+        return self.offset < size
+
+    def report(self, elapsed_s: float | None) -> list[str]:
+        """Lines for the task log when a new step came in (and the verdict once it is certain)."""
+        from rl_verify.live import progress
+
+        if self.feed is None:
+            return []
+        tracker = self.feed.tracker
+        if tracker.steps == self.reported_steps:
+            return []
+        self.reported_steps = tracker.steps
+        result = self.checker.check(tracker, elapsed_s)
+        self.last = result
+        lines = [progress(result, self.spec.expected_steps, elapsed_s)]
+        if result.certain and self.doomed is None:
+            self.doomed = result
+            lines.append("FAIL is certain at step %d of %d: %s" % (
+                result.steps, self.spec.expected_steps, "; ".join(f"[{c.rule}] {c.text}" for c in result.certain)))
+            if not self.early_abort:
+                lines.append("early_abort is off: the run goes on to its end; it would have been aborted here")
+        return lines
+
+    def abort_message(self) -> str:
+        return f"aborted at step {self.doomed.steps} of {self.spec.expected_steps}: " + "; ".join(
+            c.text for c in self.doomed.certain)
+
+    def summary(self) -> dict[str, Any]:
+        """What the live check saw, for the operator (JSON)."""
+        from dataclasses import asdict
+
+        out: dict[str, Any] = {"expected_steps": self.spec.expected_steps, "early_abort": self.early_abort,
+                               "checked": self.checker is not None}
+        if self.doomed is not None:
+            out.update(step=self.doomed.steps, certain=[_json_safe(asdict(c)) for c in self.doomed.certain])
+        if self.last is not None:
+            out["warnings"] = [f"{s.metric}: {s.text}" for s in self.last.status if s.state == "warning"]
+        return out
+
+
+def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN/Infinity as text: event payloads and XCom are JSON."""
+    return {k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
 class RLJobTrigger(BaseTrigger):
     """Poll a detached training job: stream its log, end with its exit code, kill it on a user's kill.
 
@@ -70,7 +182,7 @@ class RLJobTrigger(BaseTrigger):
 
     def __init__(self, *, ssh_conn_id: str, job_dir: str, job_marker: str, poll_interval: float = 5,
                  log_chunk_size: int = 65536, log_offset: int = 0, command_timeout: float = 30.0,
-                 max_reconnect_attempts: int = 12) -> None:
+                 max_reconnect_attempts: int = 12, live: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
         self.job_dir = job_dir
@@ -80,13 +192,18 @@ class RLJobTrigger(BaseTrigger):
         self.log_offset = log_offset
         self.command_timeout = command_timeout
         self.max_reconnect_attempts = max_reconnect_attempts
+        #: The live check of the training (see :class:`LiveWatch`): suite, work_dir, tracker_glob,
+        #: baseline (remote path or None), early_abort. None: the job is only watched.
+        self.live = live
+        self._watch: LiveWatch | None = None
+        self._elapsed: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}", {
             "ssh_conn_id": self.ssh_conn_id, "job_dir": self.job_dir, "job_marker": self.job_marker,
             "poll_interval": self.poll_interval, "log_chunk_size": self.log_chunk_size,
             "log_offset": self.log_offset, "command_timeout": self.command_timeout,
-            "max_reconnect_attempts": self.max_reconnect_attempts})
+            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live})
 
     def _event(self, exit_code: int | None, chunk: str, message: str) -> TriggerEvent:
         status = "error" if exit_code is None else "success" if exit_code == 0 else "failed"
@@ -111,7 +228,10 @@ class RLJobTrigger(BaseTrigger):
         return result.exit_status or 0, out if isinstance(out, bytes) else out.encode()
 
     async def _poll(self, conn: Any) -> tuple[int | None, str, bool]:
-        """One look at the job: (exit code, new log text, whether the log has been read to its end)."""
+        """One look at the job: (exit code, new log text, whether the log has been read to its end).
+
+        Sets ``self._elapsed`` to the seconds since the job started (node clock).
+        """
         from rl_verify import remote
 
         status, out = await self._script(conn, remote.job_poll_script(self.job_dir, self.log_offset,
@@ -119,6 +239,7 @@ class RLJobTrigger(BaseTrigger):
         if status != 0:
             raise ValueError(f"job poll exited {status}: {out[-300:]!r}")
         exit_code, start, size, text, offset = parse_poll(out)
+        self._elapsed = poll_elapsed(out)
         if self.log_offset == 0 and start > 0:
             self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)", start)
         self.log_offset = offset
@@ -152,10 +273,20 @@ class RLJobTrigger(BaseTrigger):
                     continue
                 failures = 0
                 if exit_code is not None and read_all:
-                    yield self._event(exit_code, text, f"job exited {exit_code}")
+                    if self.live:
+                        await self._watch_training(conn)  # the last rows: the live summary is complete
+                    event = self._event(exit_code, text, f"job exited {exit_code}")
+                    if self._watch is not None:
+                        event.payload["live"] = self._watch.summary()
+                    yield event
                     return
                 if text:
                     self.log.info("%s", text.rstrip("\n"))
+                if exit_code is None and self.live:
+                    aborted = await self._watch_training(conn)
+                    if aborted is not None:
+                        yield aborted
+                        return
                 if exit_code is None:
                     await asyncio.sleep(self.poll_interval)
         except Exception as err:  # anything else ends the watch with a readable event, not a silent hang
@@ -164,6 +295,43 @@ class RLJobTrigger(BaseTrigger):
         finally:
             if conn is not None:
                 conn.close()
+
+    async def _watch_training(self, conn: Any) -> TriggerEvent | None:
+        """Read the tracker's new bytes, log progress, and end the job when its FAIL is certain.
+
+        Returns the event that ends the watch after an early abort, else None. A live check that
+        cannot run (no baseline, unreadable data) is said once and the job is only watched.
+        """
+        from rl_verify import remote
+
+        if self._watch is None:
+            self._watch = LiveWatch(self.live or {})
+            baseline = self._watch.baseline_path
+            data = None
+            if baseline:
+                status, out = await self._script(conn, remote.read_file_script(baseline, 64 << 20))
+                data = out if status == 0 else None
+            self.log.info("%s", self._watch.start(data))
+        watch = self._watch
+        if watch.checker is None:
+            return None
+        while True:
+            status, out = await self._script(conn, remote.tracker_poll_script(
+                watch.work_dir, watch.tracker_glob, watch.tracker_path, watch.offset, 1 << 20))
+            if status != 0:
+                raise ValueError(f"tracker poll exited {status}")
+            more = watch.take(out)
+            if not more:
+                break
+        for line in watch.report(self._elapsed):
+            self.log.info("%s", line)
+        if watch.doomed is None or not watch.early_abort:
+            return None
+        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        self.log.warning("Early abort: killed job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
+        event = self._event(None, "", watch.abort_message())
+        event.payload.update(status="aborted", live=watch.summary())
+        return event
 
     async def _task_state(self) -> str | None:
         """The task's state as Airflow now records it, or None when it cannot be read."""

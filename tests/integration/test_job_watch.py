@@ -111,3 +111,33 @@ def test_a_changed_host_key_is_refused_not_accepted(node_conn: Node, monkeypatch
     event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=f"{node_conn.root}/runs/none/jobs/grpo",
                                 job_marker="none/grpo", max_reconnect_attempts=0))
     assert event["exit_code"] is None and "host key" in event["message"].lower()
+
+
+def _tracker_writer(node: Node, rows: list[dict], folder: str, step_s: float) -> str:
+    """A job command that writes ``rows`` into ``folder``/<exp>/t.jsonl one step at a time (then waits)."""
+    payload = "\n".join(json.dumps(r) for r in rows)
+    script = (f"import json, os, sys, time\nos.makedirs({folder!r} + '/20260101000000', exist_ok=True)\n"
+              f"out = open({folder!r} + '/20260101000000/t.jsonl', 'a')\n"
+              f"for line in {payload!r}.splitlines():\n"
+              f"    out.write(line + '\\n'); out.flush(); time.sleep({step_s})\n"
+              "time.sleep(600)\n")
+    return f"( exec python3 -c {remote.shlex.quote(script)} )"
+
+
+def test_a_certain_fail_stops_the_job_early_and_says_where(node_conn: Node) -> None:
+    from tests.unit.conftest import grpo_rows  # the hand-built trackers of the engine's unit tests
+
+    run = f"{node_conn.root}/runs/live-1"
+    baseline = f"{run}/baseline.jsonl"
+    node_conn.run(f"mkdir -p {run} && cat > {baseline} << 'EOF'\n"
+                  + "\n".join(json.dumps(r) for r in grpo_rows()) + "\nEOF")
+    rows = [r for r in grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5) if r["step"] <= 10]
+    job_dir, work_dir = f"{run}/jobs/grpo", f"{run}/work/grpo"
+    _submit(node_conn, job_dir, _tracker_writer(node_conn, rows, work_dir, 0.2), {"RL_VERIFY_JOB": "live-1/grpo"})
+    live = {"suite": "grpo", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": baseline,
+            "early_abort": True}
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-1/grpo", poll_interval=0.2,
+                                live=live))
+    assert event["status"] == "aborted" and event["message"].startswith("aborted at step 3 of 45")
+    assert event["live"]["certain"][0]["metric"] == "mismatch/mismatch_k3_kl"
+    assert node_conn.wait_no_processes("20260101000000", timeout=15) == [], "the job outlived its abort"

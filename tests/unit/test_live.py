@@ -195,3 +195,58 @@ def test_opd_live_never_dooms_a_passing_run_and_agrees_on_the_metrics(name, rows
     if doomed is not None:
         breached = {c.metric for c in final.checks if c.breached}
         assert final.verdict == "FAIL" and {c.metric for c in doomed.certain} <= breached, name
+
+
+# ----------------------------------------------------------------------------- the trigger's side
+def _poll_output(path: str, rows, start: int = 0) -> bytes:
+    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    return f"{path} {start} {start + len(data)}\n".encode() + data
+
+
+def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_certain():
+    from rl_verify.triggers import LiveWatch
+
+    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl",
+                       "early_abort": True})
+    assert "Live check on for grpo" in watch.start("".join(json.dumps(r) + "\n" for r in grpo_rows()).encode())
+    rows = grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5)
+    upto = [r for r in rows if r["step"] <= 2]
+    assert watch.take(_poll_output("/w/1/t.jsonl", upto)) is False
+    (line,) = watch.report(elapsed_s=80.0)
+    assert line.startswith("step 2/45, ETA 28.7 min (40.0 s/step observed) | ") and "mismatch" in line
+    assert watch.report(elapsed_s=81.0) == []  # no new step, no new line
+    more = [r for r in rows if 2 < r["step"] <= 3]
+    watch.take(_poll_output("/w/1/t.jsonl", more, start=watch.offset))
+    lines = watch.report(elapsed_s=120.0)
+    assert lines[1].startswith("FAIL is certain at step 3 of 45: [every-step] mismatch/mismatch_k3_kl")
+    assert watch.abort_message().startswith("aborted at step 3 of 45: mismatch/mismatch_k3_kl error 0.00039")
+    summary = watch.summary()
+    assert summary["step"] == 3 and summary["certain"][0]["metric"] == "mismatch/mismatch_k3_kl"
+    json.dumps(summary)  # goes into a trigger event and the record
+
+
+def test_without_its_baseline_the_grpo_watch_is_off_and_says_why():
+    from rl_verify.triggers import LiveWatch
+
+    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl"})
+    assert watch.start(None).startswith("Live check off for grpo: no baseline tracker at /b.jsonl")
+    assert watch.checker is None
+
+
+def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_runbook_step():
+    from rl_verify.live import aborted_result
+    from rl_verify.nextsteps import GRPO_RULES
+    from rl_verify.triggers import LiveWatch
+
+    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl"})
+    watch.start("".join(json.dumps(r) + "\n" for r in grpo_rows()).encode())
+    watch.take(_poll_output("/w/1/t.jsonl", grpo_rows(steps=45, mismatch=lambda i: 4e-4)[:4]))
+    watch.report(elapsed_s=60.0)
+    abort = json.loads(json.dumps({**watch.summary(), "applied": True}))
+    result = aborted_result("grpo", abort, GRPO_RULES)
+    assert (result.verdict, result.failure_class) == ("FAIL", "accuracy")
+    assert result.abnormal[0].startswith("Aborted at step 1 of 45: the final verdict could no longer be PASS "
+                                         "(mismatch/mismatch_k3_kl (every-step, step 1))")
+    (row,) = result.checks
+    assert row.passed is False and row.step == 1 and row.error == pytest.approx(3.9e-4)
+    assert any("train/inference" in s for s in result.next_steps)

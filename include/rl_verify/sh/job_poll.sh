@@ -2,7 +2,8 @@
 # One look at a detached training job: its exit code, the log's next bytes.
 # Inputs (assigned by remote.render): job_dir; offset, the log bytes already streamed (0: resume
 # at the offset an earlier monitor recorded in $job_dir/stream_offset); max_bytes, the chunk limit.
-# Prints "<exit code or -> <start offset> <log size>", then the log from the start offset.
+# Prints "<exit code or -> <start offset> <log size> <seconds since the job started>", then the log
+# from the start offset (the job started when it wrote its pid file, as the report's wall time counts).
 # The exit code is read before the log's size: once it exists the log is complete.
 # shellcheck disable=SC2154  # the inputs are assigned by the prelude remote.render writes
 set -u
@@ -16,6 +17,7 @@ code=-
 if [ -f "$job_dir/exit_code" ]; then code=$(cat "$job_dir/exit_code"); fi
 case "$code" in '' | *[!0-9]*) code=- ;; esac
 size=$(stat -c %s "$log" 2>/dev/null || echo 0)
-echo "$code $offset $size"
+started=$(stat -c %Y "$job_dir/pid" 2>/dev/null || date +%s)
+echo "$code $offset $size $(($(date +%s) - started))"
 if [ "$size" -gt "$offset" ]; then tail -c +"$((offset + 1))" "$log" | head -c "$max_bytes"; fi
 exit 0
