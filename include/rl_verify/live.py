@@ -50,6 +50,8 @@ class Certain:
     threshold: float | None = None
     operator: str = "<"
     method: str = "absolute"
+    #: How the metric left its bound, as far as the steps so far show (``shapes.KINDS``), or None.
+    shape: str | None = None
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,9 @@ class GrpoLive:
                 kind = "every-step" if math.isfinite(error) else "non-finite"
                 text = (f"{rule.metric} error {error:.5g} at step {point.step} breaks {rule.operator} "
                         f"{rule.threshold:g} (checked at every step)")
+                shape = "non-finite" if kind == "non-finite" else "from-start" if i == 0 else None
                 found = Certain(rule.metric, point.step, kind, text, base[i].value, point.value, error,
-                                rule.threshold, rule.operator, rule.method)
+                                rule.threshold, rule.operator, rule.method, shape)
                 return [found], Status(rule.metric, BREACHED, text)
         last = errors[-1]
         if _near(rule, last):
@@ -142,7 +145,7 @@ class GrpoLive:
         if non_finite:
             text = (f"{rule.metric} is not finite at step {non_finite[0]}: its p{q:g} over the run can never hold")
             found = Certain(rule.metric, non_finite[0], "non-finite", text, None, math.nan, math.nan, rule.threshold,
-                            rule.operator, rule.method)
+                            rule.operator, rule.method, "non-finite")
             return [found], Status(rule.metric, BREACHED, text)
         breaching = [p.step for p, e in zip(points, errors) if not rule.holds(e)]
         if len(breaching) >= needed:
@@ -185,8 +188,9 @@ class OpdLive:
             if check.passed is False and not check.missing:
                 text = (f"{rule.metric} at eval point {step}: {check.current:.5g} vs golden {check.baseline:.5g}, "
                         f"error {check.error:.5g} breaks {rule.operator} {rule.threshold:g}")
+                shape = "from-start" if not seen else None  # off at the first point it is judged at
                 found = Certain(rule.metric, step, "eval-point", text, check.baseline, check.current, check.error,
-                                rule.threshold, rule.operator, rule.method)
+                                rule.threshold, rule.operator, rule.method, shape)
                 return [found], Status(rule.metric, BREACHED, text)
             seen.append(check)
         unjudged = [p.step for p in cur.series(rule.metric) if not math.isfinite(p.value)]
@@ -222,7 +226,15 @@ def aborted_checks(certain: list[Certain]) -> list[Check]:
     return [Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
                   threshold=c.threshold, operator=c.operator,
                   method=c.method, passed=False, first_breach_step=c.step, source="live",
-                  note=f"early abort ({c.rule}): {c.text}") for c in certain]
+                  shape=c.shape, shape_text=_shape_text(c), note=f"early abort ({c.rule}): {c.text}") for c in certain]
+
+
+def _shape_text(c: Certain) -> str:
+    if c.shape == "from-start":
+        return f"outside its bound from the first compared step {c.step} (the run was stopped there)"
+    if c.shape == "non-finite":
+        return f"NaN/Infinity at step {c.step}"
+    return ""
 
 
 def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:

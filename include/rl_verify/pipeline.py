@@ -233,6 +233,11 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
             result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
     if meta is not None:
         result.abnormal += fetch_findings(meta)
+    watched = record.read_json(suite_dir / "abort.json")
+    if watched and not watched.get("applied") and watched.get("certain"):
+        result.abnormal.append(
+            f"Live check: this run would have been aborted at step {watched['step']} of {watched['expected_steps']} "
+            "(early_abort off): " + "; ".join(c["text"] for c in watched["certain"]))
     record.write_json(suite_dir / "result.json", result.to_dict())
     log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     return result.to_dict()

@@ -87,7 +87,7 @@ def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_sta
     ("sim/regress-teacher", "opd", "distillation/reduced_distillation_kl", "teacher"),
 ])
 def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, suite, metric, hint):
-    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})
+    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node", "early_abort": False})
     assert out.state == "failed"
     assert out.tasks["report"] == "success" and out.tasks["verdict"] == "failed"
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
@@ -106,6 +106,30 @@ def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, sui
     breach = next(c for c in _checks(report, suite) if c["metric"] == metric and c["passed"] is False)
     assert breach["shape"] and breach["first_breach_step"] is not None
     assert breach["shape_text"] in " ".join(entry["next_steps"])
+    # The live check watched the whole run and says where it would have stopped it.
+    assert any(a.startswith("Live check: this run would have been aborted at step") for a in entry["abnormal"])
+    _assert_node_clean(node_state)
+
+
+@pytest.mark.parametrize("commit,suite,metric,hint", [
+    ("sim/regress-mismatch", "grpo", "mismatch/mismatch_k3_kl", "train/inference"),
+    ("sim/regress-init", "opd", "eval/gsm8k/acc", "initialisation"),
+])
+def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, node_state, commit, suite, metric,
+                                                                           hint):
+    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})  # early_abort defaults on
+    assert out.state == "failed" and out.tasks[f"run_{suite}"] == "failed", json.dumps(out.tasks)
+    assert out.tasks[f"fetch_{suite}"] == out.tasks[f"compare_{suite}"] == out.tasks["report"] == "success"
+    assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
+    (entry,) = _report(out.summary)["suites"]
+    aborted = entry["details"]["early_abort"]
+    expected = 45 if suite == "grpo" else 25
+    assert aborted["applied"] and aborted["step"] <= expected // 5, aborted
+    assert entry["abnormal"][0].startswith(f"Aborted at step {aborted['step']} of {expected}")
+    assert metric in {c["metric"] for c in entry["checks"] if c["passed"] is False}
+    assert any(hint in s for s in entry["next_steps"]), entry["next_steps"]
+    log = rig.client.task_log(DAG_ID, out.run_id, f"run_{suite}")
+    assert f"FAIL is certain at step {aborted['step']} of {expected}" in log and f"step 1/{expected}" in log
     _assert_node_clean(node_state)
 
 
