@@ -39,7 +39,7 @@ REGRESSION_BRANCHES = {
     "regress-rewards": ("sim/regress-rewards", "rewards",
                         "Change judger answer extraction (simulated OPD rewards-only regression)"),
 }
-FAULT_KINDS = ("crash", "hang", "truncated", "nan", "missing-input", "slow", "hold")
+FAULT_KINDS = ("crash", "hang", "truncated", "nan", "missing-input", "slow", "hold", "oom")
 # What a missing-input fault hides by default, per suite (relative to ROOT).
 DEFAULT_MISSING = {"grpo": "share/model/Qwen3-8B", "opd": "share/model/Qwen3-VL-4B-Instruct"}
 HIDDEN_SUFFIX = ".rlsim-hidden"

@@ -22,7 +22,8 @@ def set_fault(state: Path, suite: str, kind: str, at_step: int | None = None,
     """Switch one fault on for ``suite`` (replacing any previous fault of that suite); return it.
 
     Kinds: crash / hang / nan / hold (at ``at_step``, default 3; hold waits there, alive, until
-    ``release``), truncated, slow (``factor``, default 3),
+    ``release``) / oom (logs a CUDA out-of-memory error at ``at_step`` and hangs, as a real run
+    often does until an NCCL timeout), truncated, slow (``factor``, default 3),
     missing-input (renames ``path`` - relative to ROOT, default the suite's main model - to
     ``<path>.rlsim-hidden`` until ``clear_faults``). Read by the replay trainer at launch.
     """
@@ -33,7 +34,7 @@ def set_fault(state: Path, suite: str, kind: str, at_step: int | None = None,
     root = _root(state)
     _clear_suite(root, suite)
     fault: dict[str, Any] = {"kind": kind, **extra}
-    if kind in ("crash", "hang", "nan", "hold"):
+    if kind in ("crash", "hang", "nan", "hold", "oom"):
         fault["at_step"] = int(at_step if at_step is not None else 3)
     elif at_step is not None:
         fault["at_step"] = int(at_step)

@@ -62,10 +62,12 @@ class SuiteTrainingOperator(BaseOperator):
             for line in (event.get("log_chunk") or "").splitlines():
                 self.log.info("[remote] %s", line)
             live = event.get("live") or {}
-            if live.get("certain"):
-                _record_early_abort(context, self.suite, live, applied=event.get("status") == "aborted")
-            if event.get("status") == "aborted":
-                # Certain FAIL: the job was stopped; fetch and compare still run on what it wrote.
+            stopped = event.get("status") in ("aborted", "log_rule")
+            if live.get("certain") or live.get("log_rule"):
+                _record_early_abort(context, self.suite, live, applied=stopped)
+            if stopped:
+                # Certain FAIL, or a log line saying the run cannot finish: the job was stopped;
+                # fetch and compare still run on what it wrote.
                 raise AirflowFailException(f"{self.suite} {event.get('message')}")
             exit_code = event.get("exit_code")
             if exit_code is None:

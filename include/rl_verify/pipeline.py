@@ -178,9 +178,13 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
     with ssh_client(resolved["node"]) as client:
         meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
     meta["expected_steps"] = spec.expected_steps
-    abort = record.read_json(dest / "abort.json")
-    if abort and abort.get("applied"):
+    abort = record.read_json(dest / "abort.json") or {}
+    stopped_by_rule = bool(abort.get("applied") and abort.get("log_rule") and not abort.get("certain"))
+    if abort.get("applied") and abort.get("certain"):
         meta["early_abort"] = abort
+    elif stopped_by_rule:
+        hit = abort["log_rule"]
+        meta["problems"].append(f"stopped on a log rule: {hit['means']} (log line: {hit['line']})")
     tracker = meta["files"].get("tracker")
     if tracker:
         try:
@@ -191,7 +195,7 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
         if meta["steps"] != spec.expected_steps and "early_abort" in meta:
             log.info("%s was stopped early at step %d of %d (its FAIL was certain): partial tracker kept",
                      suite, meta["early_abort"]["step"], spec.expected_steps)
-        elif meta["steps"] != spec.expected_steps:
+        elif meta["steps"] != spec.expected_steps and not stopped_by_rule:
             meta["problems"].append(f"wrong step count: the tracker has {meta['steps']} step-summary rows, "
                                     f"expected {spec.expected_steps} (launch script exit code "
                                     f"{meta.get('exit_code')}, not trusted)")
@@ -238,6 +242,10 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
         result.abnormal.append(
             f"Live check: this run would have been aborted at step {watched['step']} of {watched['expected_steps']} "
             "(early_abort off): " + "; ".join(c["text"] for c in watched["certain"]))
+    if watched and not watched.get("applied") and watched.get("log_rule"):
+        hit = watched["log_rule"]
+        result.abnormal.append(f"Live check: a log rule matched ({hit['means']}: {hit['line']}); early_abort was "
+                               "off, so the run went on")
     record.write_json(suite_dir / "result.json", result.to_dict())
     log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     return result.to_dict()

@@ -14,7 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
 
@@ -28,6 +28,25 @@ class Input(_Spec):
 
     kind: str = Field(min_length=1)
     path: str = Field(min_length=1)
+
+
+class LogRule(_Spec):
+    """A line of the training log that ends the suite as an infrastructure failure, quoted."""
+
+    pattern: str = Field(min_length=1)
+    means: str = Field(min_length=1)
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise ValueError(f"not a regular expression ({err})") from err
+        return value
+
+    def match(self, line: str) -> bool:
+        return re.search(self.pattern, line) is not None
 
 
 class Launch(_Spec):
@@ -63,6 +82,8 @@ class SuiteSpec(_Spec):
     wall_time_budget_s: int = Field(gt=0)
     engine: str
     data: str = Field(min_length=1)
+    #: Lines of the training log that mean the run cannot finish (acted on live, with early_abort).
+    log_rules: tuple[LogRule, ...] = ()
     #: The spec file as written (the experiment fingerprint hashes it).
     raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 

@@ -89,12 +89,15 @@ class LiveWatch:
         self.reported_steps = -1
         self.doomed: Any = None   # the first LiveResult with a certain FAIL
         self.last: Any = None
+        self.started = False
+        self.log_hits: list[dict[str, str]] = []
 
     def start(self, baseline: bytes | None) -> str:
         """Build the checker (``baseline``: the baseline tracker's bytes, None if unreadable); say so."""
         from rl_verify.engines import engine_of
         from rl_verify.tracker import TrackerFeed
 
+        self.started = True
         base = None
         if baseline is not None:
             feed = TrackerFeed(self.baseline_path or "baseline")
@@ -110,6 +113,16 @@ class LiveWatch:
         mode = "aborts the run as soon as its FAIL is certain" if self.early_abort else \
             "reports where it would abort (early_abort off)"
         return f"Live check on for {self.spec.name}: every new step is checked with the final rules; {mode}"
+
+    def log_hit(self, text: str) -> dict[str, str] | None:
+        """The first line of ``text`` a log rule of the spec matches, with the rule's meaning (recorded)."""
+        for line in text.splitlines():
+            rule = next((r for r in self.spec.log_rules if r.match(line)), None)
+            if rule is not None:
+                hit = {"pattern": rule.pattern, "means": rule.means, "line": line.strip()[:500]}
+                self.log_hits.append(hit)
+                return hit
+        return None
 
     def take(self, output: bytes) -> bool:
         """Feed one ``tracker_poll`` output; True when the tracker has more bytes to read now."""
@@ -163,6 +176,8 @@ class LiveWatch:
             out.update(step=self.doomed.steps, certain=[_json_safe(asdict(c)) for c in self.doomed.certain])
         if self.last is not None:
             out["warnings"] = [f"{s.metric}: {s.text}" for s in self.last.status if s.state == "warning"]
+        if self.log_hits:
+            out["log_rule"] = self.log_hits[0]
         return out
 
 
@@ -282,6 +297,11 @@ class RLJobTrigger(BaseTrigger):
                     return
                 if text:
                     self.log.info("%s", text.rstrip("\n"))
+                if exit_code is None and self.live and text:
+                    stopped = await self._check_log(conn, text)
+                    if stopped is not None:
+                        yield stopped
+                        return
                 if exit_code is None and self.live:
                     aborted = await self._watch_training(conn)
                     if aborted is not None:
@@ -296,6 +316,29 @@ class RLJobTrigger(BaseTrigger):
             if conn is not None:
                 conn.close()
 
+    def _live_watch(self) -> "LiveWatch":
+        if self._watch is None:
+            self._watch = LiveWatch(self.live or {})
+        return self._watch
+
+    async def _check_log(self, conn: Any, text: str) -> TriggerEvent | None:
+        """Apply the suite's log rules to new log lines; end the job on a match (early_abort on)."""
+        from rl_verify import remote
+
+        watch = self._live_watch()
+        hit = watch.log_hit(text)
+        if hit is None:
+            return None
+        self.log.warning("Log rule matched: %s: %s", hit["means"], hit["line"])
+        if not watch.early_abort:
+            self.log.warning("early_abort is off: the run goes on (it would have been stopped here)")
+            return None
+        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        self.log.warning("Stopped job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
+        event = self._event(None, "", f"stopped: {hit['means']}: {hit['line']}")
+        event.payload.update(status="log_rule", live=watch.summary())
+        return event
+
     async def _watch_training(self, conn: Any) -> TriggerEvent | None:
         """Read the tracker's new bytes, log progress, and end the job when its FAIL is certain.
 
@@ -304,15 +347,14 @@ class RLJobTrigger(BaseTrigger):
         """
         from rl_verify import remote
 
-        if self._watch is None:
-            self._watch = LiveWatch(self.live or {})
-            baseline = self._watch.baseline_path
+        watch = self._live_watch()
+        if not watch.started:
+            baseline = watch.baseline_path
             data = None
             if baseline:
                 status, out = await self._script(conn, remote.read_file_script(baseline, 64 << 20))
                 data = out if status == 0 else None
-            self.log.info("%s", self._watch.start(data))
-        watch = self._watch
+            self.log.info("%s", watch.start(data))
         if watch.checker is None:
             return None
         while True:

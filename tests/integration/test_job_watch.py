@@ -141,3 +141,17 @@ def test_a_certain_fail_stops_the_job_early_and_says_where(node_conn: Node) -> N
     assert event["status"] == "aborted" and event["message"].startswith("aborted at step 3 of 45")
     assert event["live"]["certain"][0]["metric"] == "mismatch/mismatch_k3_kl"
     assert node_conn.wait_no_processes("20260101000000", timeout=15) == [], "the job outlived its abort"
+
+
+def test_a_log_rule_line_stops_a_hung_job_as_an_infrastructure_failure_quoting_it(node_conn: Node) -> None:
+    run = f"{node_conn.root}/runs/live-2"
+    job_dir, work_dir = f"{run}/jobs/opd", f"{run}/work/opd"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    _submit(node_conn, job_dir, f"( echo step 1; echo {remote.shlex.quote(oom)} >&2; exec sleep 600 )",
+            {"RL_VERIFY_JOB": "live-2/opd"})
+    live = {"suite": "opd", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": None, "early_abort": True}
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-2/opd", poll_interval=0.2,
+                                live=live))
+    assert event["status"] == "log_rule" and oom in event["message"] and "ran out of memory" in event["message"]
+    assert event["live"]["log_rule"]["line"] == oom
+    assert node_conn.wait_no_processes("sleep 600", timeout=15) == [], "the job outlived its stop"

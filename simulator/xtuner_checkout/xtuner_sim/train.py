@@ -264,6 +264,12 @@ def run(args: argparse.Namespace) -> int:
                 _log(f"step {step}: waiting for rollout workers ...")
                 while True:  # the simulated deadlock: nothing is logged any more
                     time.sleep(3600)
+            if kind == "oom" and step == at_step:
+                print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+                      "capacity of 79.11 GiB of which 1.02 GiB is free. (simulated oom fault)", file=sys.stderr,
+                      flush=True)
+                while True:  # the other ranks wait in a collective until NCCL times out
+                    time.sleep(3600)
             for mb in range(2):  # mini-batch rows: no step-summary marker
                 writer.log({"step": step, "train/mini_batch": mb, "loss/policy_loss": 0.02 * noise.u(1.0),
                             "grad_norm": 0.3 + noise.u(0.05), "lr": 1e-6})
