@@ -21,9 +21,11 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from rl_verify.opd import GOLDEN_FILE, compare_opd
+from rl_verify.opd import compare_opd
+from rl_verify.suite import data_file, load_suite
 from rl_verify.tracker import read_tracker
 
+GOLDEN_FILE = data_file(load_suite("opd").data)  # the OPD suite spec's golden table
 OPD_METRICS = list(json.loads(GOLDEN_FILE.read_text())["thresholds"])
 
 
