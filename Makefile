@@ -43,6 +43,7 @@ gallery: venv ensure-sshd
 bench: venv
 	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_parse.py
+	$(PY) -m scripts.bench_early_abort
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -208,6 +208,37 @@ def opd_eval(step: int, noise: Noise, baseline: bool = False) -> dict[str, float
     return {k: v + noise.u(OPD_NOISE[k][idx]) for k, v in opd_eval_mean(step).items()}
 
 
+def eval_row(suite: str, step: int, noise: Noise) -> dict[str, float]:
+    """Eval metrics of an eval step of a run, before any regression shift."""
+    if suite == "grpo":
+        return {"eval/accuracy": grpo_eval_mean(step) + noise.u(GRPO_NOISE["eval/accuracy"][0])}
+    return opd_eval(step, noise)
+
+
+def first_row(suite: str, noise: Noise, regression: str | None) -> dict[str, float]:
+    """The step-0 eval row of a run."""
+    row = {"step": 0, **eval_row(suite, 0, noise)}
+    (apply_grpo_regression if suite == "grpo" else apply_opd_regression)(regression, 0, row)
+    return row
+
+
+def summary_row(suite: str, step: int, noise: Noise, regression: str | None, eval_every: int) -> dict[str, float]:
+    """A run's step-summary row at ``step`` (eval keys merged on eval steps), regression applied."""
+    if suite == "grpo":
+        row = grpo_summary(step, noise)
+        if step % eval_every == 0:
+            row.update(eval_row(suite, step, noise))
+        apply_grpo_regression(regression, step, row)
+        return row
+    row = opd_summary(step, noise)
+    if step % eval_every == 0:
+        row.update(eval_row(suite, step, noise))
+    apply_opd_regression(regression, step, row)
+    row["distillation/opd_reverse_kl"] = row["distillation/reduced_distillation_kl"]
+    row["distillation/opd_abs_logprob_loss"] = row["distillation/reduced_distillation_abs_loss"]
+    return row
+
+
 def _interp(points: list[tuple[int, float]], step: int) -> float:
     """Piecewise-linear interpolation, flat outside the given points."""
     if step <= points[0][0]:

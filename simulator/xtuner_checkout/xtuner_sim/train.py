@@ -243,15 +243,8 @@ def run(args: argparse.Namespace) -> int:
     kind, at_step = fault.get("kind"), int(fault.get("at_step") or 0)
     _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}, fault={fault or None}")
 
-    def eval_row(step: int) -> dict:
-        """Eval metrics of an eval step, before any regression shift."""
-        if suite == "grpo":
-            return {"eval/accuracy": curves.grpo_eval_mean(step) + noise.u(curves.GRPO_NOISE["eval/accuracy"][0])}
-        return curves.opd_eval(step, noise)
-
     try:
-        first = {"step": 0, **eval_row(0)}
-        (curves.apply_grpo_regression if suite == "grpo" else curves.apply_opd_regression)(regression, 0, first)
+        first = curves.first_row(suite, noise, regression)
         writer.log(first)
         _log(f"step 0 eval: {json.dumps(first)}")
         for step in range(1, total + 1):
@@ -273,18 +266,7 @@ def run(args: argparse.Namespace) -> int:
             for mb in range(2):  # mini-batch rows: no step-summary marker
                 writer.log({"step": step, "train/mini_batch": mb, "loss/policy_loss": 0.02 * noise.u(1.0),
                             "grad_norm": 0.3 + noise.u(0.05), "lr": 1e-6})
-            if suite == "grpo":
-                row = curves.grpo_summary(step, noise)
-                if step % eval_every == 0:
-                    row.update(eval_row(step))
-                curves.apply_grpo_regression(regression, step, row)
-            else:
-                row = curves.opd_summary(step, noise)
-                if step % eval_every == 0:
-                    row.update(eval_row(step))
-                curves.apply_opd_regression(regression, step, row)
-                row["distillation/opd_reverse_kl"] = row["distillation/reduced_distillation_kl"]
-                row["distillation/opd_abs_logprob_loss"] = row["distillation/reduced_distillation_abs_loss"]
+            row = curves.summary_row(suite, step, noise, regression, eval_every)
             row["time/step"] *= slow
             if kind == "nan" and step >= max(at_step, 1):
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
