@@ -266,3 +266,34 @@ _FLOATS = {"baseline", "current", "error", "threshold"}
 def _number(value: object) -> float | None:
     """A float back from its JSON form ("nan"/"inf" were written as text)."""
     return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+
+
+def partial_plot(suite: str, certain: list[dict], current: Path, baseline: Path | None, golden: OpdGolden | None,
+                 out: Path) -> Path | None:
+    """PNG of the breached metrics' partial curves (what the run wrote before it was stopped)."""
+    from rl_verify.plots import Panel, plot_panels
+    from rl_verify.tracker import EVAL_PREFIX, read_tracker
+
+    metrics = list(dict.fromkeys(c["metric"] for c in certain if c["metric"] != "e2e wall time"))
+    if not metrics or not current.is_file():
+        return None
+    cur = read_tracker(current, metrics)
+    base = read_tracker(baseline, metrics) if baseline is not None and baseline.is_file() else None
+    panels = []
+    for metric in metrics:
+        def series(t: Tracker) -> list[tuple[float, float]]:
+            if metric.startswith(EVAL_PREFIX):
+                return [(s, v[metric].value) for s, v in sorted(t.evals.items()) if metric in v]
+            return [(p.step, p.value) for p in t.series(metric)]
+
+        reference, label = (series(base), "baseline") if base is not None else ([], "baseline")
+        if golden is not None and not reference:
+            reference = [(s, golden.golden[s][metric]) for s in golden.eval_points if metric in golden.golden[s]]
+            label = "golden"
+        mine = [c for c in certain if c["metric"] == metric]
+        failing = [(c["step"], _number(c.get("current"))) for c in mine
+                   if c.get("step") is not None and _number(c.get("current")) is not None]
+        panels.append(Panel(metric, reference, series(cur), mine[0].get("method", "absolute"),
+                            _number(mine[0].get("threshold")), failing, baseline_label=label,
+                            note=f"stopped at step {cur.steps}"))
+    return plot_panels(out / f"{suite}_metrics.png", f"{suite.upper()}: FAIL, aborted early (partial curves)", panels)

@@ -226,9 +226,18 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
         result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
                                             remote_work_dir=meta["work_dir"])
     elif meta.get("early_abort"):
-        from rl_verify.live import aborted_result
+        from rl_verify.live import aborted_result, partial_plot
+
+        from rl_verify.suite import data_file
+        from rl_verify.thresholds import OpdGolden
 
         result = aborted_result(suite, meta["early_abort"], engine_of(spec).rules)
+        data = engine_of(spec).load_data(data_file(spec.data))
+        golden = data if isinstance(data, OpdGolden) else None  # golden values as the reference curve
+        png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
+                           suite_dir / "baseline.jsonl", golden, out)
+        if png is not None:
+            result.plots.append(str(png))
     else:
         node_name = (record.read_json(record.run_record_dir(dag_run_id) / "commit.json") or {}).get("node")
         try:

@@ -250,3 +250,14 @@ def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_r
     (row,) = result.checks
     assert row.passed is False and row.step == 1 and row.error == pytest.approx(3.9e-4)
     assert any("train/inference" in s for s in result.next_steps)
+
+
+def test_the_partial_curves_of_an_aborted_suite_are_plotted(tmp_path):
+    from rl_verify.live import partial_plot
+
+    cur = dump_rows(tmp_path / "cur.jsonl", grpo_rows(steps=45, mismatch=lambda i: 4e-4)[:8])
+    base = dump_rows(tmp_path / "base.jsonl", grpo_rows())
+    certain = [{"metric": "mismatch/mismatch_k3_kl", "step": 1, "current": 4e-4, "threshold": 1e-4,
+                "method": "absolute"}]
+    png = partial_plot("grpo", certain, cur, base, None, tmp_path)
+    assert png is not None and png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
