@@ -24,6 +24,7 @@ import importlib.util
 import json
 import random
 import tempfile
+import time
 from pathlib import Path
 
 from rl_verify.engines import engine_of
@@ -139,6 +140,20 @@ def main(argv: list[str] | None = None) -> int:
                     aborted += step is not None
                     false += step is not None and verdict == "PASS"
                 print(f"| {kind} | {suite} | {args.seeds} | {passed} | {aborted} | {false} |")
+
+        # What one look costs the triggerer's event loop: the check of a whole run's tracker.
+        print()
+        for suite in REGRESSIONS:
+            spec = load_suite(suite)
+            checker = engine_of(spec).live(spec, baselines[suite])
+            feed = TrackerFeed("tracker.jsonl")
+            feed.feed("".join(json.dumps(r) + "\n" for r in run_rows(curves, suite, None, "cost",
+                                                                    spec.expected_steps)).encode())
+            t0, n = time.process_time(), 200
+            for _ in range(n):
+                checker.check(feed.tracker, 100.0)
+            print(f"live check of a full {spec.expected_steps}-step {suite} tracker: "
+                  f"{(time.process_time() - t0) / n * 1000:.2f} ms CPU per poll (poll interval 5 s)")
     return 0
 
 
