@@ -90,6 +90,8 @@ class LiveWatch:
         self.doomed: Any = None   # the first LiveResult with a certain FAIL
         self.last: Any = None
         self.started = False
+        self.off = False  # switched off after an error of its own
+        self.stopped = False  # the job was killed by the live check
         self.log_hits: list[dict[str, str]] = []
 
     def start(self, baseline: bytes | None) -> str:
@@ -287,26 +289,22 @@ class RLJobTrigger(BaseTrigger):
                     await asyncio.sleep(delay)
                     continue
                 failures = 0
-                if exit_code is not None and read_all:
-                    if self.live:
-                        await self._watch_training(conn)  # the last rows: the live summary is complete
+                done = exit_code is not None and read_all
+                if text and not done:
+                    self.log.info("%s", text.rstrip("\n"))  # the last chunk goes with the event instead
+                try:
+                    ended = await self._live(conn, exit_code, text) if self.live else None
+                except connection_errors:
+                    continue  # the next poll reconnects (and counts the failure)
+                if ended is not None:
+                    yield ended
+                    return
+                if done:
                     event = self._event(exit_code, text, f"job exited {exit_code}")
                     if self._watch is not None:
                         event.payload["live"] = self._watch.summary()
                     yield event
                     return
-                if text:
-                    self.log.info("%s", text.rstrip("\n"))
-                if exit_code is None and self.live and text:
-                    stopped = await self._check_log(conn, text)
-                    if stopped is not None:
-                        yield stopped
-                        return
-                if exit_code is None and self.live:
-                    aborted = await self._watch_training(conn)
-                    if aborted is not None:
-                        yield aborted
-                        return
                 if exit_code is None:
                     await asyncio.sleep(self.poll_interval)
         except Exception as err:  # anything else ends the watch with a readable event, not a silent hang
@@ -315,6 +313,33 @@ class RLJobTrigger(BaseTrigger):
         finally:
             if conn is not None:
                 conn.close()
+
+    async def _live(self, conn: Any, exit_code: int | None, text: str) -> TriggerEvent | None:
+        """The live check of one poll: log rules on the new lines, then the tracker's new rows.
+
+        Returns the event that ends the watch (the job was stopped), else None. Anything but a lost
+        connection switches the live check off with a warning: it must never end a healthy training.
+        """
+        watch = self._live_watch()
+        if watch.off:
+            return None
+        try:
+            if exit_code is None and text:
+                stopped = await self._check_log(conn, text)
+                if stopped is not None:
+                    return stopped
+            aborted = await self._watch_training(conn)
+            return aborted if exit_code is None else None
+        except (OSError, TimeoutError) as err:
+            raise err
+        except Exception as err:
+            import asyncssh
+
+            if isinstance(err, asyncssh.Error):
+                raise
+            watch.off = True
+            self.log.warning("Live check switched off for this run (the final comparison still judges it): %s", err)
+            return None
 
     def _live_watch(self) -> "LiveWatch":
         if self._watch is None:
@@ -367,8 +392,9 @@ class RLJobTrigger(BaseTrigger):
                 break
         for line in watch.report(self._elapsed):
             self.log.info("%s", line)
-        if watch.doomed is None or not watch.early_abort:
+        if watch.doomed is None or not watch.early_abort or watch.stopped:
             return None
+        watch.stopped = True
         _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
         self.log.warning("Early abort: killed job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
         event = self._event(None, "", watch.abort_message())
