@@ -261,3 +261,22 @@ def test_the_partial_curves_of_an_aborted_suite_are_plotted(tmp_path):
                 "method": "absolute"}]
     png = partial_plot("grpo", certain, cur, base, None, tmp_path)
     assert png is not None and png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_live_check_error_switches_the_check_off_and_never_ends_the_watch():
+    import asyncio
+
+    from rl_verify.triggers import RLJobTrigger
+
+    trigger = RLJobTrigger(ssh_conn_id="n", job_dir="/r/k/jobs/grpo", job_marker="k/grpo",
+                           live={"suite": "grpo", "work_dir": "/r/k/work/grpo", "tracker_glob": "*/t.jsonl",
+                                 "baseline": "/b.jsonl", "early_abort": True})
+    baseline = "".join(json.dumps(r) + "\n" for r in grpo_rows()).encode()
+    broken = b"/r/k/work/grpo/1/t.jsonl 0 20\n{not json at all}\n"
+
+    async def script(conn, text):
+        return 0, baseline if "head -c" in text and "path=" in text else broken
+
+    trigger._script = script
+    assert asyncio.run(trigger._live(None, None, "")) is None
+    assert trigger._watch.off  # the final comparison still judges the run
