@@ -320,6 +320,8 @@ class RLJobTrigger(BaseTrigger):
         Returns the event that ends the watch (the job was stopped), else None. Anything but a lost
         connection switches the live check off with a warning: it must never end a healthy training.
         """
+        import asyncssh
+
         watch = self._live_watch()
         if watch.off:
             return None
@@ -330,13 +332,9 @@ class RLJobTrigger(BaseTrigger):
                     return stopped
             aborted = await self._watch_training(conn)
             return aborted if exit_code is None else None
-        except (OSError, TimeoutError) as err:
-            raise err
+        except (OSError, TimeoutError, asyncssh.Error):
+            raise  # a lost connection: the caller's reconnect path
         except Exception as err:
-            import asyncssh
-
-            if isinstance(err, asyncssh.Error):
-                raise
             watch.off = True
             self.log.warning("Live check switched off for this run (the final comparison still judges it): %s", err)
             return None

@@ -163,9 +163,13 @@ def test_grpo_live_never_dooms_a_passing_run_and_agrees_on_the_metrics(name, row
                                                                        checker_dir):
     base = dump_rows(tmp_path / "base.jsonl", grpo_rows())
     final = compare_grpo(base, dump_rows(tmp_path / "cur.jsonl", rows), checker_dir, tmp_path / "out", plot=False)
-    live = GrpoLive(load_thresholds(data_file(GRPO.data)), read_tracker(base), GRPO.expected_steps,
-                    GRPO.wall_time_budget_s)
-    step, doomed = _first_doomed(live, rows, range(1, 46))
+    step, doomed = _first_doomed(_grpo_live(tmp_path), rows, range(1, 46))
+    _assert_agrees(name, final, step, doomed, doomed_at)
+
+
+def _assert_agrees(name, final, step, doomed, doomed_at):
+    """The live check doomed the run where expected, never a passing run, and on the metrics the full
+    comparison finds breached."""
     assert step == doomed_at, name
     if final.verdict == "PASS":
         assert doomed is None, f"{name}: aborted a run that passes ({doomed.certain})"
@@ -189,12 +193,7 @@ def _opd_cases():
 def test_opd_live_never_dooms_a_passing_run_and_agrees_on_the_metrics(name, rows, doomed_at, tmp_path):
     final = compare_opd(dump_rows(tmp_path / "cur.jsonl", rows), tmp_path / "out", plot=False)
     step, doomed = _first_doomed(_opd_live(), rows, range(0, 26))
-    assert step == doomed_at, name
-    if final.verdict == "PASS":
-        assert doomed is None, f"{name}: aborted a run that passes ({doomed.certain})"
-    if doomed is not None:
-        breached = {c.metric for c in final.checks if c.breached}
-        assert final.verdict == "FAIL" and {c.metric for c in doomed.certain} <= breached, name
+    _assert_agrees(name, final, step, doomed, doomed_at)
 
 
 # ----------------------------------------------------------------------------- the trigger's side
