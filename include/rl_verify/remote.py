@@ -194,9 +194,16 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     """
     lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
              f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
-    return render("prerequisites", runs=validate_path(runs_root, "remote runs dir"), key=validate_key(key),
-                  own_suite=validate_suite_name(own_suite) if own_suite else "", checks="\n".join(lines),
-                  marker_env=RUN_MARKER_ENV)
+    return _alive_fn() + render("prerequisites", runs=validate_path(runs_root, "remote runs dir"),
+                                key=validate_key(key),
+                                own_suite=validate_suite_name(own_suite) if own_suite else "",
+                                checks="\n".join(lines), marker_env=RUN_MARKER_ENV)
+
+
+def _alive_fn() -> str:
+    """Bash function ``group_alive PGID`` (``sh/lib_alive.sh``): a non-zombie process of the
+    group lives; rendered in front of the scripts that decide whether a job still runs."""
+    return render("lib_alive")
 
 
 def _marked_fn(marker: str) -> str:
@@ -263,7 +270,7 @@ def job_state_script(job_dir: str) -> str:
     ``finished``: it wrote an exit code; ``running``: its pid is alive; ``dead``: its folder exists
     but it has no exit code and no live process (killed, or the node restarted); else ``absent``.
     """
-    return render("job_state", job_dir=validate_path(job_dir, "job dir"))
+    return _alive_fn() + render("job_state", job_dir=validate_path(job_dir, "job dir"))
 
 
 def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int) -> str:
@@ -272,7 +279,7 @@ def reap_script(runs_root: str, checkout: str, keep_key: str, max_age_days: int)
     Their records were archived by the runs that made them; the worktrees are unregistered from
     the checkout so git does not keep stale entries. Prints one REAPED line per folder.
     """
-    return render("reap", runs=validate_path(runs_root, "remote runs dir"),
+    return _alive_fn() + render("reap", runs=validate_path(runs_root, "remote runs dir"),
                   checkout=validate_path(checkout, "node checkout"), keep=validate_key(keep_key),
                   max_age_days=int(max_age_days))
 

@@ -209,7 +209,7 @@ def test_prerequisites_expand_a_home_path_and_refuse_tabs(tmp_path, monkeypatch)
 def test_prerequisites_report_a_live_job_of_another_run_as_busy(tmp_path):
     job = tmp_path / "other-run" / "jobs" / "grpo"
     job.mkdir(parents=True)
-    sleeper = subprocess.Popen(["sleep", "60"])
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a job leads its own group
     try:
         (job / "pid").write_text(str(sleeper.pid))
         mine = remote.prerequisites_script([], str(tmp_path), "other-run")
@@ -235,7 +235,7 @@ def test_job_state_script_prints_each_state(tmp_path):
     assert _job_state(job) == "absent\n"
     job.mkdir(parents=True)
     assert _job_state(job) == "dead\n"  # started (folder made), no pid, no exit code
-    sleeper = subprocess.Popen(["sleep", "60"])
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         (job / "pid").write_text(str(sleeper.pid))
         assert _job_state(job) == "running\n"
@@ -245,6 +245,31 @@ def test_job_state_script_prints_each_state(tmp_path):
     assert _job_state(job) == "dead\n"  # pid file of a process that is gone
     (job / "exit_code").write_text("0")
     assert _job_state(job) == "finished\n"
+
+
+def _zombie() -> subprocess.Popen:
+    """A group leader that has exited but is not reaped yet (it still answers ``kill -0``)."""
+    import time
+
+    child = subprocess.Popen(["true"], start_new_session=True)
+    stat = f"/proc/{child.pid}/stat"
+    while open(stat).read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)  # waits for a state, not a duration: the child exits at once
+    return child
+
+
+def test_a_stopped_job_whose_wrapper_is_not_reaped_yet_is_dead_and_does_not_make_the_node_busy(tmp_path):
+    job = tmp_path / "other-run" / "jobs" / "opd"
+    job.mkdir(parents=True)
+    zombie = _zombie()
+    try:
+        (job / "pid").write_text(str(zombie.pid))
+        assert _job_state(job) == "dead\n"
+        out = subprocess.run(["bash", "-s"], input=remote.prerequisites_script([], str(tmp_path), "this-run"),
+                             text=True, capture_output=True).stdout
+        assert [line for line in out.splitlines() if line.startswith("BUSY")] == []
+    finally:
+        zombie.wait()
 
 
 def test_job_state_script_refuses_an_unvalidated_folder():

@@ -7,6 +7,7 @@
 #   marker_env  name of the run marker variable every rl-verify job exports
 # Prints OK|MISSING<TAB>suite<TAB>kind<TAB>path per input, BUSY<TAB>job_dir<TAB>pid<TAB>since
 # for a live job of another run, PROC<TAB>pid<TAB>cmdline for a launch script run outside rl-verify.
+# group_alive() comes from lib_alive.sh, rendered before this text.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -u
@@ -29,7 +30,7 @@ for pidf in "$runs"/*/jobs/*/pid; do
   [ -f "$job/exit_code" ] && continue
   p=$(cat "$pidf" 2>/dev/null)
   case "$p" in ''|*[!0-9]*) continue;; esac
-  if kill -0 "$p" 2>/dev/null; then printf 'BUSY\t%s\t%s\t%s\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
+  if group_alive "$p"; then printf 'BUSY\t%s\t%s\t%s\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
 done
 # A launch script started by hand (or by another tool) also makes the node busy. The bracket
 # keeps the pattern from matching this script's own command line.
