@@ -112,12 +112,16 @@ def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, sui
     _assert_node_clean(node_state)
 
 
-@pytest.mark.parametrize("commit,suite,metric,certain_at,hint", [
-    ("sim/regress-mismatch", "grpo", "mismatch/mismatch_k3_kl", 1, "train/inference"),
-    ("sim/regress-init", "opd", "eval/gsm8k/acc", 0, "initialisation"),
-])
-def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, node_state, commit, suite, metric,
-                                                                           certain_at, hint):
+@pytest.mark.parametrize("commit,fault,suite,metric,certain_at,hint", [
+    ("sim/regress-mismatch", None, "grpo", "mismatch/mismatch_k3_kl", 1, "train/inference"),
+    ("sim/regress-init", None, "opd", "eval/gsm8k/acc", 0, "initialisation"),
+    ("sim/regress-teacher", None, "opd", "distillation/reduced_distillation_kl", 5, "teacher"),
+    ("main", "nan", "grpo", "mismatch/mismatch_k3_kl", 3, "NaN"),
+], ids=["mismatch-grpo", "init-opd", "teacher-opd", "nan-fault-grpo"])
+def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, node_state, commit, fault, suite,
+                                                                           metric, certain_at, hint):
+    if fault:
+        sim.set_fault(node_state, suite, fault, at_step=certain_at)
     out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})  # early_abort defaults on
     assert out.state == "failed" and out.tasks[f"run_{suite}"] == "failed", json.dumps(out.tasks)
     assert out.tasks[f"fetch_{suite}"] == out.tasks[f"compare_{suite}"] == out.tasks["report"] == "success"
