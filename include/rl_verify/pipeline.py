@@ -179,12 +179,15 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
         meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
     meta["expected_steps"] = spec.expected_steps
     abort = record.read_json(dest / "abort.json") or {}
-    stopped_by_rule = bool(abort.get("applied") and abort.get("log_rule") and not abort.get("certain"))
+    hit = abort.get("log_rule") if abort.get("applied") and not abort.get("certain") else None
+    # Stopped on a log rule: the short tracker is its consequence, not news. Ended by itself
+    # after a rule matched: the line says why, the step count says how far it came.
+    stopped_by_rule = bool(hit and not hit.get("at_exit"))
     if abort.get("applied") and abort.get("certain"):
         meta["early_abort"] = abort
-    elif stopped_by_rule:
-        hit = abort["log_rule"]
-        meta["problems"].append(f"stopped on a log rule: {hit['means']} (log line: {hit['line']})")
+    elif hit:
+        happened = "the job ended after a log line" if hit.get("at_exit") else "stopped on a log rule"
+        meta["problems"].append(f"{happened}: {hit['means']} (log line: {hit['line']})")
     tracker = meta["files"].get("tracker")
     if tracker:
         try:

@@ -12,7 +12,7 @@ import json
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -31,10 +31,17 @@ class Input(_Spec):
 
 
 class LogRule(_Spec):
-    """A line of the training log that ends the suite as an infrastructure failure, quoted."""
+    """A line of the training log that ends the suite as an infrastructure failure, quoted.
+
+    ``when``: ``seen`` stops the job as soon as the line appears (a run that logged it cannot
+    finish: out of memory, NCCL); ``exit`` acts only when the job then ends short of its steps (a
+    traceback a healthy run logs and survives is no failure), and quotes the end of the block the
+    line opens: the first later line that is not indented (a traceback's exception line).
+    """
 
     pattern: str = Field(min_length=1)
     means: str = Field(min_length=1)
+    when: Literal["seen", "exit"] = "seen"
 
     @field_validator("pattern")
     @classmethod

@@ -92,7 +92,8 @@ class LiveWatch:
         self.started = False
         self.off = False  # switched off after an error of its own
         self.stopped = False  # the job was killed by the live check
-        self.log_hits: list[dict[str, str]] = []
+        self.log_hits: list[dict[str, Any]] = []
+        self._open_block: dict[str, Any] | None = None  # an ``exit`` rule's match awaiting its block's end
 
     def start(self, baseline: bytes | None) -> str:
         """Build the checker (``baseline``: the baseline tracker's bytes, None if unreadable); say so."""
@@ -116,15 +117,40 @@ class LiveWatch:
             "reports where it would abort (early_abort off)"
         return f"Live check on for {self.spec.name}: every new step is checked with the final rules; {mode}"
 
-    def log_hit(self, text: str) -> dict[str, str] | None:
-        """The first line of ``text`` a log rule of the spec matches, with the rule's meaning (recorded)."""
+    def log_hit(self, text: str) -> dict[str, Any] | None:
+        """Scan new log lines: record every log-rule match; return the first of a ``seen`` rule.
+
+        A match of an ``exit`` rule waits for the end of its block (the first later line that is
+        not indented, possibly in a later chunk) and quotes that line; it is acted on at exit only.
+        """
+        first = None
         for line in text.splitlines():
+            if self._open_block is not None and line.strip() and not line[0].isspace():
+                self._open_block["line"] = line.strip()[:500]
+                self._open_block = None
             rule = next((r for r in self.spec.log_rules if r.match(line)), None)
-            if rule is not None:
-                hit = {"pattern": rule.pattern, "means": rule.means, "line": line.strip()[:500]}
-                self.log_hits.append(hit)
-                return hit
-        return None
+            if rule is None:
+                continue
+            hit = {"pattern": rule.pattern, "means": rule.means, "line": line.strip()[:500], "when": rule.when}
+            self.log_hits.append(hit)
+            if rule.when == "exit":
+                self._open_block = hit
+            elif first is None:
+                first = hit
+        return first
+
+    def ended_short(self) -> dict[str, Any] | None:
+        """At the job's exit: the first log-rule match when the tracker came up short of its steps.
+
+        None when no rule matched, the run has all its steps, or its step count is unknown (no
+        live check: fetch counts the steps).
+        """
+        if not self.log_hits:
+            return None
+        steps = self.feed.tracker.steps if self.feed is not None else 0 if self.checker is not None else None
+        if steps is None or steps >= self.spec.expected_steps:
+            return None
+        return {**self.log_hits[0], "at_exit": True, "steps": steps}
 
     def take(self, output: bytes) -> bool:
         """Feed one ``tracker_poll`` output; True when the tracker has more bytes to read now."""
@@ -303,6 +329,14 @@ class RLJobTrigger(BaseTrigger):
                     event = self._event(exit_code, text, f"job exited {exit_code}")
                     if self._watch is not None:
                         event.payload["live"] = self._watch.summary()
+                        hit = self._watch.ended_short()
+                        if hit is not None:
+                            # The job ended by itself short of its steps after a log rule matched:
+                            # an infrastructure failure quoting the line, whatever its exit code.
+                            event.payload["live"]["log_rule"] = hit
+                            event.payload.update(status="log_rule", message=(
+                                f"ended at step {hit['steps']} of {self._watch.spec.expected_steps} "
+                                f"(exit code {exit_code}) after {hit['means']}: {hit['line']}"))
                     yield event
                     return
                 if exit_code is None:
@@ -330,6 +364,8 @@ class RLJobTrigger(BaseTrigger):
                 stopped = await self._check_log(conn, text)
                 if stopped is not None:
                     return stopped
+            elif text:
+                watch.log_hit(text)  # the job has ended: nothing to stop, the hits classify its end
             aborted = await self._watch_training(conn)
             return aborted if exit_code is None else None
         except (OSError, TimeoutError, asyncssh.Error):

@@ -601,10 +601,16 @@ def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
     sim.set_fault(_node_state(main_rig), suite, "crash", at_step=8)
     result.injected += 1
     out = run_scenario(main_rig, result, suite)
-    # the launch script exited 0: not trusted, the tracker decides
-    result.expect(out.tasks[f"run_{suite}"] == "success", f"task states {out.tasks}")
-    result.expect("wrong step count" in main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}"),
-                  f"fetch_{suite} log does not say 'wrong step count'")
+    # The launch script exited 0: not trusted. The traceback's log rule ends the suite quoting the
+    # exception; the tracker says how far it came.
+    exception = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash fault at step 8)"
+    result.expect(out.tasks[f"run_{suite}"] == "failed", f"task states {out.tasks}")
+    run_log = main_rig.client.task_log(DAG_ID, out.run_id, f"run_{suite}")
+    result.expect(f"(exit code 0) after the trainer raised an exception: {exception}" in run_log,
+                  f"run_{suite} log does not quote the exception after a zero exit code")
+    fetch_log = main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}")
+    result.expect("wrong step count" in fetch_log and exception in fetch_log,
+                  f"fetch_{suite} log does not give both the step count and the exception")
     result.expect("infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
                   "verdict log does not name an infrastructure failure")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])

@@ -113,14 +113,15 @@ def test_a_changed_host_key_is_refused_not_accepted(node_conn: Node, monkeypatch
     assert event["exit_code"] is None and "host key" in event["message"].lower()
 
 
-def _tracker_writer(node: Node, rows: list[dict], folder: str, step_s: float) -> str:
-    """A job command that writes ``rows`` into ``folder``/<exp>/t.jsonl one step at a time (then waits)."""
+def _tracker_writer(node: Node, rows: list[dict], folder: str, step_s: float, then: str = "time.sleep(600)") -> str:
+    """A job command that writes ``rows`` into ``folder``/<exp>/t.jsonl one step at a time, then
+    runs the Python statement ``then`` (default: waits)."""
     payload = "\n".join(json.dumps(r) for r in rows)
     script = (f"import json, os, sys, time\nos.makedirs({folder!r} + '/20260101000000', exist_ok=True)\n"
               f"out = open({folder!r} + '/20260101000000/t.jsonl', 'a')\n"
               f"for line in {payload!r}.splitlines():\n"
               f"    out.write(line + '\\n'); out.flush(); time.sleep({step_s})\n"
-              "time.sleep(600)\n")
+              f"{then}\n")
     return f"( exec python3 -c {remote.shlex.quote(script)} )"
 
 
@@ -155,3 +156,22 @@ def test_a_log_rule_line_stops_a_hung_job_as_an_infrastructure_failure_quoting_i
     assert event["status"] == "log_rule" and oom in event["message"] and "ran out of memory" in event["message"]
     assert event["live"]["log_rule"]["line"] == oom
     assert node_conn.wait_no_processes("sleep 600", timeout=15) == [], "the job outlived its stop"
+
+
+def test_a_job_that_exits_zero_after_a_traceback_short_of_its_steps_ends_quoting_the_exception(node_conn) -> None:
+    from tests.unit.conftest import opd_rows
+
+    run = f"{node_conn.root}/runs/live-3"
+    job_dir, work_dir = f"{run}/jobs/opd", f"{run}/work/opd"
+    crash = ("print('Traceback (most recent call last):\\n  File \"rl_trainer.py\", line 1, in fit\\n"
+             "RuntimeError: CUDA error: an illegal memory access was encountered', flush=True)")
+    # Like the real launch script: the trainer dies, `tee` exits 0, so does the script.
+    job = _tracker_writer(node_conn, [r for r in opd_rows() if r["step"] <= 4], work_dir, 0.05, then=crash)
+    _submit(node_conn, job_dir, f"( {job}; echo teachers stopped; exit 0 )", {"RL_VERIFY_JOB": "live-3/opd"})
+    live = {"suite": "opd", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": None, "early_abort": True}
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-3/opd", poll_interval=0.2,
+                                live=live))
+    assert event["status"] == "log_rule" and event["exit_code"] == 0, event
+    assert event["message"] == ("ended at step 4 of 25 (exit code 0) after the trainer raised an exception: "
+                                "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert event["live"]["log_rule"]["at_exit"] is True

@@ -279,3 +279,42 @@ def test_a_live_check_error_switches_the_check_off_and_never_ends_the_watch():
     trigger._script = script
     assert asyncio.run(trigger._live(None, None, "")) is None
     assert trigger._watch.off  # the final comparison still judges the run
+
+
+def _opd_watch():
+    from rl_verify.triggers import LiveWatch
+
+    watch = LiveWatch({"suite": "opd", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": None})
+    watch.start(None)
+    return watch
+
+
+def test_an_out_of_memory_line_is_acted_on_as_soon_as_it_is_seen():
+    watch = _opd_watch()
+    hit = watch.log_hit("step 3/25\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    assert hit and hit["when"] == "seen" and hit["line"].startswith("torch.OutOfMemoryError: CUDA out of memory")
+
+
+def test_a_traceback_is_not_acted_on_while_the_job_runs_and_quotes_its_exception_line_at_a_short_exit():
+    watch = _opd_watch()
+    # The block's end arrives in a later chunk: the quote follows it there.
+    assert watch.log_hit("step 7/25\nTraceback (most recent call last):\n  File \"rl_trainer.py\", line 1\n") is None
+    assert watch.log_hit("    fit()\nValueError: bad batch\n[teacher] stopped\n") is None
+    watch.take(_poll_output("/w/1/t.jsonl", [r for r in opd_rows(steps=25) if r["step"] <= 7]))
+    hit = watch.ended_short()
+    assert hit == {"pattern": r"^Traceback \(most recent call last\):", "means": "the trainer raised an exception",
+                   "line": "ValueError: bad batch", "when": "exit", "at_exit": True, "steps": 7}
+
+
+def test_a_traceback_the_run_survives_is_no_failure_at_its_full_exit():
+    watch = _opd_watch()
+    watch.log_hit("Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'tok'\n")
+    watch.take(_poll_output("/w/1/t.jsonl", opd_rows(steps=25)))
+    assert watch.feed.tracker.steps == 25 and watch.ended_short() is None
+
+
+def test_a_log_rule_with_an_unknown_when_is_refused_naming_the_field(tmp_path):
+    from rl_verify.suite import LogRule
+
+    with pytest.raises(ValueError, match="when"):
+        LogRule(pattern="x", means="y", when="later")

@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
                 _hold(node, suite, step, writer, node.step_seconds)
             if kind == "crash" and step == at_step:
                 # the process dies while this row is in the write buffer: it ends up half-written
-                raise SimulatedCrash("RuntimeError: NCCL error in ProcessGroupNCCL "
+                raise SimulatedCrash("RuntimeError: CUDA error: an illegal memory access was encountered "
                                      f"(simulated crash fault at step {step})")
             _log(f"step {step}/{total} rewards={row['response/rewards/mean']:.4f} "
                  f"len={row['response/response_len/mean']:.1f} time={row['time/step']:.1f}s")
