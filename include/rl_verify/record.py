@@ -32,12 +32,17 @@ def run_record_dir(dag_run_id: str, root: str = settings.RECORD_ROOT) -> Path:
     return local_root(root) / settings.DAG_ID / run_key(dag_run_id)
 
 
+RECORD_FILE_MODE = 0o644
+
+
 def write_atomic(path: Path, data: str | bytes) -> Path:
     """Write ``data`` to ``path`` so a reader sees the old file or the whole new one, never half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as fh:
+            # mkstemp makes 0600; a record is read by the UI plugin and the team, like any file written.
+            os.fchmod(fh.fileno(), RECORD_FILE_MODE)
             fh.write(data.encode("utf-8") if isinstance(data, str) else data)
             fh.flush()
             os.fsync(fh.fileno())

@@ -152,3 +152,10 @@ def test_record_is_published_to_an_object_storage_root(tmp_path):
     where = record.publish(local, root=f"file://{store}")
     assert (store / "rl_accuracy_verification" / "run-1" / "grpo" / "tracker.jsonl").read_text() == '{"step": 1}\n'
     assert where.endswith("rl_accuracy_verification/run-1")
+
+
+def test_record_files_are_readable_by_the_record_stores_users(tmp_path):
+    from rl_verify import record
+
+    path = record.write_json(tmp_path / "run" / "report.json", {"verdict": "PASS"})
+    assert path.stat().st_mode & 0o777 == 0o644
