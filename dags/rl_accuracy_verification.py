@@ -42,12 +42,19 @@ POOL = settings.node_pool()
     default_args=settings.DEFAULT_ARGS,
     params={
         "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Commit under test",
-                        description="Branch, tag or SHA of the node's XTuner checkout.",
+                        description="Branch, tag or SHA in the node's XTuner checkout, e.g. main, v1.2.0 or "
+                                    "4e7db028. Up to 200 characters: letters, digits and . _ / + - (no spaces), "
+                                    "starting with a letter or digit.",
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
         "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
+                        description="One or more trainings to verify: " + "; ".join(settings.suite_titles().values())
+                                    + ". Each needs the whole 8-GPU node; they run one after the other.",
                         items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
-                        minItems=1, uniqueItems=True),
+                        values_display=settings.suite_titles(), minItems=1, uniqueItems=True),
         "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",
+                      description="The id of the Airflow SSH connection (Admin > Connections) of the 8-GPU node "
+                                  f"to train on, e.g. {settings.DEFAULT_NODE_CONN_ID}. Its host key must be pinned "
+                                  "in the connection. Letters, digits and _ . - only.",
                       pattern=r"^[A-Za-z0-9_.-]{1,100}(?![\s\S])"),
         "early_abort": Param(True, type="boolean", title="Early abort",
                              description="End a suite's training as soon as its FAIL is certain (the live check "

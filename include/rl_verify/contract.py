@@ -72,6 +72,7 @@ class Fetched(TypedDict):
 class Breach(TypedDict):
     metric: str
     first_breach_step: int | None
+    steps: str  # where it was outside, as ranges ("1-45"); empty for an aggregate without per-step data
 
 
 class SuiteSummary(TypedDict):

@@ -280,7 +280,8 @@ def metric_check(rule: Rule, base: Tracker, cur: Tracker, percentiles: dict[str,
     first_breach = c[breach].step if breach is not None else None
     shape = classify([ComparedPoint(y.step, y.value, e, not rule.holds(e))
                       for y, e in zip(c, stepwise)], threshold)
-    row.update(shape=shape.kind if shape else None, shape_text=shape.text if shape else "")
+    row.update(shape=shape.kind if shape else None, shape_text=shape.text if shape else "",
+               breach_steps=shape.steps if shape else "")
     translated = translate_checker_step(checker_reason or "", breach, first_breach)
     said = f"; {translated}" if translated else ""
     if q is not None:
@@ -328,7 +329,7 @@ def final_eval_check(base: Tracker, cur: Tracker, rule: Rule, baseline_path: Pat
     return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error, passed=rule.holds(error),
                  first_breach_step=None if rule.holds(error) else cp.step,
                  shape=shape.kind if shape else None, shape_text=shape.text if shape else "",
-                 note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
+                 breach_steps=shape.steps if shape else "", note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
                       f"current step {cp.step} line {cp.line}", **row)
 
 
@@ -349,7 +350,7 @@ def reconcile(checks: list[Check], outcome: CheckerOutcome, metrics: list[str]) 
     if outcome.step_count:
         for c in checks:
             if c.source == "checker" and c.metric != STEP_COUNT:
-                c.passed, c.missing, c.shape, c.shape_text = None, False, None, ""
+                c.passed, c.missing, c.shape, c.shape_text, c.breach_steps = None, False, None, "", ""
                 c.note += "; not judged: the checker stopped at the step-count assertion"
         return notes
     named = set() if outcome.ok else failed_metrics(outcome.message, metrics)

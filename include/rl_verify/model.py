@@ -64,7 +64,8 @@ class Check:
     first per-step error above the threshold); it feeds the next-step rules.
     ``missing`` marks a row that could not be measured (no current value where one was expected):
     it fails the verdict as an infrastructure problem, never as a breach.
-    ``shape``/``shape_text`` describe how a failing metric left its bound (``rl_verify.shapes``).
+    ``shape``/``shape_text`` describe how a failing metric left its bound (``rl_verify.shapes``);
+    ``breach_steps`` lists the steps where it was outside, as ranges ("1-45").
     Every step is the tracker's own step number (eval-only row = 0, RL steps from 1).
     """
 
@@ -83,6 +84,7 @@ class Check:
     missing: bool = False
     shape: str | None = None
     shape_text: str = ""
+    breach_steps: str = ""
 
     @property
     def breached(self) -> bool:

@@ -123,7 +123,7 @@ def add_shapes(checks: list[Check]) -> None:
             continue
         for c in rows:
             if c.passed is False:
-                c.shape, c.shape_text = shape.kind, shape.text
+                c.shape, c.shape_text, c.breach_steps = shape.kind, shape.text, shape.steps
 
 
 def _panels(checks: list[Check], cur: Tracker, metrics: list[str]):

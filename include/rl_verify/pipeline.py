@@ -321,12 +321,13 @@ def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None
 
 def suite_summary(result: Any) -> SuiteSummary:
     """Verdict, class, breached and unmeasured metrics of one suite (small: it travels through XCom)."""
-    breached: dict[str, int | None] = {}
+    breached: dict[str, Breach] = {}
     for c in result.checks:
         if c.breached and c.metric not in breached:
-            breached[c.metric] = c.first_breach_step
+            breached[c.metric] = {"metric": c.metric, "first_breach_step": c.first_breach_step,
+                                  "steps": c.breach_steps}
     return {"suite": result.suite, "verdict": result.verdict, "failure_class": result.failure_class,
-            "breached": [{"metric": m, "first_breach_step": s} for m, s in breached.items()],
+            "breached": list(breached.values()),
             "missing": sorted({c.metric for c in result.checks if c.missing})}
 
 

@@ -27,6 +27,13 @@ if not DEFAULT_SUITES or set(DEFAULT_SUITES) - set(KNOWN_SUITES):
     raise ValueError(f"RL_VERIFY_DEFAULT_SUITES={os.environ.get('RL_VERIFY_DEFAULT_SUITES')!r}: give a comma-separated "
                      f"subset of {', '.join(KNOWN_SUITES)}")
 
+def suite_titles() -> dict[str, str]:
+    """``{suite: "grpo: <spec title>"}`` for the trigger form (spec files only: safe at parse time)."""
+    from rl_verify.suite import load_suite
+
+    return {name: f"{name}: {load_suite(name).title}" for name in KNOWN_SUITES}
+
+
 #: Airflow connection of the GPU node (SSH, pinned host key).
 DEFAULT_NODE_CONN_ID = os.environ.get("RL_VERIFY_NODE_CONN_ID", "rl_gpu_node")
 

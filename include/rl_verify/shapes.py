@@ -47,6 +47,24 @@ class Shape:
     kind: str
     first_step: int
     text: str
+    steps: str = ""  # the breaching steps as ranges, e.g. "1-45" or "5, 15-25"
+
+
+def step_ranges(steps: Sequence[int], all_steps: Sequence[int] | None = None) -> str:
+    """``steps`` as ranges: a run of consecutive compared points (``all_steps``, default every
+    integer) is written "first-last"; e.g. "1-45", "3, 7-9"."""
+    order = sorted(all_steps) if all_steps is not None else None
+    out: list[list[int]] = []
+    for s in sorted(steps):
+        prev = out[-1][-1] if out else None
+        adjacent = prev is not None and (
+            order.index(s) == order.index(prev) + 1 if order is not None and prev in order and s in order
+            else s == prev + 1)
+        if adjacent:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in out)
 
 
 def _finite(value: float | None) -> bool:
@@ -66,7 +84,14 @@ def _steps(points: Sequence[ComparedPoint]) -> str:
 
 def classify(points: Sequence[ComparedPoint], threshold: float | None) -> Shape | None:
     """The shape of the breach in ``points`` (in step order), or None when no point breached."""
-    points = sorted(points, key=lambda p: p.step)
+    shape = _classify(sorted(points, key=lambda p: p.step), threshold)
+    if shape is None:
+        return None
+    ranges = step_ranges([p.step for p in points if p.breached], [p.step for p in points])
+    return Shape(shape.kind, shape.first_step, shape.text, ranges)
+
+
+def _classify(points: Sequence[ComparedPoint], threshold: float | None) -> Shape | None:
     breached = [p for p in points if p.breached]
     if not breached:
         return None

@@ -40,7 +40,9 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                   "tags": sorted(dag.tags) if dag else [], "params": sorted(dag.params.keys()) if dag else [],
                   "max_active_runs": dag.max_active_runs if dag else None, "catchup": dag.catchup if dag else None,
                   "doc_md": bool(dag and dag.doc_md), "heavy": heavy, "seconds": elapsed,
-                  "dag_ids": sorted(bag.dag_ids)}))
+                  "dag_ids": sorted(bag.dag_ids),
+                  "param_help": {k: {"title": p.schema.get("title"), "description": p.description}
+                                 for k, p in (dag.params.items() if dag else [])}}))
 """
 
 
@@ -100,6 +102,13 @@ def test_tags_params_and_scheduling(parsed):
     assert parsed["params"] == ["commit", "early_abort", "node", "suites"]
     assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
 
+
+
+def test_every_param_of_the_trigger_form_has_a_title_and_a_description_in_plain_words(parsed):
+    for name, help_ in parsed["param_help"].items():
+        assert help_["title"] and len(help_["description"] or "") > 40, (name, help_)
+    assert "grpo: GRPO accuracy run" in parsed["param_help"]["suites"]["description"]
+    assert "SSH connection" in parsed["param_help"]["node"]["description"]
 
 
 def test_every_pulled_task_id_names_a_task_of_the_dag(parsed):
