@@ -123,8 +123,9 @@ class Rig:
         if decision is not None:
             detail = self.client.wait_for_hitl(DAG_ID, run_id, task_id="approve", timeout=timeout)
             timings["until approval asked"] = time.monotonic() - t0
+            offered = "standing_approval" in ((detail or {}).get("params") or {})  # scheduled runs only
             approval = self.client.respond_hitl(DAG_ID, run_id, "approve", [decision],
-                                                params_input={"standing_approval": standing})
+                                                params_input={"standing_approval": standing} if offered else None)
             approval = approval or detail
         t1 = time.monotonic()
         if during is not None:

@@ -119,8 +119,10 @@ def _plain(text: str) -> str:
 
 def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], run_id: str,
                 fingerprint: str, notes: Iterable[str] = ()) -> str:
-    """Full Markdown card: header with the commit under test, then the four sections."""
-    lines = [f"# Experiment card — {run_id}", "",
+    """Full Markdown card: a title naming the commit and suites, the commit under test, then the four sections."""
+    suites = ", ".join(commit.get("suites") or [])
+    lines = [f"# Experiment card — `{commit['commit_ref']}`" + (f" · {suites}" if suites else ""), "",
+             f"**DAG run:** `{run_id}`", "",
              f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — "
              f"{_plain(commit.get('subject', ''))}",
              f"**Worktree:** `{commit['worktree']}`" + (" — clean" if not commit.get("dirty_stat") else ""), ""]

@@ -204,19 +204,23 @@ class CardApprovalOperator(ApprovalOperator):
         kwargs.pop("params", None)  # DAG-level params are not form fields of the approval
         self.card = card
         super().__init__(
-            subject="Approve the RL accuracy experiment card for {{ params.commit }}",
+            subject="{{ params.commit }} ({{ params.suites | join(', ') }}): approve the RL accuracy experiment card",
             body=None,  # the card's Markdown, set once the card is known (execute)
             params={"standing_approval": Param(
-                False, type="boolean", title="Standing approval for nightly runs",
-                description="Scheduled runs only: let later scheduled runs with this exact card proceed without "
-                            "waiting (expires after RL_VERIFY_STANDING_APPROVAL_DAYS days).")},
+                False, type=["boolean", "null"], title="Standing approval for nightly runs (optional)",
+                description="Let later scheduled runs with this exact card proceed without waiting (expires "
+                            "after RL_VERIFY_STANDING_APPROVAL_DAYS days). Offered on scheduled runs only.")},
             assigned_users=approvers or None,
             **kwargs,
         )
 
     def execute(self, context: Any) -> Any:
+        from airflow.sdk import ParamsDict
+
         card: Card = self.card
         self.body = card["markdown"]
+        if context["dag_run"].run_type != "scheduled":
+            self.params = ParamsDict({})  # a standing approval only ever applies to scheduled runs: not offered
         if context["dag_run"].run_type == "scheduled":
             grant = self._verified_grant(card["fingerprint"])
             if grant is not None:

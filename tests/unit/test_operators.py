@@ -233,3 +233,13 @@ def test_approvers_restrict_who_may_answer(monkeypatch):
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice, bob")
     op = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})
     assert op.assigned_users == [{"id": "alice", "name": "alice"}, {"id": "bob", "name": "bob"}]
+
+
+def test_a_manual_runs_card_does_not_offer_a_standing_approval_and_a_scheduled_one_does(variables, monkeypatch):
+    offered = {}
+    monkeypatch.setattr(ApprovalOperator, "execute", lambda self, context: offered.update(
+        {context["dag_run"].run_type: sorted(self.params.keys())}))
+    for run_type in ("manual", "scheduled"):
+        ctx = _context(run_type)
+        _op(ctx).execute(ctx)
+    assert offered == {"manual": [], "scheduled": ["standing_approval"]}

@@ -50,8 +50,10 @@ def _sections():
 
 
 def test_card_has_the_four_sections_and_runbook_thresholds():
-    commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None}
+    commit = {"sha": "a" * 40, "commit_ref": "main", "subject": "s", "worktree": "/w", "dirty_stat": None,
+              "suites": ["grpo", "opd"]}
     text = card.render_card(commit, _sections(), "manual__1", "f" * 16)
+    assert text.startswith("# Experiment card — `main` · grpo, opd\n")  # commit and suites, not the run id
     for title in ("目标", "判读标准", "最小规模", "前置条件"):
         assert f"## {title}" in text
     for number in ("0.0001", "0.05", "12%", "18%", "0.3260", "0.4339", "40 min", "| 45 |", "| 25 |"):
