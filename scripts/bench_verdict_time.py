@@ -8,7 +8,8 @@ card through the REST API and reads from the API's task instances:
 
 * **approval to verdict**: the ``approve`` task's end to the ``verdict`` task's end (wall clock);
 * **training**: the ``run_<suite>`` task's start to its end (launch, the deferred watch, the kill);
-* **fixed**: the rest (fetch, compare, report, scheduling); the table shows the full run's.
+* **fixed**: the rest (fetch, compare, report, scheduling); the table shows the full run's;
+* the triggerer's warnings that its event loop was blocked (its own 0.2 s watchdog) over the runs.
 
 The simulated node trains ``--step-seconds`` per step; the runbook's runs take ~40 s per step, so
 the measured ratio is dominated by the fixed part. The last columns project the same run to the
@@ -62,6 +63,13 @@ def at_scale(suite: str, regression: str, step: int | None) -> float:
     return sum(r.get("time/step", 0.0) for r in rows if 1 <= r["step"] <= upto) + poll
 
 
+def triggerer_blocked(rig: Rig) -> list[str]:
+    """The triggerer's own warnings that its event loop was blocked (a trigger doing sync work)."""
+    log = rig.stack.log_dir / "triggerer.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [line.strip()[:160] for line in text.splitlines() if "async thread was blocked" in line]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step-seconds", type=float, default=0.5)
@@ -95,9 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                             f"{scale_on / 60:.1f} min | {scale_off / 60:.1f} min | {scale_on / scale_off:.2f} |")
                     lines.append(line)
                     print(line, flush=True)
+            blocked = triggerer_blocked(rig)
         finally:
             rig.stop()
-        lines += ["", f"bench wall time {time.monotonic() - t0:.0f} s"]
+        lines += ["", f"triggerer: {len(blocked)} 'async thread was blocked' warnings (threshold 0.2 s) while it "
+                      f"watched these {2 * sum(map(len, REGRESSIONS.values()))} trainings with the live check"
+                  + (": " + "; ".join(blocked[:5]) if blocked else ""),
+                  f"bench wall time {time.monotonic() - t0:.0f} s"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print(f"\nwritten to {args.out}")
