@@ -329,7 +329,8 @@ def final_eval_check(base: Tracker, cur: Tracker, rule: Rule, baseline_path: Pat
     return Check(step=cp.step, baseline=bp.value, current=cp.value, error=error, passed=rule.holds(error),
                  first_breach_step=None if rule.holds(error) else cp.step,
                  shape=shape.kind if shape else None, shape_text=shape.text if shape else "",
-                 breach_steps=shape.steps if shape else "", note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
+                 breach_steps=shape.steps if shape else "",
+                 note=f"last value in each file: baseline step {bp.step} line {bp.line}, "
                       f"current step {cp.step} line {cp.line}", **row)
 
 

@@ -226,7 +226,8 @@ def aborted_checks(certain: list[Certain]) -> list[Check]:
     return [Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
                   threshold=c.threshold, operator=c.operator,
                   method=c.method, passed=False, first_breach_step=c.step, source="live",
-                  shape=c.shape, shape_text=_shape_text(c), breach_steps=str(c.step), note=f"early abort ({c.rule}): {c.text}") for c in certain]
+                  shape=c.shape, shape_text=_shape_text(c), breach_steps=str(c.step),
+                  note=f"early abort ({c.rule}): {c.text}") for c in certain]
 
 
 def _shape_text(c: Certain) -> str:

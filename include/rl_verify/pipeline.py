@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from rl_verify import node, record, remote, settings
-from rl_verify.contract import Card, Decision, Fetched, Prerequisites, ReportSummary, Resolved, SuiteSummary
+from rl_verify.contract import Breach, Card, Decision, Fetched, Prerequisites, ReportSummary, Resolved, SuiteSummary
 from rl_verify.engines import engine_of
 from rl_verify.suite import SuiteSpec, load_suite
 

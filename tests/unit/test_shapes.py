@@ -70,3 +70,12 @@ def test_non_finite_value_wins_over_every_other_reading():
 def test_a_metric_compared_once_has_a_single_point_shape():
     shape = classify([ComparedPoint(45, 0.8, 0.1, True)], THRESHOLD)
     assert shape.kind == "single-point" and "step 45 only" in shape.text
+
+
+def test_breaching_steps_are_written_as_ranges_of_consecutive_compared_points():
+    from rl_verify.shapes import step_ranges
+
+    assert step_ranges(range(1, 46)) == "1-45"
+    assert step_ranges([3, 7, 8, 9]) == "3, 7-9"
+    # OPD eval points 0/5/10/...: consecutive compared points make a range, a gap does not.
+    assert step_ranges([5, 10, 15, 25], [0, 5, 10, 15, 20, 25]) == "5-15, 25"
