@@ -103,11 +103,11 @@ def rl_accuracy_verification():
         return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
-    def verdict(ti=None):
+    def verdict(run_id=None, ti=None):
         from rl_verify import pipeline
 
         # Pulled, not passed: a failed report task must still reach this task as "no report".
-        return pipeline.verdict(ti.xcom_pull(task_ids="report"))
+        return pipeline.verdict(ti.xcom_pull(task_ids="report"), run_id)
 
     @task(trigger_rule="one_failed", pool=POOL, **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):

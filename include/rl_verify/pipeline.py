@@ -260,6 +260,11 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
                                "off, so the run went on")
     record.write_json(suite_dir / "result.json", result.to_dict())
     log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
+    if not result.passed:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        # Marked failed so the grid shows which suite failed; the report and verdict still run (all_done).
+        raise AirflowFailException(f"FAIL ({result.failure_class}): {suite_line(suite_summary(result))}")
     return result.to_dict()
 
 
@@ -331,24 +336,28 @@ def suite_summary(result: Any) -> SuiteSummary:
             "missing": sorted({c.metric for c in result.checks if c.missing})}
 
 
-def verdict_message(summary: ReportSummary) -> str:
-    """One line naming, per failed suite, its failure class and what breached (or what is missing)."""
-    parts = []
-    for suite in summary.get("suites") or []:
-        if suite["verdict"] == "PASS":
-            continue
-        what = ", ".join(f"{b['metric']}" + (f" from step {b['first_breach_step']}"
-                                             if b.get("first_breach_step") is not None else "")
-                         for b in suite.get("breached", []))
-        said = f"breached: {what}" if what else ""
-        if suite.get("missing"):
-            said += ("; " if said else "") + "not measured: " + ", ".join(suite["missing"])
-        parts.append(f"{suite['suite']} {suite.get('failure_class') or 'unknown'} failure"
-                     + (f" ({said})" if said else ""))
-    if not parts:
-        classes = summary.get("failure_classes") or ["unknown"]
-        parts = [f"{' + '.join(classes)} failure in suite(s) {', '.join(summary.get('failed_suites', []))}"]
-    return f"FAIL: {'; '.join(parts)}; report: {summary['record']}"
+def suite_line(suite: SuiteSummary) -> str:
+    """What failed in one suite, in a few words: "grpo mismatch/mismatch_k3_kl breached at steps 1-45"."""
+    said = []
+    for b in suite.get("breached", []):
+        steps = b.get("steps") or (str(b["first_breach_step"]) if b.get("first_breach_step") is not None else "")
+        where = f" at step{'s' if any(c in steps for c in '-,') else ''} {steps}" if steps else ""
+        said.append(f"{b['metric']} breached{where}")
+    if suite.get("missing"):
+        said.append("not measured: " + ", ".join(suite["missing"]))
+    return f"{suite['suite']} " + ("; ".join(said) if said else "did not reach a measured verdict (see its tasks)")
+
+
+def verdict_message(summary: ReportSummary, report_link: str | None = None) -> str:
+    """One line: "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: <link>".
+
+    With several failure classes, each suite names its own. ``report_link`` defaults to the record.
+    """
+    classes = summary.get("failure_classes") or ["unknown"]
+    failed = [s for s in summary.get("suites") or [] if s["verdict"] != "PASS"]
+    parts = [suite_line(s) + (f" ({s.get('failure_class') or 'unknown'})" if len(classes) > 1 else "")
+             for s in failed] or [f"suite(s) {', '.join(summary.get('failed_suites', []))}"]
+    return f"FAIL ({' + '.join(classes)}): {'; '.join(parts)}; report: {report_link or summary['record']}"
 
 
 def _safe_suites(params: Mapping[str, Any]) -> list[str]:
@@ -405,8 +414,12 @@ def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_I
             f"never started, because an earlier run was still waiting or running: {shown}{more}."]
 
 
-def verdict(summary: ReportSummary | None) -> str:
-    """Fail the DAG run when the verdict is FAIL (after the report exists); say which class."""
+def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
+    """Fail the DAG run when the verdict is FAIL (after the report exists), in one line with the report's link."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from rl_verify import links
+
     if not summary:
         raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
     if summary["verdict"] in ("REJECTED", "NOT APPROVED"):
@@ -414,7 +427,13 @@ def verdict(summary: ReportSummary | None) -> str:
 
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     if summary["verdict"] != "PASS":
-        raise RuntimeError(verdict_message(summary))
+        line = verdict_message(summary, links.absolute(links.ui_base_url(), links.report_path(settings.DAG_ID,
+                                                                                           dag_run_id)))
+        log.error("%s", line)
+        raise AirflowFailException(line)  # not retried: the verdict will not change
+    log.info("PASS: every checked metric of %s is within its threshold; report: %s",
+             ", ".join(s["suite"] for s in summary.get("suites") or []),
+             links.absolute(links.ui_base_url(), links.report_path(settings.DAG_ID, dag_run_id)))
     return "PASS"
 
 

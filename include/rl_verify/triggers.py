@@ -356,7 +356,11 @@ class RLJobTrigger(BaseTrigger):
         """
         import asyncssh
 
-        watch = self._live_watch()
+        if self._watch is None:
+            # The first use loads the spec, its data and the engine (numpy, pandas): in a thread,
+            # so the triggerer's event loop (every other watch) is not held up by the imports.
+            self._watch = await asyncio.to_thread(LiveWatch, self.live or {})
+        watch = self._watch
         if watch.off:
             return None
         try:
@@ -413,7 +417,7 @@ class RLJobTrigger(BaseTrigger):
             if baseline:
                 status, out = await self._script(conn, remote.read_file_script(baseline, 64 << 20))
                 data = out if status == 0 else None
-            self.log.info("%s", watch.start(data))
+            self.log.info("%s", await asyncio.to_thread(watch.start, data))
         if watch.checker is None:
             return None
         while True:

@@ -163,9 +163,54 @@ def test_compare_in_a_dag_names_the_missing_reference_on_the_node_and_keeps_ever
 def test_verdict_message_names_each_failed_suite_with_its_class_and_what_breached():
     summary = {"verdict": "FAIL", "record": "/records/r", "failure_classes": ["accuracy", "infrastructure"],
                "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
-                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 10}]},
+                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 10,
+                                         "steps": "10-45"},
+                                        {"metric": "time/step", "first_breach_step": 3, "steps": "3"}]},
                           {"suite": "opd", "verdict": "FAIL", "failure_class": "infrastructure",
                            "breached": [], "missing": ["eval/gsm8k/acc"]}]}
+    assert pipeline.verdict_message(summary, "http://ui/r") == (
+        "FAIL (accuracy + infrastructure): grpo mismatch/mismatch_k3_kl breached at steps 10-45; time/step breached "
+        "at step 3 (accuracy); opd not measured: eval/gsm8k/acc (infrastructure); report: http://ui/r")
+
+
+def test_a_single_class_is_said_once_at_the_front():
+    summary = {"verdict": "FAIL", "record": "/records/r", "failure_classes": ["accuracy"],
+               "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
+                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
+                                         "steps": "1-45"}]}]}
     assert pipeline.verdict_message(summary) == (
-        "FAIL: grpo accuracy failure (breached: mismatch/mismatch_k3_kl from step 10); "
-        "opd infrastructure failure (not measured: eval/gsm8k/acc); report: /records/r")
+        "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: /records/r")
+
+
+def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(monkeypatch, tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+    from conftest import dump_rows, opd_rows
+
+    run_dir = tmp_path / "record"
+    monkeypatch.setattr(record, "run_record_dir", lambda run_id, root=None: run_dir)
+    (run_dir / "opd").mkdir(parents=True)
+    worse = opd_rows(change=lambda m, s, v: v - 0.2 if m == "eval/gsm8k/acc" and s >= 10 else v)
+    dump_rows(run_dir / "opd" / "tracker.jsonl", worse)
+    record.write_json(run_dir / "opd" / "fetch.json", {"suite": "opd", "work_dir": "/w", "files": {},
+                                                         "problems": [], "notes": [], "other_experiments": []})
+    with pytest.raises(AirflowFailException) as err:
+        pipeline.compare("opd", "manual__1")
+    assert str(err.value) == "FAIL (accuracy): opd eval/gsm8k/acc breached at steps 10-25"
+    assert json.loads((run_dir / "opd" / "result.json").read_text())["verdict"] == "FAIL"
+
+
+def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from rl_verify import links
+
+    monkeypatch.setattr(links, "ui_base_url", lambda: "http://airflow.example:8080")
+    summary = {"verdict": "FAIL", "record": "/r", "failure_classes": ["accuracy"], "failed_suites": ["grpo"],
+               "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
+                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
+                                         "steps": "1-45"}]}]}
+    with pytest.raises(AirflowFailException) as err:
+        pipeline.verdict(summary, "manual__2026-11-30T10:00:00+00:00")
+    assert str(err.value) == (
+        "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: http://airflow.example:8080"
+        "/rl-verify/dags/rl_accuracy_verification/runs/manual__2026-11-30T10%3A00%3A00%2B00%3A00/report")

@@ -1,0 +1,130 @@
+"""Verification history: every run's ``report.json`` in the record store, as one table and trend charts.
+
+Pure (pandas and matplotlib, no Airflow): the UI plugin calls it with the DAG's record folder. A
+metric's trend is its worst error as a fraction of its threshold per run (1.0 = on the bound), so
+metrics of different scales share one chart and a breach is any point above 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+from typing import Any, BinaryIO
+
+log = logging.getLogger(__name__)
+
+_RUN_TIME = re.compile(r"__(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})")
+
+
+def run_type(dag_run_id: str) -> str:
+    """"nightly" for a scheduled run, "manual" for a triggered one, else the id's prefix."""
+    prefix = dag_run_id.split("__", 1)[0]
+    return {"scheduled": "nightly", "manual": "manual"}.get(prefix, prefix or "unknown")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if value in ("NaN", "Infinity", "-Infinity"):
+        return float(value.replace("Infinity", "inf"))
+    return None
+
+
+def rows(record_dir: Path, limit: int = 50) -> list[dict[str, Any]]:
+    """One row per run, suite and checked metric of the last ``limit`` runs found under ``record_dir``.
+
+    A ``report.json`` that cannot be read is skipped with a warning (one broken record must not
+    hide the history). Row keys: run, folder, started, type, commit, commit_ref, verdict, suite,
+    suite_verdict, metric, ratio (worst error / threshold; None when not computable), passed.
+    """
+    found = []
+    for path in sorted(record_dir.glob("*/report.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            log.warning("history: skipping unreadable %s (%s)", path, err)
+            continue
+        run = str(report.get("dag_run_id") or path.parent.name)
+        stamp = _RUN_TIME.search(run)
+        found.append((stamp.group(1) if stamp else "", run, path.parent.name, report))
+    found.sort(key=lambda f: f[0])
+    out: list[dict[str, Any]] = []
+    for started, run, folder, report in found[-limit:]:
+        base = {"run": run, "folder": folder, "started": started, "type": run_type(run),
+                "commit": (report.get("commit") or "")[:10], "commit_ref": report.get("commit_ref") or "",
+                "verdict": report.get("verdict") or "?"}
+        for suite in report.get("suites") or []:
+            for check in suite.get("checks") or []:
+                if check.get("passed") is None:
+                    continue  # reference only or not calibrated: not judged, not trended
+                error, threshold = _number(check.get("error")), _number(check.get("threshold"))
+                ratio = None
+                if error is not None and threshold:
+                    ratio = abs(error) / abs(threshold) if math.isfinite(error) else math.inf
+                out.append({**base, "suite": suite.get("suite"), "suite_verdict": suite.get("verdict"),
+                            "metric": check.get("metric"), "ratio": ratio, "passed": bool(check.get("passed"))})
+    return out
+
+
+def table(history_rows: list[dict[str, Any]]):
+    """A DataFrame with one row per run, suite and metric: the worst ratio and whether every check passed."""
+    import pandas as pd
+
+    frame = pd.DataFrame(history_rows, columns=["run", "folder", "started", "type", "commit", "commit_ref",
+                                                "verdict", "suite", "suite_verdict", "metric", "ratio", "passed"])
+    if frame.empty:
+        return frame
+    keys = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "suite", "suite_verdict", "metric"]
+    return (frame.groupby(keys, dropna=False, sort=False)
+            .agg(ratio=("ratio", "max"), passed=("passed", "all")).reset_index()
+            .sort_values(["started", "suite", "metric"]).reset_index(drop=True))
+
+
+def runs(frame) -> list[dict[str, Any]]:
+    """The runs in the table, newest first: run, folder, started, type, commit, commit_ref, verdict."""
+    if frame.empty:
+        return []
+    cols = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict"]
+    return frame[cols].drop_duplicates().sort_values("started", ascending=False).to_dict("records")
+
+
+def chart(frame, suite: str, out: Path | BinaryIO) -> Path | BinaryIO | None:
+    """PNG of each checked metric's worst error/threshold per run for ``suite``, written to ``out``
+    (a path or a binary file); None when the suite has no data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = frame[(frame["suite"] == suite)] if not frame.empty else frame
+    if data.empty:
+        return None
+    order = list(dict.fromkeys(data.sort_values("started")["run"]))
+    labels = {r: f"{g.iloc[0]['started'][5:16]}\n{g.iloc[0]['commit_ref'][:18]}"
+              for r, g in data.groupby("run", sort=False)}
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(order) + 3), 4.2))
+    cap = 3.0  # a non-finite or huge ratio is drawn on the chart's top edge
+    for metric, group in data.groupby("metric", sort=True):
+        if group["ratio"].isna().all():
+            continue  # a count check (threshold 0) has no ratio to trend
+        group = group.set_index("run").reindex(order)
+        ys = [min(v, cap) if v is not None and v == v else None for v in group["ratio"].tolist()]
+        ax.plot(range(len(order)), [float("nan") if y is None else y for y in ys], marker="o", label=metric)
+    ax.axhline(1.0, color="#c62828", linestyle="--", linewidth=1, label="threshold")
+    for i, run in enumerate(order):
+        verdict = data[data["run"] == run]["suite_verdict"].iloc[0]
+        ax.axvspan(i - 0.4, i + 0.4, color="#ffebee" if verdict != "PASS" else "#e8f5e9", zorder=0)
+    ax.set_xticks(range(len(order)), [labels[r] for r in order], fontsize=7, rotation=20, ha="right")
+    ax.set_ylabel("worst error / threshold")
+    ax.set_ylim(0, cap * 1.05)
+    ax.set_title(f"{suite}: checked metrics over the last {len(order)} runs (red band = FAIL)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    if isinstance(out, Path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80, format="png")
+    plt.close(fig)
+    return out

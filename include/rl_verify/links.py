@@ -1,0 +1,42 @@
+"""Where a person finds a run's report and the history: the UI plugin's routes, in one place.
+
+The plugin (``plugins/rl_verify_views.py``) serves these paths; tasks write them into logs, run
+notes and notifications. No Airflow import at module level: the DAG file and the plugin both use it.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+#: URL prefix of the plugin's FastAPI app inside the API server.
+APP_PREFIX = "/rl-verify"
+#: ``url_route`` of the plugin's views inside the Airflow UI.
+REPORT_VIEW_ROUTE = "verification-report"
+HISTORY_VIEW_ROUTE = "verification-history"
+
+
+def report_path(dag_id: str, run_id: str) -> str:
+    """The plugin route serving a run's HTML report (``dag_id`` and ``run_id`` URL-quoted)."""
+    return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/report"
+
+
+def history_path(dag_id: str) -> str:
+    """The plugin route serving the DAG's verification history."""
+    return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/history"
+
+
+def report_view_path(dag_id: str, run_id: str) -> str:
+    """The Airflow UI page of a run with the report view open (the UI's plugin route)."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/plugin/{REPORT_VIEW_ROUTE}"
+
+
+def absolute(base_url: str | None, path: str) -> str:
+    """``path`` under the API server's public base URL (``[api] base_url``); the path alone without one."""
+    return (base_url or "").rstrip("/") + path
+
+
+def ui_base_url() -> str | None:
+    """``[api] base_url`` of this deployment, or None when unset."""
+    from airflow.sdk.configuration import conf
+
+    return conf.get("api", "base_url", fallback=None) or None
