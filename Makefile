@@ -15,7 +15,7 @@ COMMIT ?=
 KEEP ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd
+.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd ensure-chromium
 
 venv:
 	./scripts/bootstrap.sh
@@ -25,7 +25,10 @@ ensure-sshd:
 	elif [ -f scripts/ensure_sshd.sh ]; then bash scripts/ensure_sshd.sh; fi
 
 # pytest exit code 5 = no tests collected: a failure here, never a silent success.
-test: venv ensure-sshd lint
+ensure-chromium:
+	bash scripts/ensure_chromium.sh
+
+test: venv ensure-sshd ensure-chromium lint
 	@rc=0; $(PY) -m pytest -q tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc

@@ -57,6 +57,10 @@ from pydantic_core import to_jsonable_python
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "demo"
 ROLE = "admin"
+#: A user who can log in but whom the auth manager grants nothing (no role): what a person without
+#: access to the verification DAG gets from the UI plugin's routes (the simple auth manager has no
+#: per-DAG grants outside multi-team mode).
+OUTSIDER = "outsider"
 COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
 HEALTH_KEYS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
 TERMINAL_RUN_STATES = {"success", "failed"}
@@ -588,6 +592,10 @@ class AirflowStack:
     def password(self) -> str:
         return json.loads(self.password_file.read_text())[USERNAME]
 
+    def password_of(self, user: str) -> str:
+        """The password of ``user`` (``USERNAME`` or ``OUTSIDER``)."""
+        return json.loads(self.password_file.read_text())[user]
+
     def _secrets(self) -> dict[str, str]:
         path = self.state_dir / "secrets.json"
         if path.exists():
@@ -606,8 +614,10 @@ class AirflowStack:
             existing = json.loads(self.password_file.read_text())
         except (OSError, ValueError):
             existing = {}
-        if not existing.get(USERNAME):
-            existing[USERNAME] = secrets.token_urlsafe(18)
+        missing = [u for u in (USERNAME, OUTSIDER) if not existing.get(u)]
+        for user in missing:
+            existing[user] = secrets.token_urlsafe(18)
+        if missing:
             _write_private(self.password_file, json.dumps(existing) + "\n")
 
     def build_env(self, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -624,7 +634,7 @@ class AirflowStack:
             "AIRFLOW__CORE__FERNET_KEY": s["fernet_key"],
             "AIRFLOW__CORE__AUTH_MANAGER":
                 "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:{ROLE}",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USERNAME}:{ROLE},{OUTSIDER}:",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.password_file),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",

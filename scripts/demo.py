@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             for step in suite.get("next_steps", []):
                 print(f"    next step: {step}")
     if summary:
+        from rl_verify import links
+
+        view = links.absolute(rig.stack.base_url, links.report_view_path(DAG_ID, outcome.run_id))
+        print(f"  report in the Airflow UI: {view}" + ("" if args.keep else " (while Airflow runs: KEEP=1)"))
         print(f"  report:  {summary['report'].get('md', summary['record'])}")
         print(f"  record:  {summary['record']}")
     if args.keep:

@@ -125,6 +125,6 @@ def chart(frame, suite: str, out: Path | BinaryIO) -> Path | BinaryIO | None:
     fig.tight_layout()
     if isinstance(out, Path):
         out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80, format="png")
+    fig.savefig(out, dpi=80, format="png", bbox_inches="tight")  # keeps the outside legend and the title
     plt.close(fig)
     return out

@@ -79,7 +79,7 @@ def history_page(dag_id: str, limit: int = 30) -> str:
                      "<th>report</th></tr>")
         for r in runs:
             cls = "pass" if r["verdict"] == "PASS" else "fail"
-            href = links.report_path(dag_id, r["run"])
+            href = links.report_view_path(dag_id, r["run"])  # the run page in the UI, report view open
             parts.append(f"<tr><td>{esc(r['started'].replace('T', ' '))}</td><td>{esc(r['type'])}</td>"
                          f"<td><code>{esc(r['commit_ref'])}</code> {esc(r['commit'])}</td>"
                          f'<td class="{cls}">{esc(r["verdict"])}</td>'
@@ -124,3 +124,26 @@ def plugin_views() -> list[dict[str, Any]]:
         {"name": "Verification history", "href": links.APP_PREFIX + "/dags/{DAG_ID}/history",
          "destination": "dag", "url_route": links.HISTORY_VIEW_ROUTE, "category": "rl-verify"},
     ]
+
+
+def _report_link_class():
+    from airflow.sdk import BaseOperatorLink
+
+    class ReportLink(BaseOperatorLink):
+        """"Verification report" on the ``report`` task of the verification DAG (no link elsewhere).
+
+        A global link computed by the API server: it needs no XCom from the worker, so runs that
+        ended before the plugin was installed get it too.
+        """
+
+        name = "Verification report"
+
+        def get_link(self, operator: Any, *, ti_key: Any) -> str | None:  # type: ignore[override]
+            if ti_key.dag_id != settings.DAG_ID or ti_key.task_id != "report":
+                return None  # the UI hides a link without a URL
+            return links.absolute(links.ui_base_url(), links.report_view_path(ti_key.dag_id, ti_key.run_id))
+
+    return ReportLink
+
+
+ReportLink = _report_link_class()
