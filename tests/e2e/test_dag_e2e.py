@@ -102,7 +102,8 @@ def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, sui
     assert entry["failure_class"] == "accuracy" and report["failure_class"] == "accuracy"
     assert f"**FAIL**: {suite} FAIL (accuracy)" in Path(out.summary["report"]["md"]).read_text()
     log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
-    assert f"FAIL: {suite} accuracy failure (breached: {metric} from step" in log
+    assert f"FAIL (accuracy): {suite} {metric} breached at step" in log and "Traceback" not in log.split("FAIL (")[0]
+    assert out.tasks[f"compare_{suite}"] == "failed"  # the grid shows which suite failed
     # Every breach carries its shape and tracker step; the first suggestion states the shape.
     breach = next(c for c in _checks(report, suite) if c["metric"] == metric and c["passed"] is False)
     assert breach["shape"] and breach["first_breach_step"] is not None
@@ -124,7 +125,7 @@ def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, 
         sim.set_fault(node_state, suite, fault, at_step=certain_at)
     out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})  # early_abort defaults on
     assert out.state == "failed" and out.tasks[f"run_{suite}"] == "failed", json.dumps(out.tasks)
-    assert out.tasks[f"fetch_{suite}"] == out.tasks[f"compare_{suite}"] == out.tasks["report"] == "success"
+    assert out.tasks[f"fetch_{suite}"] == out.tasks["report"] == "success" and out.tasks[f"compare_{suite}"] == "failed"
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
     (entry,) = _report(out.summary)["suites"]
     aborted = entry["details"]["early_abort"]
@@ -168,3 +169,95 @@ def test_missing_inputs_fail_prerequisites_listing_every_path(rig, node_state):
     assert "missing teacher for opd" in log and "Qwen3-VL-4B-Instruct" in log
     assert out.summary and out.summary["verdict"] == "FAIL"
     _assert_node_clean(node_state)
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a person sees: the UI plugin's report and history views (HTTP, then a real browser)
+@pytest.fixture(scope="module")
+def finished_runs(rig):
+    """A PASS run (opd at main) and a FAIL run (grpo at sim/regress-mismatch, aborted early)."""
+    sim.clear_faults(rig.state_dir / "node")
+    passed = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"})
+    failed = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": "rl_gpu_node"})
+    assert passed.summary["verdict"] == "PASS" and failed.summary["verdict"] == "FAIL"
+    return {"pass": passed, "fail": failed}
+
+
+def _token(rig, user: str) -> str:
+    import httpx
+
+    from harness.airflow_stack import USERNAME
+
+    password = rig.stack.password if user == USERNAME else rig.stack.password_of(user)
+    r = httpx.post(f"{rig.stack.base_url}/auth/token", json={"username": user, "password": password}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    return r.json()["access_token"]
+
+
+def test_the_views_need_airflow_auth_and_never_serve_a_path_outside_the_run(rig, finished_runs):
+    import httpx
+
+    from harness.airflow_stack import OUTSIDER, USERNAME
+    from rl_verify import links
+
+    run_id = finished_runs["fail"].run_id
+    report = rig.stack.base_url + links.report_path(DAG_ID, run_id)
+    history = rig.stack.base_url + links.history_path(DAG_ID)
+    member = {"Authorization": f"Bearer {_token(rig, USERNAME)}"}
+    outsider = {"Authorization": f"Bearer {_token(rig, OUTSIDER)}"}
+    with httpx.Client(timeout=60) as http:
+        for url in (report, history):
+            assert http.get(url).status_code == 401, url                      # anonymous
+            assert http.get(url, headers=outsider).status_code == 403, url    # no access to the DAG
+            assert http.get(url, cookies={"_token": "forged"}).status_code in (401, 403), url
+        page = http.get(report, headers=member)
+        assert page.status_code == 200 and "FAIL" in page.text and "mismatch/mismatch_k3_kl" in page.text
+        assert "data:image/png;base64," in page.text  # the plots travel inside the report
+        assert http.get(report.replace("/report", "/report.json"), headers=member).json()["verdict"] == "FAIL"
+        base = f"{rig.stack.base_url}{links.APP_PREFIX}/dags/{DAG_ID}/runs"
+        for bad in ("..%2F..%2F..%2Fetc%2Fpasswd", "%2e%2e", "..", "%252e%252e%252fetc", "manual__nope",
+                    run_id.replace("manual", "scheduled")):
+            r = http.get(f"{base}/{bad}/report", headers=member)
+            assert r.status_code == 404 and "root:" not in r.text, (bad, r.status_code)
+        assert http.get(f"{rig.stack.base_url}{links.APP_PREFIX}/dags/other_dag/history",
+                        headers=member).status_code == 404
+        trend = http.get(history, headers=member)
+        assert trend.status_code == 200 and "sim/regress-mismatch" in trend.text and trend.text.count("<img") >= 2
+
+
+def test_a_person_logs_in_and_reads_the_report_and_the_history_in_the_airflow_ui(rig, finished_runs):
+    from urllib.parse import quote
+
+    from harness import browser as hb
+    from harness.airflow_stack import USERNAME
+
+    failed = finished_runs["fail"].run_id
+    run_page = f"{rig.stack.base_url}/dags/{DAG_ID}/runs/{quote(failed, safe='')}"
+    with hb.browser() as chromium:
+        page = hb.login(chromium, rig.stack.base_url, USERNAME, rig.stack.password)
+        page.goto(run_page)
+        page.get_by_role("tab", name="Verification report").or_(page.get_by_text("Verification report")).first.click()
+        report = page.frame_locator("iframe[title='Verification report']")
+        report.get_by_text("FAIL", exact=False).first.wait_for()
+        assert "mismatch/mismatch_k3_kl" in report.locator("body").inner_text()
+        assert report.locator("img").count() >= 1
+        hb.shot(page, "ui-report-view-fail")
+
+        # The report task's extra link (on its Details tab) leads to the same view.
+        page.goto(f"{run_page}/tasks/report/details")
+        link = page.get_by_role("link", name="Verification report")
+        link.wait_for()
+        assert link.get_attribute("href").endswith(f"/runs/{quote(failed, safe='')}/plugin/verification-report")
+        hb.shot(page, "ui-report-task-extra-link")
+        page.goto(link.get_attribute("href"))
+        page.frame_locator("iframe[title='Verification report']").get_by_text("FAIL").first.wait_for()
+
+        page.goto(f"{rig.stack.base_url}/dags/{DAG_ID}/plugin/verification-history")
+        history = page.frame_locator("iframe[title='Verification history']")
+        history.get_by_text("Verification history").first.wait_for()
+        assert history.locator("img").count() >= 2 and "sim/regress-mismatch" in history.locator("body").inner_text()
+        hb.shot(page, "ui-history-view")
+
+        anonymous = chromium.new_page()
+        answer = anonymous.goto(rig.stack.base_url + f"/rl-verify/dags/{DAG_ID}/history")
+        assert answer.status == 401

@@ -361,9 +361,10 @@ def class_agreement(rig: Rig, out: RunOutcome, failure_classes: list[str]) -> li
         if suite["failure_class"] and f"{suite['suite']} FAIL ({suite['failure_class']})" not in md:
             problems.append(f"report.md does not say '{suite['suite']} FAIL ({suite['failure_class']})'")
     log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    said = re.search(r"FAIL \(([a-z +]+)\): ", log)
     for cls in failure_classes:
-        if f"{cls} failure" not in log:
-            problems.append(f"the verdict task's message does not say '{cls} failure'")
+        if not said or cls not in said.group(1).split(" + "):
+            problems.append(f"the verdict task's one-line message does not say 'FAIL ({cls})'")
     return problems
 
 
@@ -590,7 +591,7 @@ def test_stalled_tracker_is_killed_and_reported_as_stalled_at_step_n(main_rig, r
     result.expect(stalled in report, f"report does not say {stalled!r}")
     result.expect(stalled in all_logs(main_rig, out.run_id, f"run_{suite}").lower(),
                   f"run_{suite} log does not say {stalled!r}")
-    result.expect("infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
+    result.expect("FAIL (infrastructure): " in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
                   "verdict log does not name an infrastructure failure")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
@@ -611,7 +612,7 @@ def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
     fetch_log = main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}")
     result.expect("wrong step count" in fetch_log and exception in fetch_log,
                   f"fetch_{suite} log does not give both the step count and the exception")
-    result.expect("infrastructure failure" in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
+    result.expect("FAIL (infrastructure): " in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
                   "verdict log does not name an infrastructure failure")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
 
