@@ -114,7 +114,7 @@ def rl_accuracy_verification():
         from rl_verify import pipeline
 
         # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
-        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id)
+        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, pipeline.failed_tasks(ti))
 
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator
@@ -231,9 +231,16 @@ class CardApprovalOperator(ApprovalOperator):
                                granted_in=grant.dag_run_id)
                 return {"chosen_options": [self.APPROVE], "standing_approval": json.loads(grant.to_json())}
         self.response_timeout = settings.approval_timeout()
+        deadline = None
         if self.response_timeout:
             self.log.info("Waiting for a person for at most %s; unanswered, the run ends NOT APPROVED (timed out)",
                           self.response_timeout)
+            deadline = (datetime.now(timezone.utc) + self.response_timeout).strftime("%Y-%m-%d %H:%M UTC")
+        from rl_verify import notify
+
+        params = context.get("params") or {}
+        notify.send(*notify.card_waiting(str(params.get("commit")), params.get("suites") or [], context["run_id"],
+                                         deadline))
         return super().execute(context)
 
     def _verified_grant(self, fingerprint: str) -> Any:

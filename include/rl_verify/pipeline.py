@@ -426,21 +426,35 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         from airflow.sdk.exceptions import AirflowSkipException
 
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
+    view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id))
+    _notify_verdict(summary, dag_run_id)
     if summary["verdict"] != "PASS":
-        line = verdict_message(summary, links.absolute(links.ui_base_url(), links.report_path(settings.DAG_ID,
-                                                                                           dag_run_id)))
+        line = verdict_message(summary, view)
         log.error("%s", line)
         raise AirflowFailException(line)  # not retried: the verdict will not change
     log.info("PASS: every checked metric of %s is within its threshold; report: %s",
-             ", ".join(s["suite"] for s in summary.get("suites") or []),
-             links.absolute(links.ui_base_url(), links.report_path(settings.DAG_ID, dag_run_id)))
+             ", ".join(s["suite"] for s in summary.get("suites") or []), view)
     return "PASS"
 
 
-def cleanup(resolved: Resolved | None, dag_run_id: str) -> list[str]:
-    """Stop the run's processes and Ray on the node, and archive whatever trackers/logs exist."""
+def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:
+    """Post the verdict with the commit and the first suggested next step of a failing suite."""
+    from rl_verify import notify
+
+    report = record.read_json(Path(summary["report"]["json"])) if summary.get("report", {}).get("json") else None
+    report = report or {}
+    commit = f"{report.get('commit_ref') or '?'} ({(report.get('commit') or '')[:10] or 'unresolved'})"
+    failing = [s for s in report.get("suites") or [] if s.get("verdict") != "PASS" and s.get("next_steps")]
+    step = failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
+    notify.send(*notify.verdict(summary, commit, dag_run_id, step), failure=summary["verdict"] != "PASS")
+
+
+def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] | None = None) -> list[str]:
+    """Stop the run's processes and Ray on the node, archive whatever trackers/logs exist, and tell
+    people about an infrastructure failure (``failed_tasks`` minus suites stopped by the live check)."""
     if not resolved:
         log.info("The run never got a worktree on the node: nothing to clean up")
+        _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, [], True)
         return []
     values = node_settings(resolved["node"])
     lines: list[str] = []
@@ -456,4 +470,35 @@ def cleanup(resolved: Resolved | None, dag_run_id: str) -> list[str]:
                                                     ["collected by cleanup after a failure"]})
     for line in lines:
         log.info("cleanup: %s", line)
+    left = [line for line in lines if line.startswith("LEFT")]
+    log.info("cleanup: the node is %s", "clean: no process of this run is left" if not left else
+             f"NOT clean: {len(left)} process(es) of this run still run: " + "; ".join(left))
+    _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, lines, not left)
     return lines
+
+
+def failed_tasks(ti: Any) -> list[str]:
+    """Task ids of this DAG run that failed or could not run because of a failure, as Airflow records them."""
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
+    except Exception as err:  # the message then names no task; the cleanup itself must go on
+        log.warning("Could not read the run's task states: %s", err)
+        return []
+    by_task = states.get(ti.run_id, states)
+    return sorted(t for t, s in by_task.items() if str(getattr(s, "value", s)) in ("failed", "upstream_failed"))
+
+
+def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, dag_run_id: str,
+                           lines: list[str], clean: bool) -> None:
+    """An infrastructure message unless the only failures are suites the live check stopped (accuracy)."""
+    from rl_verify import notify
+
+    stopped = {f"run_{s}" for s in (resolved or {}).get("suites", [])
+               if (record.read_json(record.run_record_dir(dag_run_id) / s / "abort.json") or {}).get("certain")}
+    infra = [t for t in failed_tasks if t not in stopped]
+    if not infra:
+        log.info("No infrastructure failure to report (%s)", "the failing suites were stopped by the live check"
+                 if failed_tasks else "no failed task was named")
+        return
+    commit = (resolved or {}).get("commit_ref") or "?"
+    notify.send(*notify.infrastructure(infra, commit, dag_run_id, lines, clean), failure=True)

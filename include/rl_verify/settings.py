@@ -42,6 +42,9 @@ STANDING_APPROVAL_VARIABLE = "rl_verify_standing_approval"
 #: Connection to Airflow's own REST API (base URL + a user allowed to read DAG runs): standing
 #: approvals are verified through it against the recorded human response that granted them.
 AIRFLOW_API_CONN_ID = os.environ.get("RL_VERIFY_AIRFLOW_API_CONN_ID", "rl_verify_airflow_api")
+#: Apprise connection (type ``apprise``, extra ``{"config": {"path": "<apprise URL>"}}``) that receives
+#: the card-waiting, verdict and infrastructure-failure messages; absent = nothing is sent.
+NOTIFY_CONN_ID = os.environ.get("RL_VERIFY_NOTIFY_CONN_ID", "rl_verify_notify")
 
 #: Default ref tested by nightly runs (the tip of the node checkout's default branch).
 DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")

@@ -28,13 +28,18 @@ STEP_SECONDS = 0.1
 def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+    from harness.receiver import Receiver
+
     state = tmp_path_factory.mktemp("e2e-rig")
+    receiver = Receiver().start()  # the team's chat: every notification of the module's runs lands here
     rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
-    rig.start()
+    rig.receiver = receiver
+    rig.start(extra_env=receiver.connection_env())
     try:
         yield rig
     finally:
         rig.stop()
+        receiver.stop()
         shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
@@ -261,3 +266,23 @@ def test_a_person_logs_in_and_reads_the_report_and_the_history_in_the_airflow_ui
         anonymous = chromium.new_page()
         answer = anonymous.goto(rig.stack.base_url + f"/rl-verify/dags/{DAG_ID}/history")
         assert answer.status == 401
+
+
+def test_people_are_told_the_card_waits_the_verdict_and_the_infrastructure_failure(rig, node_state):
+    sim.set_fault(node_state, "opd", "crash", at_step=3)
+    rig.receiver.messages.clear()
+    out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"})
+    assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["infrastructure"]
+    got = rig.receiver.wait_for(lambda ms: len(ms) >= 3)
+    by_title = {m["title"].split(":")[0]: m for m in got}
+    card, verdict, infra = (next(m for m in got if key in m["title"]) for key in
+                            ("card waiting for approval", "rl-verify FAIL (infrastructure)", "infrastructure failure"))
+    assert card["title"].startswith("rl-verify: main") and "Suites: opd" in card["message"]
+    assert "/required_actions" in card["message"] and card["message"].count("http") == 1
+    assert "opd" in verdict["message"] and "/plugin/verification-report" in verdict["message"]
+    assert "Next step: " in verdict["message"]
+    assert "run_opd" in infra["message"] and "the node is clean" in infra["message"]
+    secrets = [rig.stack.password, json.loads((rig.stack.state_dir / "secrets.json").read_text())["jwt_secret"]]
+    for message in got:
+        assert not any(s in json.dumps(message) for s in secrets), message["title"]
+    assert by_title  # every message has a title

@@ -204,7 +204,11 @@ def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
 
     from rl_verify import links
 
+    from rl_verify import notify
+
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://airflow.example:8080")
+    sent = []
+    monkeypatch.setattr(notify, "send", lambda title, body, failure=False: sent.append((title, body)))
     summary = {"verdict": "FAIL", "record": "/r", "failure_classes": ["accuracy"], "failed_suites": ["grpo"],
                "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
                            "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
@@ -213,4 +217,34 @@ def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
         pipeline.verdict(summary, "manual__2026-11-30T10:00:00+00:00")
     assert str(err.value) == (
         "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: http://airflow.example:8080"
-        "/rl-verify/dags/rl_accuracy_verification/runs/manual__2026-11-30T10%3A00%3A00%2B00%3A00/report")
+        "/dags/rl_accuracy_verification/runs/manual__2026-11-30T10%3A00%3A00%2B00%3A00/plugin/verification-report")
+
+
+def test_without_a_notification_connection_nothing_is_sent_and_the_log_says_how_to_add_one(monkeypatch, caplog):
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from rl_verify import notify
+
+    def missing(conn_id):
+        raise AirflowNotFoundException(conn_id)
+
+    monkeypatch.setattr(BaseHook, "get_connection", staticmethod(missing))
+    with caplog.at_level("INFO"):
+        assert notify.send("t", "b") is False
+    assert "rl_verify_notify" in caplog.text and "nothing sent" in caplog.text
+
+
+def test_the_verdict_message_names_class_breach_next_step_and_report_link(monkeypatch):
+    from rl_verify import links, notify
+
+    monkeypatch.setattr(links, "ui_base_url", lambda: "http://ui")
+    summary = {"verdict": "FAIL", "failure_classes": ["accuracy"],
+               "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
+                           "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
+                                         "steps": "1-45"}]}]}
+    title, body = notify.verdict(summary, "main (abc)", "manual__1", "check the train/inference mismatch first")
+    assert title == "rl-verify FAIL (accuracy): main (abc)"
+    assert body.splitlines() == ["grpo mismatch/mismatch_k3_kl breached at steps 1-45 (accuracy)",
+                                 "Next step: check the train/inference mismatch first",
+                                 "Report: http://ui/dags/rl_accuracy_verification/runs/manual__1/plugin/verification-report"]

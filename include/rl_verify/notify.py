@@ -1,0 +1,91 @@
+"""Telling people: the card waiting for approval, the verdict, an infrastructure failure.
+
+Messages are plain text built by small pure functions; ``send`` posts one through the Apprise
+provider's notifier, whose single Airflow connection (``settings.NOTIFY_CONN_ID``, type ``apprise``)
+holds the target URL(s): Feishu/Lark, DingTalk, WeCom, Slack, e-mail... No connection = nothing
+sent, said once per task in its log. A failed delivery is logged, never fails the task: the
+verdict stands in the UI whatever the chat says.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from rl_verify import links, settings
+
+log = logging.getLogger(__name__)
+
+
+def _ui(path: str) -> str:
+    return links.absolute(links.ui_base_url(), path)
+
+
+def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: str | None) -> tuple[str, str]:
+    """(title, body) of "a card waits for approval"."""
+    from urllib.parse import quote
+
+    where = _ui(f"/dags/{quote(settings.DAG_ID, safe='')}/runs/{quote(dag_run_id, safe='')}/required_actions")
+    body = [f"Commit: {commit}", f"Suites: {', '.join(suites)}", f"Approve or reject: {where}"]
+    if deadline:
+        body.append(f"Unanswered by {deadline}, the run ends NOT APPROVED.")
+    return f"rl-verify: {commit}: experiment card waiting for approval", "\n".join(body)
+
+
+def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: str | None) -> tuple[str, str]:
+    """(title, body) of the run's verdict: class, what breached, the next step, the report link."""
+    from rl_verify.pipeline import suite_line
+
+    report = _ui(links.report_view_path(settings.DAG_ID, dag_run_id))
+    if summary["verdict"] == "PASS":
+        suites = ", ".join(s["suite"] for s in summary.get("suites") or [])
+        return (f"rl-verify PASS: {commit}",
+                f"Every checked metric of {suites} is within its threshold.\nReport: {report}")
+    classes = " + ".join(summary.get("failure_classes") or ["unknown"])
+    lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
+             if s["verdict"] != "PASS"]
+    if next_step:
+        lines.append(f"Next step: {next_step}")
+    lines.append(f"Report: {report}")
+    return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanup_lines: list[str],
+                   node_clean: bool) -> tuple[str, str]:
+    """(title, body) of an infrastructure failure: which tasks failed and whether the node is clean."""
+    from urllib.parse import quote
+
+    run = _ui(f"/dags/{quote(settings.DAG_ID, safe='')}/runs/{quote(dag_run_id, safe='')}")
+    state = ("the node is clean: no process of this run is left, Ray stopped if this run started it"
+             if node_clean else "the node is NOT clean: " + "; ".join(line for line in cleanup_lines
+                                                                     if line.startswith("LEFT")))
+    body = [f"Failed task(s): {', '.join(failed_tasks) or 'unknown'}", f"Cleanup: {state}", f"Run: {run}"]
+    return f"rl-verify: infrastructure failure in the run of {commit}", "\n".join(body)
+
+
+def send(title: str, body: str, failure: bool = False) -> bool:
+    """Post one message through the Apprise connection; True when it was handed to Apprise.
+
+    Without the connection nothing is sent (logged); a delivery error is logged, not raised.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        BaseHook.get_connection(settings.NOTIFY_CONN_ID)
+    except AirflowNotFoundException:
+        log.info("No notification target (Airflow connection %r of type apprise): nothing sent. To post the "
+                 "card, the verdict and infrastructure failures to a chat, add it with the chat's Apprise URL.",
+                 settings.NOTIFY_CONN_ID)
+        return False
+    from airflow.providers.apprise.notifications.apprise import AppriseNotifier
+    from apprise import NotifyType
+
+    try:
+        AppriseNotifier(title=title, body=body, apprise_conn_id=settings.NOTIFY_CONN_ID,
+                        notify_type=NotifyType.FAILURE if failure else NotifyType.INFO).notify({})
+    except Exception as err:  # the verdict stands in the UI whatever the chat says
+        log.warning("Notification %r could not be sent through %r: %s", title, settings.NOTIFY_CONN_ID, err)
+        return False
+    log.info("Notification sent through %r: %s", settings.NOTIFY_CONN_ID, title)
+    return True
