@@ -94,3 +94,12 @@ def previous_scheduled_run(conn_id: str, dag_id: str, before: datetime) -> datet
         if run.logical_date is not None:
             return run.logical_date
     return None
+
+
+def set_run_note(conn_id: str, dag_id: str, dag_run_id: str, note: str) -> None:
+    """Set the DAG run's note (shown on the run page); the API caps a note at 1000 characters."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        ac.DagRunApi(client).patch_dag_run(dag_id, dag_run_id, ac.DAGRunPatchBody(note=note[:1000]),
+                                           update_mask=["note"])

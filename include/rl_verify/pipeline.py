@@ -428,13 +428,25 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id))
     _notify_verdict(summary, dag_run_id)
+    line = verdict_message(summary, view) if summary["verdict"] != "PASS" else f"PASS; report: {view}"
+    _note_run(dag_run_id, line)
     if summary["verdict"] != "PASS":
-        line = verdict_message(summary, view)
         log.error("%s", line)
         raise AirflowFailException(line)  # not retried: the verdict will not change
     log.info("PASS: every checked metric of %s is within its threshold; report: %s",
              ", ".join(s["suite"] for s in summary.get("suites") or []), view)
     return "PASS"
+
+
+def _note_run(dag_run_id: str, note: str) -> None:
+    """The verdict line as the DAG run's note (through the REST API; the Task SDK cannot write notes)."""
+    from rl_verify import airflow_api
+
+    try:
+        airflow_api.set_run_note(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, dag_run_id, note)
+    except Exception as err:  # the verdict task's own message says the same
+        log.warning("Could not set the run's note through %r (%s): the verdict is in this log and the report",
+                    settings.AIRFLOW_API_CONN_ID, err)
 
 
 def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:

@@ -108,6 +108,9 @@ def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, sui
     assert f"**FAIL**: {suite} FAIL (accuracy)" in Path(out.summary["report"]["md"]).read_text()
     log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
     assert f"FAIL (accuracy): {suite} {metric} breached at step" in log and "Traceback" not in log.split("FAIL (")[0]
+    note = rig.client.dag_run(DAG_ID, out.run_id)["note"]  # the run page says it at a glance
+    assert note.startswith(f"FAIL (accuracy): {suite} {metric} breached at step")
+    assert "/plugin/verification-report" in note
     assert out.tasks[f"compare_{suite}"] == "failed"  # the grid shows which suite failed
     # Every breach carries its shape and tracker step; the first suggestion states the shape.
     breach = next(c for c in _checks(report, suite) if c["metric"] == metric and c["passed"] is False)

@@ -209,6 +209,7 @@ def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://airflow.example:8080")
     sent = []
     monkeypatch.setattr(notify, "send", lambda title, body, failure=False: sent.append((title, body)))
+    monkeypatch.setattr(pipeline, "_note_run", lambda run_id, note: sent.append(("note", note)))
     summary = {"verdict": "FAIL", "record": "/r", "failure_classes": ["accuracy"], "failed_suites": ["grpo"],
                "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
                            "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
