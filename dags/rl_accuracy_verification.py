@@ -14,7 +14,8 @@ accuracy aligned with the baselines, following the team's runbook:
 5. **fetch_* / compare_*** — trackers archived, compared per metric (GRPO through the checkout's own
    `check_rl_result`; OPD at every eval point against the golden table).
 6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
-7. **cleanup** — on any failure: `ray stop --force`, the run's processes killed, logs kept.
+7. **cleanup** — after the node's tasks end: on any failure `ray stop --force`, the run's processes
+   killed, logs kept; on success it checks and says that the node is clean.
 
 Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id, pinned host key),
 `early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there).
@@ -109,7 +110,8 @@ def rl_accuracy_verification():
         # Pulled, not passed: a failed report task must still reach this task as "no report".
         return pipeline.verdict(ti.xcom_pull(task_ids="report"), run_id)
 
-    @task(trigger_rule="one_failed", pool=POOL, **settings.CLEANUP_TASK_ARGS)
+    # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
+    @task(trigger_rule="all_done", pool=POOL, **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
         from rl_verify import pipeline
 

@@ -465,14 +465,16 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     """Stop the run's processes and Ray on the node, archive whatever trackers/logs exist, and tell
     people about an infrastructure failure (``failed_tasks`` minus suites stopped by the live check)."""
     if not resolved:
-        log.info("The run never got a worktree on the node: nothing to clean up")
+        log.info("The run never got a worktree on the node: nothing to clean up; the node was not touched")
         _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, [], True)
         return []
+    log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
+             if failed_tasks else "No task failed: checking that no process of this run is left on the node")
     values = node_settings(resolved["node"])
     lines: list[str] = []
     with ssh_client(resolved["node"]) as client:
         lines += node.cleanup(client, resolved["run_dir"], resolved["run_key"])
-        for suite in resolved["suites"]:
+        for suite in resolved["suites"] if failed_tasks else []:  # archive what a failed suite left
             dest = record.run_record_dir(dag_run_id) / suite
             if (dest / "fetch.json").exists():
                 continue
@@ -490,14 +492,17 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
 
 
 def failed_tasks(ti: Any) -> list[str]:
-    """Task ids of this DAG run that failed or could not run because of a failure, as Airflow records them."""
+    """The upstream tasks of ``ti`` (the tasks that touch the node) that failed or could not run
+    because of a failure, as Airflow records them."""
     try:
         states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
     except Exception as err:  # the message then names no task; the cleanup itself must go on
         log.warning("Could not read the run's task states: %s", err)
         return []
     by_task = states.get(ti.run_id, states)
-    return sorted(t for t, s in by_task.items() if str(getattr(s, "value", s)) in ("failed", "upstream_failed"))
+    watched = set(ti.task.upstream_task_ids)
+    return sorted(t for t, s in by_task.items()
+                  if t in watched and str(getattr(s, "value", s)) in ("failed", "upstream_failed"))
 
 
 def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, dag_run_id: str,

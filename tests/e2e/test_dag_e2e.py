@@ -68,7 +68,8 @@ def _assert_node_clean(node_state: Path) -> None:
 def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_state):
     out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"})
     assert out.state == "success", json.dumps(out.tasks)
-    assert out.tasks["cleanup"] == "skipped"
+    assert out.tasks["cleanup"] == "success"
+    assert "the node is clean: no process of this run is left" in rig.client.task_log(DAG_ID, out.run_id, "cleanup")
     assert out.summary["verdict"] == "PASS"
     report = _report(out.summary)
     assert report["verdict"] == "PASS"
