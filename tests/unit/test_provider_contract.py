@@ -105,3 +105,27 @@ def test_the_package_uses_no_private_member_of_airflow_or_a_provider():
 def test_the_scan_finds_a_private_provider_member():
     tree = ast.parse("class Op(X):\n    def execute(self):\n        self._paths = 1\n        hook._get_conn()\n")
     assert _private_accesses(tree) - _own_names(tree) == {"_get_conn"}
+
+
+def test_the_ui_plugin_extension_points_it_relies_on():
+    """fastapi_apps / external_views / global links on AirflowPlugin, the auth dependency every route
+    uses, the link signature, and the UI substituting {DAG_ID}/{RUN_ID} in a view's href."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+    from airflow.plugins_manager import AirflowPlugin
+    from airflow.sdk import BaseOperatorLink
+
+    import airflow
+
+    for attr in ("fastapi_apps", "external_views", "global_operator_extra_links"):
+        assert hasattr(AirflowPlugin, attr), attr
+    assert params(requires_access_dag)[:2] == ["method", "access_entity"] and DagAccessEntity.RUN
+    assert "ti_key" in params(BaseOperatorLink.get_link)
+    from rl_verify.views import plugin_views
+
+    for view in plugin_views():  # a view the API would refuse drops the whole plugin silently
+        ExternalViewResponse.model_validate(view)
+    bundle = "".join(p.read_text(errors="ignore") for p in
+                     (Path(airflow.__file__).parent / "ui" / "dist" / "assets").glob("index-*.js"))
+    assert "{DAG_ID}" in bundle and "{RUN_ID}" in bundle and "/plugin/" in bundle
