@@ -135,9 +135,11 @@ def rl_accuracy_verification():
         watched += [run, fetched]
 
     summary = report()
-    chain(compared, summary)
+    cleaned = cleanup()
+    chain(watched, cleaned)
+    # The report comes after the cleanup: it lists (and its manifest holds) what cleanup archived.
+    chain([*compared, cleaned], summary)
     chain(summary, verdict())
-    chain(watched, cleanup())
 
 
 rl_accuracy_verification()

@@ -77,7 +77,7 @@ def test_dag_shape_matches_the_spec(parsed):
         assert tasks[f"run_{suite}"]["upstream"] == ["approve", "resolve_commit"]
         assert f"run_{suite}" in tasks[f"fetch_{suite}"]["upstream"]
         assert f"fetch_{suite}" in tasks[f"compare_{suite}"]["upstream"]
-    assert tasks["report"]["upstream"] == ["compare_grpo", "compare_opd"]
+    assert tasks["report"]["upstream"] == ["cleanup", "compare_grpo", "compare_opd"]
     assert tasks["verdict"]["upstream"] == ["report"]
 
 
