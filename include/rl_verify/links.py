@@ -25,9 +25,14 @@ def history_path(dag_id: str) -> str:
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/history"
 
 
+def run_page_path(dag_id: str, run_id: str) -> str:
+    """The Airflow UI page of a DAG run."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
 def report_view_path(dag_id: str, run_id: str) -> str:
     """The Airflow UI page of a run with the report view open (the UI's plugin route)."""
-    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/plugin/{REPORT_VIEW_ROUTE}"
+    return f"{run_page_path(dag_id, run_id)}/plugin/{REPORT_VIEW_ROUTE}"
 
 
 def absolute(base_url: str | None, path: str) -> str:

@@ -23,9 +23,7 @@ def _ui(path: str) -> str:
 
 def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: str | None) -> tuple[str, str]:
     """(title, body) of "a card waits for approval"."""
-    from urllib.parse import quote
-
-    where = _ui(f"/dags/{quote(settings.DAG_ID, safe='')}/runs/{quote(dag_run_id, safe='')}/required_actions")
+    where = _ui(links.run_page_path(settings.DAG_ID, dag_run_id) + "/required_actions")
     body = [f"Commit: {commit}", f"Suites: {', '.join(suites)}", f"Approve or reject: {where}"]
     if deadline:
         body.append(f"Unanswered by {deadline}, the run ends NOT APPROVED.")
@@ -53,9 +51,7 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
 def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanup_lines: list[str],
                    node_clean: bool) -> tuple[str, str]:
     """(title, body) of an infrastructure failure: which tasks failed and whether the node is clean."""
-    from urllib.parse import quote
-
-    run = _ui(f"/dags/{quote(settings.DAG_ID, safe='')}/runs/{quote(dag_run_id, safe='')}")
+    run = _ui(links.run_page_path(settings.DAG_ID, dag_run_id))
     state = ("the node is clean: no process of this run is left, Ray stopped if this run started it"
              if node_clean else "the node is NOT clean: " + "; ".join(line for line in cleanup_lines
                                                                      if line.startswith("LEFT")))
