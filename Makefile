@@ -15,7 +15,7 @@ COMMIT ?=
 KEEP ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd ensure-chromium
+.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
 
 venv:
 	./scripts/bootstrap.sh
@@ -28,7 +28,11 @@ ensure-sshd:
 ensure-chromium:
 	bash scripts/ensure_chromium.sh
 
-test: venv ensure-sshd ensure-chromium lint
+# Debian's postgresql and redis-server for the distributed (Celery) stack's private services.
+ensure-services:
+	bash scripts/ensure_services.sh
+
+test: venv ensure-sshd ensure-chromium ensure-services lint
 	@rc=0; $(PY) -m pytest -q tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
