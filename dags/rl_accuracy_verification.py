@@ -10,14 +10,16 @@ accuracy aligned with the baselines, following the team's runbook:
    Scheduled runs proceed on a standing approval of the same card, verified against the recorded
    human response that granted it; an unanswered card ends the run NOT APPROVED (timed out) before
    the next scheduled run is due.
-4. **run_grpo / run_opd** — detached, deferrable SSH jobs, one training per node at a time (pool).
+4. **run_grpo / run_opd** — detached, deferrable SSH jobs, one training per node at a time (the node's
+   pool, chosen per run by the cluster policy `rl_verify.policy`); suites on different nodes in parallel.
 5. **fetch_* / compare_*** — trackers archived, compared per metric (GRPO through the checkout's own
    `check_rl_result`; OPD at every eval point against the golden table).
 6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
 7. **cleanup** — after the node's tasks end: on any failure `ray stop --force`, the run's processes
    killed, logs kept; on success it checks and says that the node is clean.
 
-Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id, pinned host key),
+Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id with a pinned host key, or
+one per suite: `grpo=node_a,opd=node_b`),
 `early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there).
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import CronTriggerTimetable, Param, chain, dag, task
 
-from rl_verify import settings
+from rl_verify import placement, settings
 from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
 
 POOL = settings.node_pool()
@@ -49,14 +51,16 @@ POOL = settings.node_pool()
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
         "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
                         description="One or more trainings to verify: " + "; ".join(settings.suite_titles().values())
-                                    + ". Each needs the whole 8-GPU node; they run one after the other.",
+                                    + ". Each needs a whole 8-GPU node: on one node they run one after the other.",
                         items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
                         values_display=settings.suite_titles(), minItems=1, uniqueItems=True),
-        "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node (SSH connection id)",
+        "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node(s) (SSH connection id)",
                       description="The id of the Airflow SSH connection (Admin > Connections) of the 8-GPU node "
-                                  f"to train on, e.g. {settings.DEFAULT_NODE_CONN_ID}. Its host key must be pinned "
-                                  "in the connection. Letters, digits and _ . - only.",
-                      pattern=r"^[A-Za-z0-9_.-]{1,100}(?![\s\S])"),
+                                  f"to train on, e.g. {settings.DEFAULT_NODE_CONN_ID}, or one per suite to train them "
+                                  "at the same time, e.g. grpo=node_a,opd=node_b. Each node's host key must be "
+                                  "pinned in its connection, and each node has a one-slot pool rl_node_<id>. "
+                                  "Letters, digits and _ . - only.",
+                      maxLength=1000, pattern=placement.NODE_PARAM_PATTERN),
         "early_abort": Param(True, type="boolean", title="Early abort",
                              description="End a suite's training as soon as its FAIL is certain (the live check "
                                          "uses the final comparison's rules). Off: train to the end; the report "

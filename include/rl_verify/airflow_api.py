@@ -1,11 +1,11 @@
 """Airflow's public REST API, read through the official ``apache-airflow-client``.
 
-Used where a task must read Airflow's own records of *another* run (the Task SDK only reaches the
-running task's own): the human response that granted a standing approval, and the scheduled runs
-before this one. The API is reached through an Airflow connection (``settings.AIRFLOW_API_CONN_ID``):
-``host`` is the API server's base URL (``http://airflow-api:8080``, or host + port + schema), and
-either ``password`` holds a bearer token (extra ``{"token": true}``) or ``login``/``password`` are
-exchanged for one at ``/auth/token`` (the simple and FAB auth managers both serve it).
+Used where a task must read Airflow's own records beyond its own run (the Task SDK only reaches the
+running task's own): the human response that granted a standing approval, the scheduled runs
+before this one, the node pools a run needs. The API is reached through an Airflow connection
+(``settings.AIRFLOW_API_CONN_ID``): ``host`` is the API server's base URL (``http://airflow-api:8080``,
+or host + port + schema), and either ``password`` holds a bearer token (extra ``{"token": true}``) or
+``login``/``password`` are exchanged for one at ``/auth/token`` (the simple and FAB auth managers both serve it).
 """
 
 from __future__ import annotations
@@ -103,3 +103,16 @@ def set_run_note(conn_id: str, dag_id: str, dag_run_id: str, note: str) -> None:
     with api_client(conn_id) as client:
         ac.DagRunApi(client).patch_dag_run(dag_id, dag_run_id, ac.DAGRunPatchBody(note=note[:1000]),
                                            update_mask=["note"])
+
+
+def pool(conn_id: str, name: str) -> dict[str, Any] | None:
+    """The pool ``name`` (``slots``, ``include_deferred``), or None when it does not exist."""
+    import airflow_client.client as ac
+    from airflow_client.client.exceptions import NotFoundException
+
+    with api_client(conn_id) as client:
+        try:
+            found = ac.PoolApi(client).get_pool(name)
+        except NotFoundException:
+            return None
+    return {"slots": found.slots, "include_deferred": bool(found.include_deferred)}

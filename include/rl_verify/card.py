@@ -72,8 +72,11 @@ def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
 
 
 def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
-                  node: str) -> dict[str, list[str]]:
-    """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted)."""
+                  node: str | Mapping[str, str]) -> dict[str, list[str]]:
+    """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted).
+
+    ``node``: the one node of every suite, or ``{suite: node}``.
+    """
     specs = list(specs)
     goal = ["Verify that the commit under test keeps RL training accuracy aligned with the baselines "
             f"for: {', '.join(s.name.upper() for s in specs)} (runbook: seed/runbook.md)."]
@@ -87,7 +90,15 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
         scale.append(f"| {spec.name} | `{spec.script}` | {spec.expected_steps} | "
                      f"{', '.join(map(str, spec.eval_points))} | {spec.wall_time_budget_s // 60} min |")
     scale.append("")
-    scale.append(f"One 8-GPU node (`{node}`), one training at a time; suites on the same node run one after the other.")
+    nodes = {node: [s.name for s in specs]} if isinstance(node, str) else \
+        {n: [s for s, at in node.items() if at == n] for n in dict.fromkeys(node.values())}
+    if len(nodes) == 1:
+        scale.append(f"One 8-GPU node (`{next(iter(nodes))}`), one training at a time; suites on the same node run "
+                     "one after the other.")
+    else:
+        scale.append(f"{len(nodes)} 8-GPU nodes, one training per node at a time: "
+                     + "; ".join(f"`{n}` trains {', '.join(suites)}" for n, suites in nodes.items())
+                     + ". Suites on different nodes train at the same time.")
     prereq = ["| suite | kind | path |", "|---|---|---|"]
     prereq += [f"| {v['suite']} | {v['kind']} | `{v['path']}` |" for v in verified]
     return {"目标 goal": goal, "判读标准 acceptance criteria": criteria,

@@ -9,8 +9,19 @@ from __future__ import annotations
 from typing import TypedDict
 
 
+class NodeFolders(TypedDict):
+    """The run's folders on one node (each node has its own checkout, so its own worktree)."""
+
+    run_dir: str
+    worktree: str
+
+
 class Resolved(TypedDict):
-    """``resolve_commit``: the commit under test and the run's folders on the node."""
+    """``resolve_commit``: the commit under test and the run's folders on each node it uses.
+
+    ``node``, ``run_dir`` and ``worktree`` are those of the first suite's node; ``suite_nodes`` says
+    where every suite trains and ``nodes`` gives each node's folders.
+    """
 
     commit_ref: str
     sha: str
@@ -22,6 +33,10 @@ class Resolved(TypedDict):
     run_key: str
     suites: list[str]
     node: str
+    suite_nodes: dict[str, str]
+    nodes: dict[str, NodeFolders]
+    #: Where the run's record lives (a folder path or an object storage URL).
+    record: str
     #: End a suite's training as soon as its FAIL is certain (param ``early_abort``).
     early_abort: bool
 

@@ -33,17 +33,18 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def rows(record_dir: Path, limit: int = 50) -> list[dict[str, Any]]:
-    """One row per run, suite and checked metric of the last ``limit`` runs found under ``record_dir``.
+def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
+    """One row per run, suite and checked metric of the last ``limit`` runs found under ``record_dir``
+    (a ``Path`` or an ``ObjectStoragePath``).
 
     A ``report.json`` that cannot be read is skipped with a warning (one broken record must not
     hide the history). Row keys: run, folder, started, type, commit, commit_ref, verdict, suite,
     suite_verdict, metric, ratio (worst error / threshold; None when not computable), passed.
     """
     found = []
-    for path in sorted(record_dir.glob("*/report.json")):
+    for path in sorted(record_dir.glob("*/report.json"), key=str) if record_dir.exists() else []:
         try:
-            report = json.loads(path.read_text())
+            report = json.loads(path.read_bytes())
         except (OSError, ValueError) as err:
             log.warning("history: skipping unreadable %s (%s)", path, err)
             continue

@@ -107,9 +107,9 @@ class SuiteTrainingOperator(BaseOperator):
         resolved: Resolved = self.resolved
         if self.suite not in resolved["suites"]:
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
-        node = resolved["node"]
+        node, folders = pipeline.suite_node(resolved, self.suite)
         values = pipeline.node_settings(node)
-        layout = remote.RunLayout(resolved["run_dir"])
+        layout = remote.RunLayout(folders["run_dir"])
         spec = pipeline.expanded_specs([self.suite], values, layout.worktree)[0]
         work_dir, job_dir = layout.work_dir(self.suite), layout.job_dir(self.suite)
         marker = remote.job_marker(resolved["run_key"], self.suite)
@@ -145,7 +145,7 @@ def _record_early_abort(context: Any, suite: str, live: dict[str, Any], applied:
     """Keep what the live check found in the run's record (``<suite>/abort.json``) for fetch, compare, report."""
     from rl_verify import record
 
-    record.write_json(record.run_record_dir(context["run_id"]) / suite / "abort.json", {**live, "applied": applied})
+    record.put_json(context["run_id"], f"{suite}/abort.json", {**live, "applied": applied})
 
 
 @contextmanager

@@ -13,8 +13,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from rl_verify import node, record, remote, settings
-from rl_verify.contract import Breach, Card, Decision, Fetched, Prerequisites, ReportSummary, Resolved, SuiteSummary
+from rl_verify import node, placement, record, remote, settings
+from rl_verify.contract import (Breach, Card, Decision, Fetched, NodeFolders, Prerequisites, ReportSummary, Resolved,
+                                SuiteSummary)
 from rl_verify.engines import engine_of
 from rl_verify.suite import SuiteSpec, load_suite
 
@@ -49,19 +50,28 @@ def node_settings(conn_id: str) -> dict[str, str]:
     return values
 
 
+def _unpinned(conn_id: str) -> str:
+    return (f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the node's public host "
+            "key (ssh-keyscan -t ed25519 HOST) and 'no_host_key_check' to false")
+
+
+def _ssh_hook(conn_id: str) -> Any:
+    """The SSH provider's hook for the node (reads the connection; no network)."""
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    return SSHHook(ssh_conn_id=conn_id, conn_timeout=20, conn_retry_attempts=2)
+
+
 @contextmanager
 def ssh_client(conn_id: str) -> Iterator[Any]:
     """An SSH client for the node from the SSH provider's hook (host key pinned by the connection)."""
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
     import paramiko
 
-    hook = SSHHook(ssh_conn_id=conn_id, conn_timeout=20, conn_retry_attempts=2)
+    hook = _ssh_hook(conn_id)
     if hook.no_host_key_check or hook.host_key is None:
         from airflow.sdk.exceptions import AirflowFailException
 
-        raise AirflowFailException(f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the "
-                         f"node's public host key (ssh-keyscan -t ed25519 HOST) and 'no_host_key_check' to false")
+        raise AirflowFailException(_unpinned(conn_id))
     with no_retry_on(paramiko.BadHostKeyException):  # a changed host key is never transient
         client = hook.get_conn()
     try:
@@ -76,24 +86,75 @@ def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str) 
 
 
 def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """commit, suites and node from the run's params, validated before anything reaches a shell."""
-    return {"commit": remote.validate_commit(params.get("commit")),
-            "suites": remote.validate_suites(params.get("suites")),
-            "node": _validate_conn_id(params.get("node")),
+    """commit, suites, where each suite trains (``suite_nodes``) and early_abort from the run's params,
+    validated before anything reaches a shell."""
+    suites = remote.validate_suites(params.get("suites"))
+    return {"commit": remote.validate_commit(params.get("commit")), "suites": suites,
+            "suite_nodes": placement.suite_nodes(params.get("node"), suites),
             "early_abort": _validate_flag(params.get("early_abort", True), "early_abort")}
+
+
+def node_problems(conn_id: str) -> list[str]:
+    """What keeps the node of ``conn_id`` from being used, without connecting to it: no such
+    connection, no pinned host key, missing share roots. [] when it can be used."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        hook = _ssh_hook(conn_id)
+    except AirflowNotFoundException:
+        return [f"node {conn_id!r}: there is no Airflow connection with this id: add the node's SSH connection "
+                "(Admin > Connections, host key pinned) or fix the param 'node'"]
+    problems = [_unpinned(conn_id)] if hook.no_host_key_check or hook.host_key is None else []
+    try:
+        node_settings(conn_id)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
+def pool_problems(conn_ids: list[str]) -> list[str]:
+    """Nodes whose one-slot pool is missing (their training would never be scheduled), read through the
+    Airflow API connection; [] when the API cannot be asked (logged)."""
+    from rl_verify import airflow_api
+
+    problems = []
+    for conn_id in conn_ids:
+        name = placement.node_pool(conn_id)
+        try:
+            pool = airflow_api.pool(settings.AIRFLOW_API_CONN_ID, name)
+        except airflow_api.ApiUnavailable as err:
+            log.warning("Cannot check that the node pools exist (%s); a missing pool leaves its training queued", err)
+            return []
+        if pool is None:
+            problems.append(f"node {conn_id!r}: pool {name!r} does not exist, so its training would never start: "
+                            f"create it with `airflow pools set {name} 1 'one training at a time on {conn_id}' "
+                            "--include-deferred`")
+        elif pool["slots"] != 1 or not pool["include_deferred"]:
+            log.warning("Pool %s has %s slot(s), deferred tasks %scounted: give it 1 slot counting deferred tasks, "
+                        "or two trainings may share node %s", name, pool["slots"],
+                        "" if pool["include_deferred"] else "not ", conn_id)
+    return problems
+
+
+def suite_node(resolved: Resolved, suite: str) -> tuple[str, NodeFolders]:
+    """(connection id, the run's folders) of the node ``suite`` trains on in this run."""
+    conn = (resolved.get("suite_nodes") or {}).get(suite, resolved["node"])
+    folders = (resolved.get("nodes") or {}).get(conn) or {"run_dir": resolved["run_dir"],
+                                                          "worktree": resolved["worktree"]}
+    return conn, folders
+
+
+def suites_by_node(resolved: Resolved) -> dict[str, list[str]]:
+    """The run's suites grouped by the node they train on (nodes in suite order)."""
+    out: dict[str, list[str]] = {}
+    for suite in resolved["suites"]:
+        out.setdefault(suite_node(resolved, suite)[0], []).append(suite)
+    return out
 
 
 def _validate_flag(value: Any, name: str) -> bool:
     if not isinstance(value, bool):
         raise remote.BadInput(f"param {name!r} must be true or false, got {value!r}")
-    return value
-
-
-def _validate_conn_id(value: Any) -> str:
-    import re
-
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", value):
-        raise remote.BadInput(f"param 'node' must be an Airflow connection id (letters, digits, _ . -): {value!r}")
     return value
 
 
@@ -111,38 +172,75 @@ def no_retry_on(*errors: type[BaseException]) -> Iterator[None]:
 
 
 def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
-    """Validate params, then create the run's clean worktree at the commit on the node."""
+    """Validate params, nodes and record store, then create the run's clean worktree at the commit on
+    every node the run uses (the same commit on each)."""
     with no_retry_on(remote.BadInput, ValueError):
         p = validated_params(params)
-        values = node_settings(p["node"])
+        nodes = placement.nodes_in_order(p["suite_nodes"])
+        problems = [line for conn in nodes for line in node_problems(conn)]
+        problems += pool_problems([conn for conn in nodes if not any(conn in line for line in problems)])
+        if problems:
+            raise ValueError(f"{len(problems)} problem(s) with the node(s) of this run; nothing was launched:\n"
+                             + "\n".join(f"  - {line}" for line in problems))
     with no_retry_on(OSError):
-        # A run whose record cannot be kept must not touch the node at all.
-        record.ensure_writable(record.run_record_dir(dag_run_id))
+        # A run whose record cannot be kept must not touch a node at all.
+        where = record.ensure_store_writable(dag_run_id)
     key = remote.run_key(dag_run_id)
-    with ssh_client(p["node"]) as client:
-        reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],
-                           key, settings.REAP_AFTER_DAYS)
-        for folder in reaped:
-            log.info("Reaped run folder older than %d days: %s", settings.REAP_AFTER_DAYS, folder)
-        with no_retry_on(node.NodeError):
-            resolved = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
-                                           values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
-    resolved.update(run_key=key, suites=p["suites"], node=p["node"], early_abort=p["early_abort"])
-    record.write_json(record.run_record_dir(dag_run_id) / "commit.json", resolved)
-    log.info("Commit under test: %s (%s) in worktree %s", resolved["sha"], p["commit"], resolved["worktree"])
+    found: dict[str, dict[str, Any]] = {}
+    for conn in nodes:
+        values = node_settings(conn)
+        with ssh_client(conn) as client:
+            reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],
+                               key, settings.REAP_AFTER_DAYS)
+            for folder in reaped:
+                log.info("Reaped run folder older than %d days on %s: %s", settings.REAP_AFTER_DAYS, conn, folder)
+            with no_retry_on(node.NodeError):
+                found[conn] = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
+                                                  values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
+    if len({r["sha"] for r in found.values()}) > 1:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            f"commit {p['commit']!r} is not the same commit on every node ("
+            + ", ".join(f"{conn}: {r['sha'][:12]}" for conn, r in found.items())
+            + "): give a full SHA, or update the nodes' checkouts so that they agree")
+    resolved: Resolved = {**found[nodes[0]], "run_key": key, "suites": p["suites"],  # type: ignore[typeddict-item]
+                          "node": nodes[0], "suite_nodes": p["suite_nodes"],
+                          "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
+                          "early_abort": p["early_abort"], "record": where}
+    record.put_json(dag_run_id, "commit.json", resolved)
+    log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
+             "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
+    log.info("Where the suites train: %s; record: %s", placement.describe(p["suite_nodes"]), where)
     if resolved["dirty_stat"]:
         log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
     return resolved
 
 
 def check_prerequisites(resolved: Resolved) -> Prerequisites:
-    """Check every input of every selected suite and node business in one SSH round trip."""
-    values = node_settings(resolved["node"])
-    specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
-    with ssh_client(resolved["node"]) as client, no_retry_on(node.PrerequisitesError):
-        result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"])
-    log.info("All %d inputs present on the node; node is free", len(result.ok))
-    return result.to_dict()
+    """Check every input of every selected suite and whether each node is busy: one SSH round trip
+    per node; every problem of every node is listed before failing."""
+    ok: list[Any] = []
+    failed: list[tuple[str, node.PrerequisitesError]] = []
+    groups = suites_by_node(resolved)
+    for conn, suites in groups.items():
+        values = node_settings(conn)
+        specs = expanded_specs(suites, values, suite_node(resolved, suites[0])[1]["worktree"])
+        with ssh_client(conn) as client:
+            try:
+                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"],
+                                                  resolved["run_key"])
+            except node.PrerequisitesError as err:
+                failed.append((conn, err))
+                continue
+        ok += result.ok
+        log.info("All %d inputs of %s present on %s; the node is free", len(result.ok), ", ".join(suites), conn)
+    if failed:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(failed[0][1]) if len(groups) == 1 else
+                                   "\n".join(f"node {conn}: {err}" for conn, err in failed))
+    return {"ok": ok, "missing": [], "busy": []}
 
 
 def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
@@ -153,12 +251,15 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
     """
     from rl_verify import card
 
-    values = node_settings(resolved["node"])
-    specs = expanded_specs(resolved["suites"], values, resolved["worktree"])
-    sections = card.card_sections(specs, prereq["ok"], resolved["node"])
+    specs = []
+    for conn, suites in suites_by_node(resolved).items():
+        specs += expanded_specs(suites, node_settings(conn), suite_node(resolved, suites[0])[1]["worktree"])
+    specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
+    sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"])
     fingerprint = card.experiment_fingerprint(specs)
     markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
-    record.write_atomic(record.run_record_dir(dag_run_id) / "card.md", markdown)
+    with record.workspace(dag_run_id, parts=[]) as run_dir:
+        record.write_atomic(run_dir / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
     return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
 
@@ -169,14 +270,18 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
     The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
     the run completed. What was fetched stays in the record even when this task fails.
     """
+    conn, folders = suite_node(resolved, suite)
+    spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
+    with record.workspace(dag_run_id, parts=[suite]) as run_dir:
+        return _fetch_into(run_dir / suite, suite, spec, conn, folders)
+
+
+def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders) -> Fetched:
     from rl_verify.errors import InputError
     from rl_verify.tracker import read_tracker
 
-    values = node_settings(resolved["node"])
-    spec = expanded_specs([suite], values, resolved["worktree"])[0]
-    dest = record.run_record_dir(dag_run_id) / suite
-    with ssh_client(resolved["node"]) as client:
-        meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
+    with ssh_client(conn) as client:
+        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
     meta["expected_steps"] = spec.expected_steps
     abort = record.read_json(dest / "abort.json") or {}
     hit = abort.get("log_rule") if abort.get("applied") and not abort.get("certain") else None
@@ -216,11 +321,17 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
 
 def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
     """Run the engine on the archived files; an unusable fetch becomes an infrastructure FAIL."""
+
+    with record.workspace(dag_run_id, parts=[suite, "commit.json"]) as run_dir:
+        return _compare_in(run_dir, suite)
+
+
+def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
     from rl_verify.errors import InputError
     from rl_verify.model import SuiteResult
 
-    suite_dir = record.run_record_dir(dag_run_id) / suite
-    meta = record.read_json(suite_dir / "fetch.json")
+    suite_dir = run_dir / suite
+    meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir)
     out = suite_dir / "compare"
     spec = load_suite(suite)
     if meta is None:
@@ -242,7 +353,8 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
         if png is not None:
             result.plots.append(str(png))
     else:
-        node_name = (record.read_json(record.run_record_dir(dag_run_id) / "commit.json") or {}).get("node")
+        commit = record.read_json(run_dir / "commit.json") or {}
+        node_name = (commit.get("suite_nodes") or {}).get(suite, commit.get("node"))
         try:
             result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name)
         except InputError as err:
@@ -279,11 +391,17 @@ def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
 
 def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
            gaps: list[str] | None = None) -> ReportSummary:
-    """Combine the suites into one report in the record store; print it; return a summary."""
+    """Combine the suites into one report in the record store, with the manifest of the whole record;
+    print it; return a summary."""
+    with record.workspace(dag_run_id) as run_dir:
+        return _report_in(run_dir, dag_run_id, params, decision, gaps)
+
+
+def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
+               gaps: list[str] | None) -> ReportSummary:
     from rl_verify.model import SuiteResult
     from rl_verify.report import ReportMeta, render_markdown, write_report
 
-    run_dir = record.run_record_dir(dag_run_id)
     resolved = record.read_json(run_dir / "commit.json") or {}
     suites = resolved.get("suites") or _safe_suites(params)
     notes: list[str] = []
@@ -303,23 +421,26 @@ def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None
     notes += gaps or []
     results = []
     for suite in suites if overall is None else []:
-        data = record.read_json(run_dir / suite / "result.json")
+        data = record.relocate(record.read_json(run_dir / suite / "result.json"), run_dir)
         results.append(SuiteResult.from_dict(data) if data else SuiteResult.infrastructure(
             suite, "the suite did not reach comparison (an earlier task failed: see its log)"))
     if not resolved:
         notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
-    paths = {s: _paths(run_dir / s) for s in suites}
+    paths = {s: _paths(run_dir / s, run_dir) for s in suites}
+    nodes = resolved.get("suite_nodes")
     meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),
                       diff_stat=resolved.get("dirty_stat"), dag_run_id=dag_run_id,
-                      node=resolved.get("node") or params.get("node"), paths=paths, notes=notes, overall=overall)
-    written = write_report(run_dir, results, meta)
-    record.write_manifest(run_dir)
-    where = record.publish(run_dir)
-    log.info("Report written to %s\n\n%s", where, render_markdown(results, meta))
+                      node=placement.describe(nodes) if nodes else resolved.get("node") or params.get("node"),
+                      paths=paths, notes=notes, overall=overall)
+    where = record.location(dag_run_id)
+    written = write_report(run_dir, results, meta, shown_as=where)
+    record.write_manifest(run_dir, shown_as=where)
+    shown = render_markdown(results, meta).replace(str(run_dir), where)
+    log.info("Report written to %s\n\n%s", where, shown)
     verdict = overall or ("PASS" if results and all(r.passed for r in results) else "FAIL")
     classes = sorted({r.failure_class for r in results if r.failure_class})
     return {"verdict": verdict, "failure_classes": classes, "record": where,
-            "report": {k: str(v) for k, v in written.items()},
+            "report": {k: f"{where}/{Path(v).name}" for k, v in written.items()},
             "failed_suites": [r.suite for r in results if not r.passed],
             "suites": [suite_summary(r) for r in results]}
 
@@ -367,8 +488,8 @@ def _safe_suites(params: Mapping[str, Any]) -> list[str]:
         return []
 
 
-def _paths(suite_dir: Path) -> dict[str, str]:
-    meta = record.read_json(suite_dir / "fetch.json") or {}
+def _paths(suite_dir: Path, run_dir: Path) -> dict[str, str]:
+    meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir) or {}
     files = meta.get("files", {})
     out = {}
     if files.get("tracker"):
@@ -453,8 +574,7 @@ def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:
     """Post the verdict with the commit and the first suggested next step of a failing suite."""
     from rl_verify import notify
 
-    report = record.read_json(Path(summary["report"]["json"])) if summary.get("report", {}).get("json") else None
-    report = report or {}
+    report = record.get_json(dag_run_id, "report.json") or {}
     commit = f"{report.get('commit_ref') or '?'} ({(report.get('commit') or '')[:10] or 'unresolved'})"
     failing = [s for s in report.get("suites") or [] if s.get("verdict") != "PASS" and s.get("next_steps")]
     step = failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
@@ -470,18 +590,21 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
         return []
     log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
              if failed_tasks else "No task failed: checking that no process of this run is left on the node")
-    values = node_settings(resolved["node"])
     lines: list[str] = []
-    with ssh_client(resolved["node"]) as client:
-        lines += node.cleanup(client, resolved["run_dir"], resolved["run_key"])
-        for suite in resolved["suites"] if failed_tasks else []:  # archive what a failed suite left
-            dest = record.run_record_dir(dag_run_id) / suite
-            if (dest / "fetch.json").exists():
-                continue
-            spec = expanded_specs([suite], values, resolved["worktree"])[0]
-            meta = node.fetch_suite(client, spec, remote.RunLayout(resolved["run_dir"]), dest)
-            record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
-                                                    ["collected by cleanup after a failure"]})
+    fetched = [f"{suite}/fetch.json" for suite in resolved["suites"]]
+    with record.workspace(dag_run_id, parts=fetched) as run_dir:
+        for conn, suites in suites_by_node(resolved).items():
+            folders = suite_node(resolved, suites[0])[1]
+            with ssh_client(conn) as client:
+                lines += node.cleanup(client, folders["run_dir"], resolved["run_key"])
+                for suite in suites if failed_tasks else []:  # archive what a failed suite left
+                    dest = run_dir / suite
+                    if (dest / "fetch.json").exists():
+                        continue
+                    spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
+                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+                    record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
+                                                            ["collected by cleanup after a failure"]})
     for line in lines:
         log.info("cleanup: %s", line)
     left = [line for line in lines if line.startswith("LEFT")]
@@ -511,7 +634,7 @@ def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, d
     from rl_verify import notify
 
     stopped = {f"run_{s}" for s in (resolved or {}).get("suites", [])
-               if (record.read_json(record.run_record_dir(dag_run_id) / s / "abort.json") or {}).get("certain")}
+               if (record.get_json(dag_run_id, f"{s}/abort.json") or {}).get("certain")}
     infra = [t for t in failed_tasks if t not in stopped]
     if not infra:
         log.info("No infrastructure failure to report (%s)", "the failing suites were stopped by the live check"

@@ -360,16 +360,27 @@ def atomic_write(path: Path, text: str) -> Path:
     return write_atomic(Path(path), text)
 
 
-def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None) -> dict[str, Path]:
+def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None,
+                 shown_as: str | None = None) -> dict[str, Path]:
     """Write report.json, report.md and report.html into ``out_dir`` (PNGs are already there).
 
+    ``shown_as``: where a reader finds ``out_dir`` (the record's location when ``out_dir`` is a task's
+    working copy): every path into ``out_dir`` the report names is shown there instead.
     Returns {"json": path, "md": path, "html": path}.
     """
     out_dir = Path(out_dir)
     meta = meta or ReportMeta()
     data = build_report(suites, meta, out_dir)
+
+    def shown(text: str) -> str:
+        if shown_as is None:
+            return text
+        for form in dict.fromkeys((str(out_dir.resolve()), str(out_dir))):
+            text = text.replace(form, shown_as)
+        return text
+
     return {
-        "json": atomic_write(out_dir / "report.json", json.dumps(data, indent=2, allow_nan=False) + "\n"),
-        "md": atomic_write(out_dir / "report.md", render_markdown(suites, meta, out_dir)),
-        "html": atomic_write(out_dir / "report.html", render_html(suites, meta)),
+        "json": atomic_write(out_dir / "report.json", shown(json.dumps(data, indent=2, allow_nan=False) + "\n")),
+        "md": atomic_write(out_dir / "report.md", shown(render_markdown(suites, meta, out_dir))),
+        "html": atomic_write(out_dir / "report.html", shown(render_html(suites, meta))),
     }

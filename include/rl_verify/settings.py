@@ -7,7 +7,6 @@ Variable), so importing it at DAG parse time touches no network and no metadata 
 from __future__ import annotations
 
 import os
-import re
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -63,8 +62,14 @@ NODE_CHECKOUT = os.environ.get("RL_VERIFY_NODE_CHECKOUT", "~/xtuner")
 REMOTE_RUNS_DIR = os.environ.get("RL_VERIFY_REMOTE_RUNS_DIR", "~/rl-verify/runs")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-#: Record store root: a local folder (default: records/ in the project) or an object storage URL.
+#: Record store root: a local folder (default: records/ in the project) or an object storage URL
+#: (``s3://<conn_id>@bucket/prefix``): what every task reads and writes the run's record through.
 RECORD_ROOT = os.environ.get("RL_VERIFY_RECORD_ROOT", str(PROJECT_ROOT / "records"))
+#: This worker's local folder for task workspaces (each task's copy of the record, removed when it ends).
+STAGING_DIR = os.environ.get("RL_VERIFY_STAGING_DIR",
+                             str(Path(os.environ.get("TMPDIR", "/tmp")) / "rl-verify-staging"))
+#: Keep each task's workspace after the task (debugging only: nothing reads it).
+KEEP_STAGING = os.environ.get("RL_VERIFY_KEEP_STAGING", "").strip().lower() in ("1", "true", "yes")
 
 #: Seconds between status polls of a remote training job.
 JOB_POLL_INTERVAL_S = int(os.environ.get("RL_VERIFY_JOB_POLL_INTERVAL_S", "5"))
@@ -90,12 +95,12 @@ CLEANUP_RETRY_DELAY_S = int(os.environ.get("RL_VERIFY_CLEANUP_RETRY_DELAY_S", "3
 #: Run folders on the node older than this (and with no live job) are removed by the reaper.
 REAP_AFTER_DAYS = int(os.environ.get("RL_VERIFY_REAP_AFTER_DAYS", "7"))
 
-_CONN_ID_SAFE = re.compile(r"[^A-Za-z0-9_]")
-
-
 def node_pool(conn_id: str = DEFAULT_NODE_CONN_ID) -> str:
-    """Name of the one-slot pool that serialises trainings on one node."""
-    return "rl_node_" + _CONN_ID_SAFE.sub("_", conn_id)
+    """Name of the one-slot pool that serialises trainings on one node (the default node's at parse
+    time; a run that names other nodes gets theirs from the cluster policy ``rl_verify.policy``)."""
+    from rl_verify.placement import node_pool as pool_of
+
+    return pool_of(conn_id)
 
 
 #: default_args per kind of task.

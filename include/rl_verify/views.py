@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import io
 import logging
-from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -33,23 +32,23 @@ def _dag_access():
     return Depends(requires_access_dag("GET", DagAccessEntity.RUN))
 
 
-def dag_records(dag_id: str) -> Path:
-    """The local record folder of a DAG rl-verify knows (404 for any other DAG id)."""
+def dag_records(dag_id: str) -> Any:
+    """The records of a DAG rl-verify knows, in the record store (404 for any other DAG id)."""
     from rl_verify import record
 
     if dag_id != settings.DAG_ID:
         raise HTTPException(404, f"no verification records for DAG {dag_id!r}")
-    return record.local_root() / settings.DAG_ID
+    return record.store_root() / settings.DAG_ID
 
 
-def run_folder(dag_id: str, run_id: str) -> Path:
+def run_folder(dag_id: str, run_id: str) -> Any:
     """The record folder of ``run_id``: its name is computed from the id, then looked up in a listing."""
     root = dag_records(dag_id)
     try:
         name = run_key(run_id)
     except Exception as err:  # an id run_key refuses cannot name a run
         raise HTTPException(404, "no such run") from err
-    folders = {p.name: p for p in root.iterdir() if p.is_dir()} if root.is_dir() else {}
+    folders = {p.name: p for p in root.iterdir()} if root.exists() else {}
     if name not in folders or not (folders[name] / "report.html").is_file():
         raise HTTPException(404, f"no verification report for run {run_id!r} (yet)")
     return folders[name]
@@ -100,7 +99,7 @@ def create_app() -> FastAPI:
     @app.get("/dags/{dag_id}/runs/{run_id}/report", response_class=HTMLResponse, dependencies=[access])
     def report(dag_id: str, run_id: str) -> Response:
         """The run's HTML report (self-contained: its plots are embedded)."""
-        return HTMLResponse((run_folder(dag_id, run_id) / "report.html").read_text(encoding="utf-8"))
+        return HTMLResponse((run_folder(dag_id, run_id) / "report.html").read_bytes().decode("utf-8"))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report.json", dependencies=[access])
     def report_json(dag_id: str, run_id: str) -> Response:

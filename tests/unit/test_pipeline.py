@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_verify import pipeline, record
+from rl_verify import pipeline, record, settings
 
 CONN_ID = "rl_sec_test_node"
 
@@ -109,15 +109,23 @@ def test_unsafe_share_root_in_connection_extras_is_refused(monkeypatch, node_con
 # ------------------------------------------------------------------------------ record store
 
 def _blocked(tmp_path: Path):
-    """run_record_dir replacement pointing below a regular file: not writable, even for root."""
+    """A record root below a regular file: not writable, even for root."""
     blocker = tmp_path / "blocker"
     blocker.write_text("not a folder\n")
-    return blocker, (lambda dag_run_id, root=None: blocker / "rl_accuracy_verification" / "run-1")
+    return blocker, str(blocker / "records")
+
+
+def _local_store(monkeypatch, tmp_path: Path, run_id: str = "manual__1") -> Path:
+    """Point the record store at a folder under ``tmp_path``; return the run's record folder in it."""
+    from rl_verify import settings
+
+    monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path / "records"))
+    return Path(record.location(run_id))
 
 
 def test_report_into_an_unwritable_record_store_fails_naming_it_and_verdict_says_no_report(tmp_path, monkeypatch):
     blocker, blocked = _blocked(tmp_path)
-    monkeypatch.setattr(record, "run_record_dir", blocked)
+    monkeypatch.setattr(settings, "RECORD_ROOT", blocked)
     with pytest.raises(OSError) as err:
         pipeline.report("manual__1", _params(), None)
     assert str(blocker) in str(err.value)
@@ -131,7 +139,7 @@ def test_unwritable_record_store_fails_resolve_commit_before_the_node_is_touched
     """Fail fast: a run whose record cannot be kept must not create a worktree (or reap folders) on
     the node first; the error names the record folder."""
     blocker, blocked = _blocked(tmp_path)
-    monkeypatch.setattr(record, "run_record_dir", blocked)
+    monkeypatch.setattr(settings, "RECORD_ROOT", blocked)
     with pytest.raises(Exception) as err:
         pipeline.resolve_commit(_params(), "manual__unwritable")
     assert ssh_spy.calls == [], "the node was contacted before the record store was found unwritable"
@@ -141,8 +149,7 @@ def test_unwritable_record_store_fails_resolve_commit_before_the_node_is_touched
 def test_compare_in_a_dag_names_the_missing_reference_on_the_node_and_keeps_every_fetch_note(monkeypatch, tmp_path):
     from conftest import dump_rows, opd_rows
 
-    run_dir = tmp_path / "record"
-    monkeypatch.setattr(record, "run_record_dir", lambda run_id, root=None: run_dir)
+    run_dir = _local_store(monkeypatch, tmp_path)
     record.write_json(run_dir / "commit.json", {"node": "gpu_node_7"})
     (run_dir / "opd").mkdir(parents=True)
     dump_rows(run_dir / "opd" / "tracker.jsonl", opd_rows())
@@ -186,8 +193,7 @@ def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(mo
     from airflow.sdk.exceptions import AirflowFailException
     from conftest import dump_rows, opd_rows
 
-    run_dir = tmp_path / "record"
-    monkeypatch.setattr(record, "run_record_dir", lambda run_id, root=None: run_dir)
+    run_dir = _local_store(monkeypatch, tmp_path)
     (run_dir / "opd").mkdir(parents=True)
     worse = opd_rows(change=lambda m, s, v: v - 0.2 if m == "eval/gsm8k/acc" and s >= 10 else v)
     dump_rows(run_dir / "opd" / "tracker.jsonl", worse)

@@ -145,15 +145,57 @@ def test_card_shows_an_author_controlled_commit_subject_as_plain_text():
     assert "<script>" not in text and "\\<script\\>" in text and "\\[x\\]" in text
 
 
-def test_record_is_published_to_an_object_storage_root(tmp_path):
-    local = tmp_path / "local" / "run-1"
-    (local / "grpo").mkdir(parents=True)
-    (local / "report.md").write_text("# PASS\n")
-    (local / "grpo" / "tracker.jsonl").write_text('{"step": 1}\n')
-    store = tmp_path / "store"
-    where = record.publish(local, root=f"file://{store}")
-    assert (store / "rl_accuracy_verification" / "run-1" / "grpo" / "tracker.jsonl").read_text() == '{"step": 1}\n'
-    assert where.endswith("rl_accuracy_verification/run-1")
+@pytest.fixture()
+def file_store(tmp_path, monkeypatch):
+    """The record store at a ``file://`` URL and this worker's staging folder, both under tmp_path."""
+    from rl_verify import settings
+
+    monkeypatch.setattr(settings, "RECORD_ROOT", f"file://{tmp_path / 'store'}")
+    monkeypatch.setattr(settings, "STAGING_DIR", str(tmp_path / "staging"))
+    return tmp_path / "store" / "rl_accuracy_verification"
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_task_workspace_pulls_its_part_of_the_record_and_pushes_back_what_it_wrote(file_store, tmp_path):
+    from rl_verify.remote import run_key
+
+    record.put_json("manual__1", "grpo/fetch.json", {"steps": 45})
+    record.put_json("manual__1", "opd/fetch.json", {"steps": 25})
+    with record.workspace("manual__1", parts=["grpo"]) as local:
+        assert _files(local) == ["grpo/fetch.json"]  # only the part asked for
+        assert local.parts[-2:] == ("rl_accuracy_verification", run_key("manual__1"))
+        (local / "grpo" / "result.json").write_text('{"verdict": "PASS"}\n')
+    stored = file_store / run_key("manual__1")
+    assert _files(stored) == ["grpo/fetch.json", "grpo/result.json", "opd/fetch.json"]
+    assert json.loads((stored / "grpo" / "result.json").read_text()) == {"verdict": "PASS"}
+    assert list((tmp_path / "staging").iterdir()) == []  # nothing of the task is left on the worker
+
+
+def test_what_a_failing_task_wrote_is_kept_in_the_store(file_store):
+    with pytest.raises(RuntimeError, match="tracker too short"):
+        with record.workspace("manual__2") as local:
+            record.write_json(local / "grpo" / "fetch.json", {"problems": ["wrong step count"]})
+            raise RuntimeError("tracker too short")
+    assert record.get_json("manual__2", "grpo/fetch.json") == {"problems": ["wrong step count"]}
+
+
+def test_paths_written_in_another_tasks_workspace_are_read_in_this_one(tmp_path):
+    here = tmp_path / "task-b" / "rl_accuracy_verification" / "manual__1"
+    written = {"plots": ["/tmp/worker-a/task-x/rl_accuracy_verification/manual__1/grpo/compare/plot.png"],
+               "note": "a/rl_accuracy_verification/manual__1/ stays as it is", "steps": 45}
+    assert record.relocate(written, here) == {"plots": [f"{here}/grpo/compare/plot.png"],
+                                              "note": written["note"], "steps": 45}
+
+
+def test_an_object_store_that_cannot_be_written_names_the_setting_and_the_connection():
+    with pytest.raises(OSError) as err:
+        record.ensure_store_writable("manual__1", root="s3://no_such_conn@bucket/records")
+    text = str(err.value)
+    assert "RL_VERIFY_RECORD_ROOT=s3://no_such_conn@bucket/records" in text
+    assert "check the Airflow connection 'no_such_conn'" in text
 
 
 def test_record_files_are_readable_by_the_record_stores_users(tmp_path):

@@ -1,0 +1,36 @@
+"""Airflow cluster policy of rl-verify: each training takes the pool of the node it actually uses.
+
+Pools are fixed when a DAG is parsed, but the node is a param chosen per run. Airflow's documented
+``task_instance_mutation_hook`` runs in the scheduler when a run's task instances are created or
+cleared, with the run at hand: it sets ``run_<suite>`` (and ``cleanup``) to the pool of the node the
+run's ``node`` param names for that suite. Scheduled runs carry no conf and keep the default node's
+pool that the DAG file set. Registered through the ``airflow.policy`` entry point (pyproject.toml);
+a deployment that does not install the package can import this hook in its ``airflow_local_settings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.policies import hookimpl
+
+from rl_verify import placement, settings
+
+#: DAGs whose node tasks are placed by the run's ``node`` param.
+PLACED_DAGS = (settings.DAG_ID,)
+
+
+@hookimpl
+def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
+    """Route the run's training (and cleanup) to its node's pool; leave every other task alone."""
+    if dag_run is None or task_instance.dag_id not in PLACED_DAGS:
+        return
+    conf = dag_run.conf or {}
+    if "node" not in conf:
+        return
+    suites = conf.get("suites") or list(settings.DEFAULT_SUITES)
+    if isinstance(suites, str):
+        suites = [s.strip() for s in suites.split(",") if s.strip()]
+    pool = placement.task_pool(task_instance.task_id, conf["node"], suites if isinstance(suites, list) else [])
+    if pool is not None:
+        task_instance.pool = pool
