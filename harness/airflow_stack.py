@@ -22,6 +22,23 @@ Library use::
         api.respond_hitl("my_dag", run_id, hitl["task_instance"]["task_id"], ["Approve"])
         assert api.wait_for_run("my_dag", run_id) == "success"
 
+Celery mode (a distributed Airflow; harness/services.py runs PostgreSQL, Redis and an S3 store)::
+
+    with Postgres(state / "pg") as pg, Redis(state / "redis") as redis:
+        stack = AirflowStack(state / "airflow", dags_folder=..., executor="CeleryExecutor",
+                             database_url=pg.sqlalchemy_url, broker_url=redis.url,
+                             celery_workers=[WorkerSpec("worker-a", env={...}), WorkerSpec("worker-b")])
+        with stack: ...
+
+    The metadata DB is the given PostgreSQL (result backend db+<database_url>), the broker the given Redis.
+    Besides the four components, one ``airflow celery worker`` per WorkerSpec (component
+    ``celery-<name>``, log STATE/logs/celery-<name>.log) with its own ``--celery-hostname`` (Celery node
+    ``celery@<name>``), working directory (STATE/workers/<name> unless given), extra env and concurrency;
+    start() returns once every worker answers a Celery ping. A worker's task instances record
+    ``hostname`` = the WorkerSpec's hostname (default its name; harness.services.worker_hostname), not the
+    machine's FQDN that two workers on one machine would share. Worker logs are not served over HTTP
+    (``--skip-serve-logs``): all task logs are in the one local STATE/airflow_home/logs.
+
 Command line::
 
     python -m harness.airflow_stack start --state .state/airflow [--dags DIR] [--env K=V ...]
@@ -44,7 +61,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +71,8 @@ import urllib3
 from airflow_client.client.exceptions import ApiException, UnauthorizedException
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
+
+from harness.services import WORKER_HOSTNAME_ENV
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "demo"
@@ -65,6 +85,36 @@ COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
 HEALTH_KEYS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
 TERMINAL_RUN_STATES = {"success", "failed"}
 TERMINAL_TI_STATES = {"success", "failed", "skipped", "upstream_failed", "removed"}
+EXECUTORS = ("LocalExecutor", "CeleryExecutor")
+#: What a Celery worker's task processes call for the task instance's hostname (cheap to import).
+WORKER_HOSTNAME_CALLABLE = "harness.services.worker_hostname"
+_WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One Celery worker of an AirflowStack in Celery mode.
+
+    name: Celery node ``celery@<name>`` and component ``celery-<name>``; env: extra environment (last
+    word, e.g. the worker's own local folders); cwd: working directory (default STATE/workers/<name>);
+    hostname: what its task instances record as ``hostname`` (default: name); queues: Celery queues
+    (comma-separated, default Airflow's default queue).
+    """
+
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | os.PathLike[str] | None = None
+    concurrency: int = 4
+    hostname: str | None = None
+    queues: str | None = None
+
+    @property
+    def component(self) -> str:
+        return f"celery-{self.name}"
+
+    @property
+    def node_name(self) -> str:
+        return f"celery@{self.name}"
 
 # The scheduler's log line once it has processed a worker's executor event, e.g.
 #   ... [info     ] TaskInstance Finished: dag_id=d, task_id=t, run_id=r, map_index=-1, ti_id=<uuid>, ...,
@@ -552,7 +602,8 @@ class AirflowClient:
 
 
 class AirflowStack:
-    """A real local Airflow (api-server, scheduler, triggerer, dag-processor) on SQLite, in state_dir."""
+    """A real local Airflow (api-server, scheduler, triggerer, dag-processor) on SQLite, in state_dir;
+    in Celery mode on PostgreSQL with Redis and Celery workers (see the module's docstring)."""
 
     def __init__(
         self,
@@ -562,7 +613,34 @@ class AirflowStack:
         python: str | None = None,
         port: int | None = None,
         parallelism: int = 8,
+        *,
+        executor: str = "LocalExecutor",
+        database_url: str | None = None,
+        broker_url: str | None = None,
+        result_backend: str | None = None,
+        celery_workers: Sequence[WorkerSpec] = (),
     ) -> None:
+        """Default: LocalExecutor on SQLite (STATE/airflow.db). executor="CeleryExecutor" needs
+        database_url (e.g. harness.services.Postgres.sqlalchemy_url), broker_url (Redis) and at least one
+        WorkerSpec; result_backend defaults to "db+" + database_url. database_url alone (LocalExecutor)
+        replaces SQLite."""
+        if executor not in EXECUTORS:
+            raise StackError(f"executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
+        workers = list(celery_workers)
+        if executor == "CeleryExecutor":
+            if not database_url or not broker_url or not workers:
+                raise StackError("CeleryExecutor needs database_url, broker_url and at least one WorkerSpec")
+            names = [w.name for w in workers]
+            bad = [n for n in names if not _WORKER_NAME.match(n)]
+            if bad or len(set(names)) != len(names):
+                raise StackError(f"worker names must be unique and [A-Za-z0-9_.-]: {names}")
+        elif workers or broker_url or result_backend:
+            raise StackError("celery_workers, broker_url and result_backend need executor='CeleryExecutor'")
+        self.executor = executor
+        self.database_url = database_url
+        self.broker_url = broker_url
+        self.result_backend = result_backend or (f"db+{database_url}" if executor == "CeleryExecutor" else None)
+        self.celery_workers = workers
         self.state_dir = Path(state_dir).resolve()
         self.dags_folder = Path(dags_folder or PROJECT_ROOT / "dags").resolve()
         self.plugins_folder = Path(plugins_folder or PROJECT_ROOT / "plugins").resolve()
@@ -575,6 +653,7 @@ class AirflowStack:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env: dict[str, str] = {}
         self.started_in: float | None = None
+        self.workers_ready_in: float | None = None
         self._client: AirflowClient | None = None
         self._released: set[tuple[str, int]] = set()
         self._sched_offset = 0
@@ -629,7 +708,7 @@ class AirflowStack:
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(self.plugins_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__FERNET_KEY": s["fernet_key"],
             "AIRFLOW__CORE__AUTH_MANAGER":
@@ -638,7 +717,7 @@ class AirflowStack:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.password_file),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{self.state_dir / 'airflow.db'}",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url or f"sqlite:///{self.state_dir / 'airflow.db'}",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.base_url,
@@ -663,6 +742,15 @@ class AirflowStack:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
             "PYTHONUNBUFFERED": "1",
         }
+        if self.executor == "CeleryExecutor":
+            cfg.update({
+                "AIRFLOW__CELERY__BROKER_URL": str(self.broker_url),
+                "AIRFLOW__CELERY__RESULT_BACKEND": str(self.result_backend),
+                # Sending a task to the broker: 1 s by default, tight on 2 busy cores.
+                "AIRFLOW__CELERY__OPERATION_TIMEOUT": "10",
+                # Airflow's default (24 h), set so that every component does not warn that it is unset.
+                "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "86400",
+            })
         env.update(cfg)
         if extra_env:
             env.update({k: str(v) for k, v in extra_env.items()})
@@ -694,21 +782,72 @@ class AirflowStack:
             self._run("db", "migrate")
             for name in COMPONENTS:
                 self._launch(name)
+            for spec in self.celery_workers:
+                self._launch(spec.component)
             self._write_stack_file()
             self._wait_healthy(deadline=t0 + timeout)
+            if self.celery_workers:
+                self._wait_workers(self.celery_workers, deadline=t0 + timeout)
+                self.workers_ready_in = time.monotonic() - t0
         except BaseException:
             self.stop()
             raise
         self.started_in = time.monotonic() - t0
         return self
 
+    def _worker(self, component: str) -> WorkerSpec | None:
+        return next((w for w in self.celery_workers if w.component == component), None)
+
     def _launch(self, name: str) -> None:
         """Start one component in its own session, appending to its log file."""
+        argv, env, cwd = [self.python, "-m", "airflow", name], self.env, self.state_dir
+        spec = self._worker(name)
+        if spec is not None:
+            argv = [self.python, "-m", "airflow", "celery", "worker", "--celery-hostname", spec.name,
+                    "--concurrency", str(spec.concurrency), "--skip-serve-logs"]
+            if spec.queues:
+                argv += ["--queues", spec.queues]
+            cwd = Path(spec.cwd).resolve() if spec.cwd else self.state_dir / "workers" / spec.name
+            cwd.mkdir(parents=True, exist_ok=True)
+            env = dict(self.env)
+            # The hostname callable lives in this repository: the worker runs from its own folder.
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
+            env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = WORKER_HOSTNAME_CALLABLE
+            env[WORKER_HOSTNAME_ENV] = spec.hostname or spec.name
+            env.update({k: str(v) for k, v in spec.env.items()})
         with open(self.log_dir / f"{name}.log", "ab") as out:
             self.procs[name] = subprocess.Popen(
-                [self.python, "-m", "airflow", name], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, cwd=self.state_dir, start_new_session=True,
+                argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True,
             )
+
+    def ping_workers(self, timeout: float = 1.0) -> set[str]:
+        """Celery node names (``celery@<name>``) that answer a broadcast ping within ``timeout``."""
+        from celery import Celery
+
+        app = Celery(broker=self.broker_url, set_as_current=False)
+        try:
+            return {name for reply in app.control.ping(timeout=timeout) or [] for name in reply}
+        except Exception:  # broker not reachable yet: nobody answered
+            return set()
+        finally:
+            app.close()
+
+    def _wait_workers(self, specs: Iterable[WorkerSpec], deadline: float) -> None:
+        """Until every given worker answers a Celery ping (it is consuming); fails fast if one exits."""
+        want = {s.node_name: s.component for s in specs}
+        answered: set[str] = set()
+        while True:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise StackError(f"airflow {name} exited with {p.returncode}:\n{self.log_tail(name)}")
+            answered = self.ping_workers() & set(want)
+            if answered == set(want):
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(want) - answered)
+                raise StackError(f"Celery workers {missing} did not answer a ping in time\n"
+                                 + "\n".join(f"== {want[n]}\n{self.log_tail(want[n], 15)}" for n in missing))
 
     def _write_stack_file(self) -> None:
         info = {"base_url": self.base_url, "port": self.port, "username": USERNAME,
@@ -738,8 +877,8 @@ class AirflowStack:
 
         Same command, environment and log file as ``start``. Returns (the seconds it took) once
         /monitor/health is all healthy and, for a component with a heartbeat (scheduler, triggerer,
-        dag-processor), the NEW process has heartbeated. Tests restart e.g. the triggerer while a
-        task is deferred.
+        dag-processor), the NEW process has heartbeated (a Celery worker ``celery-<name>``: answers a
+        ping). Tests restart e.g. the triggerer while a task is deferred.
         """
         if name not in self.procs:
             raise StackError(f"unknown or stopped component {name!r} (running: {', '.join(self.procs)})")
@@ -753,6 +892,9 @@ class AirflowStack:
         self._launch(name)
         self._write_stack_file()
         self._wait_healthy(deadline=deadline)
+        spec = self._worker(name)
+        if spec is not None:
+            self._wait_workers([spec], deadline=deadline)
         if name in self._HEARTBEATS:
             key, field = self._HEARTBEATS[name]
             while True:
