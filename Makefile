@@ -3,6 +3,8 @@
 #   make test            lint, then all tests: unit, integration (simulated node over real sshd), e2e (real Airflow)
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
+#   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
+#                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
 #   make gallery         report headline, class and first next step for every simulated regression
 #   make lint            byte-compile + ruff + shellcheck (pinned in requirements-dev.txt; ruff config in
 #                        pyproject.toml); shellcheck: sh templates, scripts, .ci/run, tracked .sh files
@@ -13,9 +15,11 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 COMMIT ?=
 KEEP ?=
+SEQUENTIAL ?=
+STEP_SECONDS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
+.PHONY: venv test demo demo-distributed demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
 
 venv:
 	./scripts/bootstrap.sh
@@ -39,6 +43,10 @@ test: venv ensure-sshd ensure-chromium ensure-services lint
 
 demo: venv ensure-sshd
 	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) -m scripts.demo
+
+# The distributed stack on this machine: PostgreSQL, Redis, two Celery workers, S3 (SeaweedFS), two nodes.
+demo-distributed: venv ensure-sshd ensure-services
+	COMMIT="$(COMMIT)" SEQUENTIAL="$(SEQUENTIAL)" STEP_SECONDS="$(STEP_SECONDS)" $(PY) -m scripts.demo --distributed
 
 demo-stop: venv
 	$(PY) -m scripts.demo --stop

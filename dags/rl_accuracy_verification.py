@@ -115,7 +115,8 @@ def rl_accuracy_verification():
         return pipeline.verdict(ti.xcom_pull(task_ids="report"), run_id)
 
     # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
-    @task(trigger_rule="all_done", pool=POOL, **settings.CLEANUP_TASK_ARGS)
+    # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
+    @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
         from rl_verify import pipeline
 

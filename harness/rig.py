@@ -24,7 +24,7 @@ POOL = "rl_node_rl_gpu_node"
 API_CONN_ID = "rl_verify_airflow_api"
 
 
-def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1,
+def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int = 1,
                    schedule: str | None = None) -> dict[str, str]:
     """Environment that points the DAG at the simulated node (what .env.example documents).
 
@@ -47,6 +47,22 @@ def deployment_env(node: Mapping[str, Any], record_root: Path, poll_s: int = 1,
     }
 
 
+def node_connection_env(conn_id: str, node: Mapping[str, Any], host_key: bool = True) -> dict[str, str]:
+    """An SSH connection to a simulated node carrying its own settings in its extras (share roots,
+    checkout, runs folder), as a deployment with several nodes configures each node.
+
+    ``host_key=False`` leaves the host key unpinned (the DAG must refuse such a node).
+    """
+    extra: dict[str, Any] = {"key_file": node["client_key"], "no_host_key_check": not host_key,
+                             **{k.lower(): v for k, v in node["env"].items()},
+                             "rl_verify_node_checkout": node["checkout"],
+                             "rl_verify_remote_runs_dir": f"{node['root']}/runs"}
+    if host_key:
+        extra["host_key"] = node["host_key"]
+    conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"], "extra": extra}
+    return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(conn)}
+
+
 def api_connection_env(base_url: str, username: str, password: str) -> dict[str, str]:
     """The connection through which tasks read Airflow's own records (standing approvals)."""
     conn = {"conn_type": "http", "host": base_url, "login": username, "password": password}
@@ -63,44 +79,108 @@ class RunOutcome:
     approval: dict[str, Any] | None = None
 
 
-class Rig:
-    """Start/stop the simulated node and Airflow; trigger and approve runs of the DAG."""
+#: Object store of the distributed rig: the bucket and the Airflow connection named in the record root.
+RECORDS_BUCKET = "rl-verify"
+RECORDS_CONN_ID = "rl_verify_records"
+WORKERS = ("worker-a", "worker-b")
 
-    def __init__(self, state_dir: Path, record_root: Path, step_seconds: float = 1.0) -> None:
+
+class Rig:
+    """Start/stop the simulated node(s) and Airflow; trigger and approve runs of the DAG.
+
+    Embedded (default): LocalExecutor on SQLite, the record in a local folder, one node.
+    ``distributed=True``: PostgreSQL, Redis, CeleryExecutor with two workers (each with its own
+    working and staging folders), the record in a SeaweedFS S3 bucket; ``nodes`` simulated nodes,
+    connections ``rl_gpu_node``, ``rl_gpu_node_2``, ... each with its one-slot pool.
+    """
+
+    def __init__(self, state_dir: Path, record_root: Path | None = None, step_seconds: float = 1.0,
+                 nodes: int = 1, distributed: bool = False) -> None:
         self.state_dir = Path(state_dir).resolve()
-        self.record_root = Path(record_root).resolve()
+        self.record_root: Path | str = Path(record_root).resolve() if record_root else self.state_dir / "records"
         self.step_seconds = step_seconds
+        self.node_count = nodes
+        self.distributed = distributed
         self.node: dict[str, Any] | None = None
+        self.nodes: dict[str, dict[str, Any]] = {}  # connection id -> simulated node
+        self.services: list[Any] = []
+        self.s3: Any = None
         self.stack: AirflowStack | None = None
         self.client: AirflowClient | None = None
         self.timings: dict[str, float] = {}
 
-    def start(self, extra_env: Mapping[str, str] | None = None, schedule: str | None = None) -> "Rig":
+    def node_state(self, conn_id: str = CONN_ID) -> Path:
+        """The state folder of the simulated node behind ``conn_id``."""
+        return self.state_dir / ("node" if conn_id == CONN_ID else f"node-{conn_id.rsplit('_', 1)[1]}")
+
+    def worker_staging(self, worker: str) -> Path:
+        """The local staging folder of a Celery worker of the distributed rig."""
+        return self.state_dir / "workers" / worker / "staging"
+
+    def start(self, extra_env: Mapping[str, str] | Callable[["Rig"], Mapping[str, str]] | None = None,
+              schedule: str | None = None) -> "Rig":
+        """Start the node(s), services and Airflow. ``extra_env`` may be a function of the rig, called
+        once the nodes are up (for connections to them)."""
         t0 = time.monotonic()
-        self.node = sim.start_node(self.state_dir / "node", step_seconds=self.step_seconds)
+        conn_ids = [CONN_ID] + [f"{CONN_ID}_{i}" for i in range(2, self.node_count + 1)]
+        for conn_id in conn_ids:
+            self.nodes[conn_id] = sim.start_node(self.node_state(conn_id), step_seconds=self.step_seconds)
+        self.node = self.nodes[CONN_ID]
         self.timings["node start"] = time.monotonic() - t0
         t1 = time.monotonic()
-        self.stack = AirflowStack(self.state_dir / "airflow", port=free_port())
+        kwargs: dict[str, Any] = {}
+        services_env: dict[str, str] = {}
+        if self.distributed:
+            kwargs, services_env = self._start_services()
+        self.stack = AirflowStack(self.state_dir / "airflow", port=free_port(), **kwargs)
         self.stack.ensure_password()
         env = {**deployment_env(self.node, self.record_root, schedule=schedule),
+               **{k: v for c in conn_ids[1:] for k, v in node_connection_env(c, self.nodes[c]).items()},
+               **services_env,
                **api_connection_env(self.stack.base_url, self.stack.username, self.stack.password),
-               **(extra_env or {})}
+               **((extra_env(self) if callable(extra_env) else extra_env) or {})}
         self.stack.start(extra_env=env)
         self.client = AirflowClient(self.stack.base_url, self.stack.username, self.stack.password)
-        self.client.create_pool(POOL, 1, include_deferred=True,
-                                description="One training at a time on the simulated GPU node")
+        for conn_id in conn_ids:
+            self.client.create_pool(f"rl_node_{conn_id}", 1, include_deferred=True,
+                                    description=f"One training at a time on the simulated GPU node {conn_id}")
         self.client.wait_for_dag(DAG_ID)
         self.client.unpause(DAG_ID)
         self.timings["airflow start"] = time.monotonic() - t1
         return self
+
+    def _start_services(self) -> tuple[dict[str, Any], dict[str, str]]:
+        """PostgreSQL, Redis and the S3 server; the Celery stack's arguments and the record store's env."""
+        from harness.airflow_stack import WorkerSpec
+        from harness.services import Postgres, Redis, S3Server
+
+        t0 = time.monotonic()
+        base = self.state_dir / "services"
+        pg, redis, s3 = Postgres(base / "postgres"), Redis(base / "redis"), S3Server(base / "s3")
+        for service in (pg, redis, s3):
+            self.services.append(service)
+            service.start()
+        s3.create_bucket(RECORDS_BUCKET)
+        self.s3 = s3
+        self.record_root = f"s3://{RECORDS_CONN_ID}@{RECORDS_BUCKET}/records"
+        self.timings["services start"] = time.monotonic() - t0
+        workers = [WorkerSpec(name, concurrency=2, cwd=self.state_dir / "workers" / name,
+                              env={"RL_VERIFY_STAGING_DIR": str(self.worker_staging(name))})
+                   for name in WORKERS]
+        for name in WORKERS:
+            self.worker_staging(name).mkdir(parents=True, exist_ok=True)
+        return ({"executor": "CeleryExecutor", "database_url": pg.sqlalchemy_url, "broker_url": redis.url,
+                 "celery_workers": workers}, s3.airflow_connection_env(RECORDS_CONN_ID))
 
     def stop(self) -> None:
         if self.client:
             self.client.close()
         if self.stack:
             self.stack.stop()
-        if self.node:
-            sim.stop_node(self.state_dir / "node")
+        for conn_id in self.nodes:
+            sim.stop_node(self.node_state(conn_id))
+        for service in reversed(self.services):
+            service.stop()
 
     def __enter__(self) -> "Rig":
         return self.start()

@@ -4,6 +4,11 @@ Starts the simulated node (real sshd on 127.0.0.1) and a local Airflow (api-serv
 triggerer, dag-processor on SQLite), triggers the DAG for COMMIT (default: the checkout's tip),
 approves the experiment card through the human-in-the-loop REST API as the demo user, waits, prints
 the verdict and where the report is, stops everything (unless KEEP=1) and exits 0 on PASS.
+
+``--distributed`` (`make demo-distributed`): PostgreSQL, Redis, CeleryExecutor with two workers, the
+record in a SeaweedFS S3 bucket, two simulated nodes; GRPO and OPD train on different nodes at once.
+Prints which worker ran each task, where the record lives, and the wall time next to the sum of the
+two trainings (``--sequential`` also runs both suites on one node, for the comparison).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 STATE = ROOT / ".state" / "demo"
+DISTRIBUTED_STATE = ROOT / ".state" / "demo-distributed"
 
 
 def _say(text: str) -> None:
@@ -52,9 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", default=os.environ.get("KEEP", "") not in ("", "0"))
     parser.add_argument("--step-seconds", type=float, default=float(os.environ.get("STEP_SECONDS", "1.0")))
     parser.add_argument("--stop", action="store_true", help="stop a demo left running by KEEP=1")
+    parser.add_argument("--distributed", action="store_true",
+                        default=os.environ.get("DISTRIBUTED", "") not in ("", "0"))
+    parser.add_argument("--sequential", action="store_true", default=os.environ.get("SEQUENTIAL", "") not in ("", "0"),
+                        help="distributed: also run both suites on one node and print both wall times")
     args = parser.parse_args(argv)
     if args.stop:
         return stop_kept()
+    if args.distributed:
+        return distributed(args)
 
     if STATE.exists():
         sim.stop_node(STATE / "node") if (STATE / "node" / "node.json").exists() else None
@@ -125,6 +137,79 @@ def main(argv: list[str] | None = None) -> int:
         rig.stop()
         _say("stopped Airflow and the simulated node")
     return 0 if verdict == "PASS" else 1
+
+
+
+def _wall(rig: Rig, run_id: str) -> dict[str, float]:
+    """Seconds from the first training's start to the run's end (the approval excluded), each training's
+    duration, and the orchestration overhead (wall minus the longest training)."""
+    from datetime import datetime
+
+    def at(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    tis = {ti["task_id"]: ti for ti in rig.client.task_instances(DAG_ID, run_id)}
+    runs = [tis[t] for t in ("run_grpo", "run_opd") if tis.get(t, {}).get("start_date")]
+    end = max(at(ti["end_date"]) for ti in tis.values() if ti.get("end_date"))
+    start = min(at(ti["start_date"]) for ti in runs)
+    trainings = {ti["task_id"]: (at(ti["end_date"]) - at(ti["start_date"])).total_seconds() for ti in runs}
+    wall = (end - start).total_seconds()
+    return {"wall": wall, **trainings, "sum": sum(trainings.values()),
+            "overhead": wall - max(trainings.values())}
+
+
+def distributed(args: argparse.Namespace) -> int:
+    """The distributed stack on this machine: two workers, S3 record store, two nodes in parallel."""
+    if args.keep:
+        _say("KEEP=1 is not supported with the distributed demo (it starts PostgreSQL, Redis and S3 too)")
+        return 2
+    if DISTRIBUTED_STATE.exists():
+        for folder in DISTRIBUTED_STATE.glob("node*"):
+            if (folder / "node.json").exists():
+                sim.stop_node(folder)
+        shutil.rmtree(DISTRIBUTED_STATE)
+    rig = Rig(DISTRIBUTED_STATE, step_seconds=args.step_seconds, nodes=2, distributed=True)
+    _say("starting PostgreSQL, Redis, SeaweedFS S3, two simulated GPU nodes and Airflow with CeleryExecutor "
+         "(api-server, scheduler, triggerer, dag-processor, two Celery workers)...")
+    try:
+        rig.start()
+        assert rig.stack is not None
+        _say(f"Airflow ready at {rig.stack.base_url}; services {rig.timings['services start']:.1f} s, "
+             f"Airflow {rig.timings['airflow start'] - rig.timings['services start']:.1f} s")
+        _say(f"record store: {rig.record_root} (credentials only in the Airflow connection)")
+        suites = [s for s in args.suites.split(",") if s]
+        placed = ",".join(f"{s}={c}" for s, c in zip(suites, rig.nodes))
+        runs = [("parallel, one node per suite", {"commit": args.commit, "suites": suites, "node": placed})]
+        if args.sequential:
+            runs.append(("sequential, one node", {"commit": args.commit, "suites": suites, "node": "rl_gpu_node"}))
+        verdicts, walls = [], []
+        for label, conf in runs:
+            _say(f"triggering {DAG_ID} ({label}) with {json.dumps(conf)}; the demo user approves the card")
+            outcome = rig.run(conf, decision="Approve", timeout=900)
+            summary = outcome.summary or {}
+            verdicts.append(summary.get("verdict", "UNKNOWN (no report)"))
+            tis = rig.client.task_instances(DAG_ID, outcome.run_id)
+            print(f"\n  DAG run {outcome.run_id}: {outcome.state}, VERDICT: {verdicts[-1]}")
+            print("  task -> worker (hostname Airflow recorded), pool:")
+            for ti in sorted(tis, key=lambda t: t.get("start_date") or ""):
+                if ti.get("hostname"):
+                    print(f"    {ti['task_id']:<20} {ti['hostname']:<10} {ti.get('pool')}")
+            workers = sorted({ti["hostname"] for ti in tis if ti.get("hostname")})
+            print(f"  workers used: {', '.join(workers)}")
+            print(f"  record:  {summary.get('record')}")
+            wall = _wall(rig, outcome.run_id)
+            walls.append((label, wall))
+            print(f"  wall time (first training start -> run end, approval excluded): {wall['wall']:.1f} s; "
+                  f"trainings: " + ", ".join(f"{k} {v:.1f} s" for k, v in wall.items() if k.startswith("run_"))
+                  + f"; sum of the trainings {wall['sum']:.1f} s; orchestration overhead (wall - longest "
+                  f"training) {wall['overhead']:.1f} s")
+        if len(walls) > 1:
+            (a, pa), (b, pb) = walls
+            print(f"\n  {a}: {pa['wall']:.1f} s   vs   {b}: {pb['wall']:.1f} s   (ratio {pa['wall'] / pb['wall']:.2f})")
+    finally:
+        rig.stop()
+        _say("stopped Airflow, the workers, the services and the simulated nodes")
+    return 0 if verdicts and all(v == "PASS" for v in verdicts) else 1
 
 
 if __name__ == "__main__":

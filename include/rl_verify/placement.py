@@ -19,7 +19,6 @@ NODE_PARAM_PATTERN = rf"^(?:{_CONN}|{_PAIR}(?:,{_PAIR})*)(?![\s\S])"
 _CONN_RE = re.compile(_CONN)
 _UNSAFE_POOL_CHARS = re.compile(r"[^A-Za-z0-9_]")
 TRAINING_TASK_PREFIX = "run_"
-CLEANUP_TASK = "cleanup"
 
 
 def node_pool(conn_id: str) -> str:
@@ -76,9 +75,9 @@ def describe(placement: Mapping[str, str]) -> str:
 def task_pool(task_id: str, node_value: object, suites: Iterable[str]) -> str | None:
     """The pool a task of a run must take for the run's ``node`` param, or None to keep the task's own.
 
-    ``run_<suite>``: the pool of that suite's node; ``cleanup``: the pool of the first suite's node
-    (it stops that node's Ray, which must not happen while another run trains there). None for other
-    tasks and for a param that does not parse (``resolve_commit`` fails such a run before any training).
+    ``run_<suite>``: the pool of that suite's node. None for every other task (cleanup must run
+    whatever happened, even for a node whose pool does not exist) and for a param that does not
+    parse (``resolve_commit`` fails such a run before any training).
     """
     suites = list(suites)
     try:
@@ -87,6 +86,4 @@ def task_pool(task_id: str, node_value: object, suites: Iterable[str]) -> str | 
         return None
     if task_id.startswith(TRAINING_TASK_PREFIX) and task_id[len(TRAINING_TASK_PREFIX):] in placement:
         return node_pool(placement[task_id[len(TRAINING_TASK_PREFIX):]])
-    if task_id == CLEANUP_TASK and placement:
-        return node_pool(next(iter(placement.values())))
     return None

@@ -2,10 +2,12 @@
 
 Pools are fixed when a DAG is parsed, but the node is a param chosen per run. Airflow's documented
 ``task_instance_mutation_hook`` runs in the scheduler when a run's task instances are created or
-cleared, with the run at hand: it sets ``run_<suite>`` (and ``cleanup``) to the pool of the node the
-run's ``node`` param names for that suite. Scheduled runs carry no conf and keep the default node's
-pool that the DAG file set. Registered through the ``airflow.policy`` entry point (pyproject.toml);
-a deployment that does not install the package can import this hook in its ``airflow_local_settings``.
+cleared, with the run at hand: it sets ``run_<suite>`` to the pool of the node the run's ``node``
+param names for that suite. Scheduled runs carry no conf and keep the default node's
+pool that the DAG file set. Registered by ``plugins/airflow_local_settings.py`` (Airflow puts the
+plugins folder on ``sys.path``). Not through an ``airflow.policy`` entry point: Airflow 3.3 applies
+an entry-point policy when a task instance is cleared but not when a run's task instances are
+created (it treats the hook as a no-op unless ``airflow_local_settings`` defines one).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ PLACED_DAGS = (settings.DAG_ID,)
 
 @hookimpl
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
-    """Route the run's training (and cleanup) to its node's pool; leave every other task alone."""
+    """Route the run's trainings to their nodes' pools; leave every other task alone."""
     if dag_run is None or task_instance.dag_id not in PLACED_DAGS:
         return
     conf = dag_run.conf or {}

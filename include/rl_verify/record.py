@@ -81,6 +81,13 @@ def workspace(dag_run_id: str, parts: Iterable[str] | None = None, root: str | N
             shutil.rmtree(base, ignore_errors=True)
 
 
+def make_parent(path: Any) -> None:
+    """Create the folder ``path`` goes in on a local store. An object store has no folders, and its
+    ``mkdir`` would create a missing bucket (s3fs, with credentials allowed to) instead of failing."""
+    if path.protocol in ("file", "local"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def _store_files(store: Any) -> list[tuple[str, Any]]:
     """(path relative to ``store``, file) of every file under ``store``; [] when there is none yet."""
     if not store.exists():
@@ -124,7 +131,7 @@ def push(local: Path, store: Any, before: dict[str, tuple[int, int]]) -> list[st
         if before.get(rel) == stamp:
             continue
         dest = store / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(dest)
         dest.write_bytes((local / rel).read_bytes())
         written.append(rel)
     for rel in sorted(set(before) - set(after)):
@@ -149,7 +156,7 @@ def relocate(value: Any, run_dir: Path) -> Any:
 def put_json(dag_run_id: str, rel: str, value: Any, root: str | None = None) -> str:
     """Write one small JSON file of the record straight to the store (no workspace); return its location."""
     dest = run_store(dag_run_id, root) / rel
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(dest)
     dest.write_bytes((json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
     return f"{location(dag_run_id, root)}/{rel}"
 
@@ -166,7 +173,7 @@ def ensure_store_writable(dag_run_id: str, root: str | None = None) -> str:
     root = root or settings.RECORD_ROOT
     try:
         probe = run_store(dag_run_id, root) / ".write-probe"
-        probe.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(probe)
         probe.write_bytes(b"")
         probe.unlink()
     except Exception as err:  # credentials, endpoint, bucket, permissions: every cause is the same setting

@@ -90,9 +90,11 @@ def test_trigger_rules_as_designed(parsed):
     assert set(parsed["tasks"]["cleanup"]["upstream"]) >= {"run_grpo", "run_opd", "fetch_grpo", "fetch_opd"}
 
 
-def test_trainings_share_the_node_pool_and_are_not_blindly_retried(parsed):
+def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parsed):
     tasks = parsed["tasks"]
-    assert tasks["run_grpo"]["pool"] == tasks["run_opd"]["pool"] == tasks["cleanup"]["pool"] == "rl_node_rl_gpu_node"
+    # The default node's pool; a run that names other nodes gets theirs from rl_verify.policy.
+    assert tasks["run_grpo"]["pool"] == tasks["run_opd"]["pool"] == "rl_node_rl_gpu_node"
+    assert tasks["cleanup"]["pool"] == "default_pool"  # runs whatever happened, on every node of the run
     assert tasks["run_grpo"]["retries"] <= 1  # a retry re-attaches, never relaunches
     assert tasks["report"]["retries"] == 0 and tasks["verdict"]["retries"] == 0
 

@@ -202,11 +202,6 @@ def test_an_endpoint_where_nothing_listens_fails_quickly_with_the_setting_named_
     assert took < DEAD_ENDPOINT_BOUND_S
 
 
-# strict: once record.py is fixed this passes, and the marker must go.
-@pytest.mark.xfail(strict=True, reason=(
-    "record.py bug: ensure_store_writable/put_json/push call <path>.parent.mkdir(parents=True, exist_ok=True), "
-    "and s3fs's mkdir CREATES a missing bucket (CreateBucket) when the credentials may: a misspelt bucket "
-    "becomes a new bucket instead of an error. Fix: create parent folders only on a file:// store."))
 def test_a_bucket_that_does_not_exist_is_an_error_naming_the_setting(s3: S3Server, store: str) -> None:
     from rl_verify import record
 

