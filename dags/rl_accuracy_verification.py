@@ -31,7 +31,8 @@ from airflow.sdk import CronTriggerTimetable, Param, chain, dag, task
 from rl_verify import placement, settings
 from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
 
-POOL = settings.node_pool()
+# The default node's pool; a run that names other nodes gets theirs from the cluster policy rl_verify.policy.
+POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 
 
 @dag(

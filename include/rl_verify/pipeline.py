@@ -177,8 +177,9 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
     with no_retry_on(remote.BadInput, ValueError):
         p = validated_params(params)
         nodes = placement.nodes_in_order(p["suite_nodes"])
-        problems = [line for conn in nodes for line in node_problems(conn)]
-        problems += pool_problems([conn for conn in nodes if not any(conn in line for line in problems)])
+        per_node = {conn: node_problems(conn) for conn in nodes}
+        problems = [line for lines in per_node.values() for line in lines]
+        problems += pool_problems([conn for conn, lines in per_node.items() if not lines])
         if problems:
             raise ValueError(f"{len(problems)} problem(s) with the node(s) of this run; nothing was launched:\n"
                              + "\n".join(f"  - {line}" for line in problems))

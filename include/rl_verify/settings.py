@@ -95,14 +95,6 @@ CLEANUP_RETRY_DELAY_S = int(os.environ.get("RL_VERIFY_CLEANUP_RETRY_DELAY_S", "3
 #: Run folders on the node older than this (and with no live job) are removed by the reaper.
 REAP_AFTER_DAYS = int(os.environ.get("RL_VERIFY_REAP_AFTER_DAYS", "7"))
 
-def node_pool(conn_id: str = DEFAULT_NODE_CONN_ID) -> str:
-    """Name of the one-slot pool that serialises trainings on one node (the default node's at parse
-    time; a run that names other nodes gets theirs from the cluster policy ``rl_verify.policy``)."""
-    from rl_verify.placement import node_pool as pool_of
-
-    return pool_of(conn_id)
-
-
 #: default_args per kind of task.
 SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
                        "execution_timeout": timedelta(minutes=10)}
