@@ -13,28 +13,9 @@ if [[ -x "$SSHD" ]]; then
     exit 0
 fi
 
-if [[ "$(id -u)" -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "ensure_sshd: $SSHD is missing." >&2
-    echo "  Install OpenSSH's server, e.g. (Debian/Ubuntu): sudo apt-get install -y openssh-server" >&2
-    echo "  The simulated GPU node runs its own sshd on 127.0.0.1; no system service is needed." >&2
-    exit 1
-fi
-
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [[ ! -e "$policy" ]]; then
-    # Deny service starts during the install: we only want the binary.
-    printf '#!/bin/sh\nexit 101\n' >"$policy"
-    chmod +x "$policy"
-    created_policy=1
-fi
-# shellcheck disable=SC2329  # invoked by the EXIT trap below
-cleanup() { if [[ "$created_policy" -eq 1 ]]; then rm -f "$policy"; fi; }
-trap cleanup EXIT
-
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends openssh-server
+# shellcheck source=scripts/lib_apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib_apt.sh"
+apt_install_binaries ensure_sshd openssh-server
 
 if [[ -x "$SSHD" ]]; then
     echo "ensure_sshd: installed $SSHD"
