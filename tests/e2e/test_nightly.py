@@ -32,7 +32,7 @@ from simulator import node as sim
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("nightly")]
 
 SCHEDULE = "* * * * *"
 # Long enough that the timed-out run outlives the next tick: the run after it must name that tick.

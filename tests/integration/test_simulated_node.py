@@ -14,7 +14,7 @@ from sim_ssh import REPO, Node, pinned_client, simnode
 
 from rl_verify.suite import available_suites, load_suite
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
 
 MARKER = "response/rewards/mean"
 EXP_RE = re.compile(r"^\d{14}$")
