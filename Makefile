@@ -1,7 +1,7 @@
 # rl-verify developer entry points. Everything runs from the project virtualenv (.venv).
 #   make venv            create/update .venv (fast no-op when requirements are unchanged)
 #   make test            lint, then all tests: unit, integration (simulated node over real sshd), e2e (real Airflow);
-#                        two pytest processes: the nightly scenario beside the rest (see requirements-dev.txt)
+#                        test files in two pytest processes (see requirements-dev.txt)
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
 #   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
@@ -38,7 +38,7 @@ ensure-services:
 	bash scripts/ensure_services.sh
 
 test: venv ensure-sshd ensure-chromium ensure-services lint
-	@rc=0; $(PY) -m pytest -q -n 2 --dist loadgroup tests $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
 

@@ -22,7 +22,7 @@ from harness.airflow_stack import AirflowStack, StackError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.e2e
 
 DAG_ID = "harness_probe"
 POOL = "probe_pool"

@@ -29,7 +29,7 @@ from simulator import node as sim
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.e2e
 APPROVER = "alice"  # not the demo user the client logs in as
 NODE_CONN = "rl_gpu_node"
 

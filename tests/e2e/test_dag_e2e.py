@@ -20,7 +20,7 @@ from simulator import node as sim
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.e2e
 STEP_SECONDS = 0.1
 
 

@@ -20,7 +20,7 @@ from harness.rig import CONN_ID, DAG_ID, RECORDS_BUCKET, WORKERS, Rig, node_conn
 from rl_verify.remote import run_key
 from simulator import node as sim
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.e2e
 
 STEP_SECONDS = 0.1
 NODE_B = f"{CONN_ID}_2"

@@ -35,7 +35,7 @@ from simulator import node as sim
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.e2e
 
 STEP_SECONDS = 0.1          # default simulated step time (grpo 45 steps, opd 25 steps)
 STALL_TIMEOUT_S = 10        # > tracker flush (3 steps) + Ray/teacher start-up at every step time used here

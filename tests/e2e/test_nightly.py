@@ -16,6 +16,7 @@ to .state/nightly-timeline.md.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from datetime import datetime
@@ -32,7 +33,7 @@ from simulator import node as sim
 ROOT = Path(__file__).resolve().parents[2]
 
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("nightly")]
+pytestmark = pytest.mark.e2e
 
 SCHEDULE = "* * * * *"
 # Long enough that the timed-out run outlives the next tick: the run after it must name that tick.
@@ -68,12 +69,19 @@ def changed_golden():
     def change() -> None:
         data = json.loads(original)
         data["source"]["note"] = "re-measured (nightly e2e test): a new data version"
-        GOLDEN.write_text(json.dumps(data, indent=2) + "\n")
+        _replace(GOLDEN, json.dumps(data, indent=2) + "\n")
 
     try:
         yield change
     finally:
-        GOLDEN.write_text(original)
+        _replace(GOLDEN, original)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Writes ``path`` in one rename: tests in the other pytest process read it meanwhile."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
 
 
 def scheduled_runs(rig: Rig) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ import pytest
 from rl_verify import node, pipeline, remote
 from rl_verify.suite import load_suite
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 TRACKER = "logs/exp_tracking/tracker.jsonl"
 

@@ -11,7 +11,7 @@ from rl_verify import remote
 from rl_verify.node import run_script
 from rl_verify.triggers import RLJobTrigger
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 CONN_ID = "watched_node"
 
 

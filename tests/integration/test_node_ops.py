@@ -11,7 +11,7 @@ from sim_ssh import simnode
 from rl_verify import node, remote
 from rl_verify.suite import load_suite
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 
 def _runs(sim_node) -> str:

@@ -23,7 +23,7 @@ import pytest
 
 from harness.services import S3Server, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 BUCKET = "rl-records-store"
 RW_CONN, RO_CONN, DEAD_CONN = "rec_store_rw", "rec_store_ro", "rec_store_dead"

@@ -17,7 +17,7 @@ import pytest
 
 from harness.services import Postgres, Redis, S3Server
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 BUCKET = "rl-records"
 RW_CONN, RO_CONN = "svc_records", "svc_records_ro"

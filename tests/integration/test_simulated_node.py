@@ -5,6 +5,7 @@ import json
 import re
 import shlex
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,10 @@ import pytest
 import paramiko
 from sim_ssh import REPO, Node, pinned_client, simnode
 
+from rl_verify.settings import RUN_MARKER_ENV
 from rl_verify.suite import available_suites, load_suite
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 MARKER = "response/rewards/mean"
 EXP_RE = re.compile(r"^\d{14}$")
@@ -27,7 +29,11 @@ def suite_launch(node: Node, suite: str, worktree: str, work_dir: str) -> tuple[
     spec = load_suite(suite).expanded({**node.share_env(), "CHECKOUT": worktree})
     cmd = (f"cd {shlex.quote(worktree)} && bash {shlex.quote(spec.script)} "
            f"{' '.join(shlex.quote(a) for a in spec.args)} > {shlex.quote(work_dir)}/launch.out 2>&1")
-    return cmd, {**node.share_env(), **spec.env, "WORK_DIR": work_dir}
+    # Marked as an rl-verify job, as every launch rl-verify makes: simulated nodes share this machine's
+    # process table, and an unmarked launch script is a hand-started training that makes every node
+    # busy for the DAG runs of tests in the other pytest process.
+    marker = {RUN_MARKER_ENV: f"it-{uuid.uuid4().hex[:8]}"}
+    return cmd, {**node.share_env(), **spec.env, "WORK_DIR": work_dir, **marker}
 
 
 def run_suite(node: Node, suite: str, ref: str, name: str) -> tuple[int, Path]:

@@ -8,7 +8,7 @@ import paramiko
 import pytest
 from sim_ssh import Node, pinned_client, simnode
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
+pytestmark = pytest.mark.integration
 
 
 def _refused(port: int) -> bool:
