@@ -3,9 +3,12 @@
     rl-verify compare grpo --baseline BASE.jsonl --current CUR.jsonl --checker-dir CHECKOUT/autotest --out DIR
                            [--commit SHA] [--wall-time-s SECONDS] [--timeout-s SECONDS]
     rl-verify compare opd  --current CUR.jsonl --out DIR [--golden FILE] [--baseline BASE.jsonl] [--commit SHA]
+    rl-verify baselines list [--suite S] | show [--suite S] VERSION | promote [--suite S] VERSION [--by NAME]
+                        | import-shipped [--suite S]          (each also takes --root ROOT)
 
 Exit status: 0 PASS, 1 FAIL, 2 cannot evaluate (bad or missing input, crashed or hung checker; the
-message names the file, the line where it applies, and what to do).
+message names the file, the line where it applies, and what to do). ``baselines`` exits 0, or 2 on
+bad input (a missing or broken version, an unknown suite: nothing is promoted).
 
 Subcommands are registered by small ``register_*`` functions on the parser returned by
 ``build_parser()``; another module adds one with ``register_<name>(subparsers)`` and a handler
@@ -64,7 +67,198 @@ def register_compare(subparsers: Subparsers) -> None:
         parser.set_defaults(func=_run_compare, spec=spec, engine=engine)
 
 
-REGISTRARS: list[Registrar] = [register_compare]
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain text columns (two spaces apart); None shows as ``-``."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def _when(value: Any) -> str | None:
+    return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if value is not None else None
+
+
+def _baseline_suites(args: argparse.Namespace, one: bool) -> list[str]:
+    """The suites a ``baselines`` command acts on: --suite, else every suite (``one``: exactly one is needed)."""
+    from rl_verify.suite import available_suites
+
+    if args.suite:
+        return [args.suite]
+    known = available_suites()
+    if one and len(known) > 1:
+        raise InputError(f"which suite? there are several ({', '.join(known)})", None, None,
+                         f"give --suite {{{','.join(known)}}}")
+    return known
+
+
+def _baselines_list(args: argparse.Namespace) -> int:
+    from rl_verify import baselines
+
+    for n, suite in enumerate(_baseline_suites(args, one=False)):
+        print(("\n" if n else "") + f"{suite}: {baselines.location(suite, root=args.root)}")
+        entries = baselines.list_versions(suite, args.root)
+        if not entries:
+            print("  no versions yet (rl-verify baselines import-shipped makes version 1 from what ships)")
+            continue
+        rows = []
+        for e in entries:
+            r = e.record
+            if r is None:
+                rows.append([f"v{e.version}", "*" if e.current else "", "UNUSABLE", None, None, None, None, None,
+                             e.problem])
+                continue
+            data = ", ".join(sorted(r.files)) or (f"share: {r.baseline_ref}" if r.baseline_ref else None)
+            rows.append([f"v{r.version}", "*" if e.current else "", r.source, r.commit, r.runs,
+                         ", ".join(r.dates), r.approved_by, _when(r.created_at), data])
+        print(_table(["version", "current", "source", "commit", "N", "dates", "approved_by", "created_at", "data"],
+                     rows))
+        try:
+            pointer = baselines.current(suite, args.root)
+        except InputError as exc:
+            print(f"  current: UNREADABLE: {exc}")
+            continue
+        if pointer is None:
+            print("  current: none (promote a version: rl-verify baselines promote --suite "
+                  f"{suite} VERSION)")
+        else:
+            was = f"v{pointer.previous}" if pointer.previous else "none"
+            print(f"  current: v{pointer.version}, promoted by {pointer.promoted_by} at {_when(pointer.promoted_at)} "
+                  f"(previous: {was})")
+    return EXIT_PASS
+
+
+def _golden_lines(golden: Any) -> list[str]:
+    points = golden.eval_points
+    rows = [[metric] + [f"{golden.value(p, metric):.4f}" if golden.value(p, metric) is not None else None
+                        for p in points]
+            for metric in golden.thresholds if any(golden.value(p, metric) is not None for p in points)]
+    out = ["golden values (golden.json), by eval step:", _table(["metric"] + [str(p) for p in points], rows), "",
+           "thresholds:"]
+    out.append(_table(["metric", "method", "rule", "measured_max_dev", "note"],
+                      [[r.metric, r.method, f"{r.operator} {r.threshold:g}", r.measured_max_dev,
+                        "reference only" if r.reference_only else None] for r in golden.thresholds.values()]))
+    return out
+
+
+def _baselines_show(args: argparse.Namespace) -> int:
+    import json
+
+    from rl_verify import baselines
+
+    suite = _baseline_suites(args, one=True)[0]
+    rec = baselines.show(suite, args.version, args.root)
+    try:
+        pointer = baselines.current(suite, args.root)
+    except InputError:
+        pointer = None
+    is_current = pointer is not None and pointer.version == rec.version
+    fields = [
+        ("suite", rec.suite), ("version", f"v{rec.version}" + (" (current)" if is_current else "")),
+        ("source", rec.source), ("commit", rec.commit), ("runs (N)", rec.runs),
+        ("dag runs", ", ".join(rec.dag_run_ids)), ("dates", ", ".join(rec.dates)), ("node", rec.node),
+        ("hardware", rec.hardware), ("approved by", rec.approved_by), ("approved at", _when(rec.approved_at)),
+        ("created at", _when(rec.created_at)), ("baseline ref", rec.baseline_ref), ("note", rec.note),
+        ("location", baselines.location(suite, rec.version, root=args.root)),
+    ]
+    print(_table(["field", "value"], fields))
+    print("\nfiles:")
+    print(_table(["file", "sha256"], [[name, digest] for name, digest in sorted(rec.files.items())])
+          if rec.files else "  none")
+    print("\nstatistics:")
+    for key, value in sorted(rec.statistics.items()):
+        print(f"  {key}: {value if isinstance(value, str) else json.dumps(value, sort_keys=True)}")
+    if not rec.statistics:
+        print("  none")
+    print()
+    if "golden.json" in rec.files:
+        print("\n".join(_golden_lines(baselines.load_opd_golden(suite, rec.version, args.root))))
+    elif "baseline.jsonl" in rec.files:
+        print(f"baseline tracker: {baselines.location(suite, rec.version, 'baseline.jsonl', args.root)}")
+    elif rec.baseline_ref:
+        print(f"baseline tracker: {rec.baseline_ref} (on the GPU node's share, not in the record store)")
+    return EXIT_PASS
+
+
+def _baselines_promote(args: argparse.Namespace) -> int:
+    from rl_verify import baselines
+
+    suite = _baseline_suites(args, one=True)[0]
+    try:
+        before = baselines.current(suite, args.root)
+    except InputError:  # promote replaces an unreadable pointer and says so in its note
+        before = None
+    pointer = baselines.promote(suite, args.version, args.by, args.root)
+    if before is not None and pointer == before:
+        print(f"{suite}: v{pointer.version} is already the current baseline (promoted by {pointer.promoted_by} at "
+              f"{_when(pointer.promoted_at)}); nothing changed")
+    else:
+        was = f"v{pointer.previous}" if pointer.previous else "none"
+        print(f"{suite}: current baseline is now v{pointer.version} (was {was}), promoted by {pointer.promoted_by} "
+              f"at {_when(pointer.promoted_at)}")
+    if pointer.note:
+        print(f"  note: {pointer.note}")
+    return EXIT_PASS
+
+
+def _baselines_import(args: argparse.Namespace) -> int:
+    from rl_verify import baselines
+
+    for suite in _baseline_suites(args, one=False):
+        done = baselines.import_shipped(suite, args.root)
+        r = done.record
+        what = "imported" if done.created else "already present, unchanged"
+        print(f"{suite}: v1 {what} (shipped: commit {r.commit or '-'}, N={r.runs}, "
+              f"dates {', '.join(r.dates) or '-'}){'; made current' if done.made_current else ''}")
+    return EXIT_PASS
+
+
+def _baselines_guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except InputError as exc:
+            print(f"rl-verify baselines: {exc}", file=sys.stderr)
+            return EXIT_CANNOT_EVALUATE
+    return run
+
+
+def _default_user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def register_baselines(subparsers: Subparsers) -> None:
+    """Add ``baselines list|show|promote|import-shipped``: the versioned baselines of the record store."""
+    from rl_verify.suite import available_suites
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--suite", choices=available_suites(), default=None,
+                        help="the suite (list and import-shipped: default every suite)")
+    common.add_argument("--root", default=None,
+                        help="record store root (default: RL_VERIFY_RECORD_ROOT): a folder or s3://conn@bucket/prefix")
+    parser = subparsers.add_parser("baselines", help="versioned baselines: list, show, promote, import-shipped")
+    commands = parser.add_subparsers(dest="baselines_command", metavar="{list,show,promote,import-shipped}",
+                                     required=True)
+    commands.add_parser("list", parents=[common], help="every version of each suite and the current one"
+                        ).set_defaults(func=_baselines_guard(_baselines_list))
+    show = commands.add_parser("show", parents=[common], help="one version: provenance, files, values")
+    show.add_argument("version", help="version number, e.g. 2 or v2")
+    show.set_defaults(func=_baselines_guard(_baselines_show))
+    promote = commands.add_parser("promote", parents=[common],
+                                  help="make a version current (going back = promoting an older one)")
+    promote.add_argument("version", help="version number, e.g. 2 or v2")
+    promote.add_argument("--by", default=_default_user(), help="who promotes (default: the login name)")
+    promote.set_defaults(func=_baselines_guard(_baselines_promote))
+    commands.add_parser("import-shipped", parents=[common],
+                        help="version 1 of each suite from what ships (idempotent); current if none is"
+                        ).set_defaults(func=_baselines_guard(_baselines_import))
+
+
+REGISTRARS: list[Registrar] = [register_compare, register_baselines]
 
 
 def build_parser(registrars: Sequence[Registrar] | None = None) -> argparse.ArgumentParser:

@@ -48,6 +48,11 @@ class Engine:
     live_baseline: Callable[["SuiteSpec"], str | None]
     #: The engine-specific rules of runbook section 3 (``nextsteps.EngineRules``).
     rules: Any = None
+    #: The file of a stored baseline version that holds what this engine judges against
+    #: (``rl_verify.baselines``: the golden table or the baseline tracker).
+    baseline_file: str = ""
+    #: Version 1 of a suite's baseline: what ships today, as (``baselines.Provenance``, data files).
+    shipped: Callable[["SuiteSpec"], tuple[Any, dict[str, bytes]]] | None = None
 
 
 # ----------------------------------------------------------------------------- grpo
@@ -117,6 +122,25 @@ def _grpo_live(spec: "SuiteSpec", baseline: Any) -> Any:
     if baseline is None:
         return None  # the checker compares against the baseline tracker: nothing to judge without it
     return GrpoLive(load_thresholds(data_file(spec.data)), baseline, spec.expected_steps, spec.wall_time_budget_s)
+
+
+def _grpo_shipped(spec: "SuiteSpec") -> tuple[Any, dict[str, bytes]]:
+    from rl_verify import baselines
+    from rl_verify.errors import InputError
+    from rl_verify.grpo import load_thresholds
+    from rl_verify.suite import data_file
+
+    if not spec.baseline:
+        raise InputError(f"suite {spec.name} names no baseline tracker", None, None,
+                         "set the spec's baseline (the share path of the baseline tracker)")
+    source = load_thresholds(data_file(spec.data)).source
+    runs = baselines.RUNBOOK_GRPO_RUNS
+    return baselines.Provenance(
+        source="shipped", runs=runs, baseline_ref=spec.baseline,
+        statistics={"kind": f"average of {runs} historical runs", "recorded": source.get("baseline"),
+                    "document": source.get("document")},
+        note=(f"The baseline tracker on the GPU node's share ({spec.baseline}), referenced, not copied; "
+              f"{source.get('document')}: \"{baselines.RUNBOOK_GRPO_QUOTE}\"")), {}
 
 
 # ----------------------------------------------------------------------------- opd
@@ -194,13 +218,33 @@ def _opd_live(spec: "SuiteSpec", baseline: Any) -> Any:
     return OpdLive(load_golden(path), path, list(spec.eval_points), spec.wall_time_budget_s, baseline)
 
 
+def _opd_shipped(spec: "SuiteSpec") -> tuple[Any, dict[str, bytes]]:
+    from rl_verify import baselines
+    from rl_verify.suite import data_file
+
+    raw = data_file(spec.data).read_bytes()
+    golden = baselines.check_golden(spec, raw, str(data_file(spec.data)), f"shipped golden table {spec.data}",
+                                    "fix the packaged data file")
+    src = golden.source
+    extra = src.model_extra or {}
+    stats = {"kind": extra.get("kind"), "total_train_steps": src.total_train_steps, "stack": extra.get("stack"),
+             "config": extra.get("config"), "document": src.document, "data_file": spec.data,
+             "threshold_rule": baselines.RUNBOOK_OPD_THRESHOLD_RULE,
+             "measured_max_dev": {m: r.measured_max_dev for m, r in golden.thresholds.items()}}
+    return baselines.Provenance(
+        source="shipped", commit=src.commit, runs=src.runs, dates=(src.measured,), statistics=stats,
+        baseline_ref=spec.reference_baseline,
+        note=f"Imported from the package ({spec.data}); {src.document}: \"{baselines.RUNBOOK_OPD_QUOTE}\""
+    ), {baselines.GOLDEN_FILE: raw}
+
+
 ENGINES: dict[str, Engine] = {
     "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time", _grpo_data,
                    _grpo_contradictions, _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare,
-                   _grpo_live, lambda spec: spec.baseline, GRPO_RULES),
+                   _grpo_live, lambda spec: spec.baseline, GRPO_RULES, "baseline.jsonl", _grpo_shipped),
     "opd": Engine("opd", "every eval point against a golden table", _opd_data, _opd_contradictions,
                   _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare,
-                  _opd_live, lambda spec: spec.reference_baseline, OPD_RULES),
+                  _opd_live, lambda spec: spec.reference_baseline, OPD_RULES, "golden.json", _opd_shipped),
 }
 
 

@@ -1,0 +1,357 @@
+"""Versioned baselines in the record store (issue 9 items 4 and 5): import, add, promote, load, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from conftest import GOLDEN, dump_rows, grpo_rows
+from rl_verify import baselines, settings
+from rl_verify.baselines import Provenance
+from rl_verify.cli import main
+from rl_verify.errors import InputError
+from rl_verify.suite import load_suite
+
+RUNBOOK = Path("/work/shared/seed/runbook.md")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Path:
+    """A plain-folder record store as RL_VERIFY_RECORD_ROOT."""
+    root = tmp_path / "records"
+    monkeypatch.setattr(settings, "RECORD_ROOT", str(root))
+    return root
+
+
+def calibration(**overrides) -> Provenance:
+    values = dict(source="calibration", commit="a" * 40, runs=3, dag_run_ids=("cal__1",), dates=("2026-11-30",),
+                  node="sim_node", hardware="8x simulated H200", approved_by="alice",
+                  statistics={"max_dev": {"eval/gsm8k/acc": 0.01}}, note="test calibration")
+    return Provenance(**{**values, **overrides})
+
+
+def golden_bytes(gsm8k_at_25: float = 0.6811) -> bytes:
+    data = json.loads(GOLDEN.read_text())
+    data["golden"]["25"]["eval/gsm8k/acc"] = gsm8k_at_25
+    return json.dumps(data).encode()
+
+
+def version_dir(store: Path, suite: str, n: int) -> Path:
+    return store / "baselines" / suite / f"v{n}"
+
+
+# ----------------------------------------------------------------------------- import_shipped
+
+def test_import_shipped_opd_is_v1_with_the_runbook_provenance_and_becomes_current(store):
+    done = baselines.import_shipped("opd")
+    rec = done.record
+    assert (done.created, done.made_current) == (True, True)
+    assert (rec.suite, rec.version, rec.source) == ("opd", 1, "shipped")
+    assert (rec.commit, rec.runs, rec.dates) == ("4e7db028", 3, ("2026-10-26",))
+    assert rec.statistics["total_train_steps"] == 25
+    assert rec.statistics["threshold_rule"] == "measured max run-to-run deviation x 1.5 margin, N=3, 25 steps"
+    assert "3-run mean measured 2026-10-26" in rec.note and rec.approved_by is None
+    assert (version_dir(store, "opd", 1) / "golden.json").read_bytes() == GOLDEN.read_bytes()
+    pointer = baselines.current("opd")
+    assert (pointer.version, pointer.promoted_by, pointer.previous) == (1, baselines.IMPORT_PROMOTER, None)
+
+
+def test_import_shipped_grpo_references_the_share_baseline_named_by_the_suite_spec(store):
+    rec = baselines.import_shipped("grpo").record
+    assert rec.baseline_ref == load_suite("grpo").baseline == "${CI_SHARE_BASELINE}/qwen3-rl-lmdeploy/tracker.jsonl"
+    assert (rec.runs, rec.commit, rec.files) == (5, None, {})
+    assert "Average of 5 historical runs." in rec.note
+    assert sorted(p.name for p in version_dir(store, "grpo", 1).iterdir()) == ["version.json"]
+
+
+def test_import_shipped_is_idempotent_and_never_writes_a_second_v1(store):
+    first = baselines.import_shipped("opd")
+    before = (version_dir(store, "opd", 1) / "version.json").read_bytes()
+    again = baselines.import_shipped("opd")
+    assert (again.created, again.made_current) == (False, False)
+    assert again.record == first.record
+    assert (version_dir(store, "opd", 1) / "version.json").read_bytes() == before
+    assert [e.version for e in baselines.list_versions("opd")] == [1]
+
+
+@pytest.mark.skipif(not RUNBOOK.is_file(), reason="the runbook share is not mounted here")
+def test_shipped_provenance_quotes_the_runbook_verbatim():
+    text = " ".join(RUNBOOK.read_text(encoding="utf-8").split())
+    for quote in (baselines.RUNBOOK_GRPO_QUOTE, baselines.RUNBOOK_OPD_QUOTE, baselines.RUNBOOK_OPD_THRESHOLD_RULE):
+        assert quote in text
+
+
+# ----------------------------------------------------------------------------- add_version
+
+def test_add_version_numbers_v2_then_v3_in_new_folders_and_never_overwrites(store):
+    baselines.import_shipped("opd")
+    assert baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)}) == 2
+    v2_record = (version_dir(store, "opd", 2) / "version.json").read_bytes()
+    v2_golden = (version_dir(store, "opd", 2) / "golden.json").read_bytes()
+    assert baselines.add_version("opd", calibration(commit="b" * 40), {"golden.json": golden_bytes(0.71)}) == 3
+    assert (version_dir(store, "opd", 2) / "version.json").read_bytes() == v2_record
+    assert (version_dir(store, "opd", 2) / "golden.json").read_bytes() == v2_golden
+    assert [(e.version, e.record.source) for e in baselines.list_versions("opd")] == [
+        (1, "shipped"), (2, "calibration"), (3, "calibration")]
+    assert baselines.current("opd").version == 1  # adding never promotes
+
+
+def test_add_version_to_an_empty_suite_imports_the_shipped_v1_first(store):
+    assert baselines.add_version("opd", calibration(), {"golden.json": golden_bytes()}) == 2
+    assert baselines.show("opd", 1).source == "shipped"
+
+
+def test_add_version_skips_a_left_over_incomplete_folder_and_lists_it_as_unusable(store):
+    baselines.import_shipped("opd")
+    version_dir(store, "opd", 2).mkdir()  # an interrupted write: no version.json
+    assert baselines.add_version("opd", calibration(), {"golden.json": golden_bytes()}) == 3
+    entries = {e.version: e for e in baselines.list_versions("opd")}
+    assert entries[2].record is None and "v2/version.json" in entries[2].problem
+    assert "interrupted write" in entries[2].problem
+    assert entries[3].problem is None
+
+
+def test_add_version_refuses_an_invalid_golden_table_and_writes_nothing(store):
+    baselines.import_shipped("opd")
+    broken = json.loads(GOLDEN.read_text())
+    del broken["thresholds"]["eval/gsm8k/acc"]
+    with pytest.raises(InputError, match="eval/gsm8k/acc has no threshold") as err:
+        baselines.add_version("opd", calibration(), {"golden.json": json.dumps(broken)})
+    assert "nothing was written" in str(err.value)
+    with pytest.raises(InputError, match="has no golden.json"):
+        baselines.add_version("opd", calibration(), {"stats.csv": "a,b\n"})
+    assert [e.version for e in baselines.list_versions("opd")] == [1]
+
+
+def test_add_version_refuses_golden_values_at_other_eval_points_than_the_spec(store):
+    other = json.loads(GOLDEN.read_text())
+    other["golden"]["30"] = other["golden"]["25"]
+    with pytest.raises(InputError, match="eval_points"):
+        baselines.add_version("opd", calibration(), {"golden.json": json.dumps(other)})
+
+
+def test_calibration_provenance_needs_n_of_at_least_2_and_a_commit():
+    with pytest.raises(ValidationError, match="N >= 2"):
+        calibration(runs=1)
+    with pytest.raises(ValidationError, match="reference commit"):
+        calibration(commit=None)
+
+
+def test_add_version_refuses_the_shipped_source_and_reserved_file_names(store):
+    with pytest.raises(InputError, match="only import_shipped"):
+        baselines.add_version("opd", Provenance(source="shipped"), {"golden.json": golden_bytes()})
+    with pytest.raises(InputError, match="cannot be a data file name"):
+        baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(), "version.json": b"{}"})
+    with pytest.raises(InputError, match="cannot be a data file name"):
+        baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(), "../x": b""})
+
+
+def test_grpo_calibration_version_holds_a_baseline_tracker_with_the_spec_step_count(store, tmp_path):
+    tracker = dump_rows(tmp_path / "mean.jsonl", grpo_rows())
+    n = baselines.add_version("grpo", calibration(runs=5), {"baseline.jsonl": tracker})
+    assert n == 2 and baselines.read_data("grpo", n, "baseline.jsonl") == tracker.read_bytes()
+    short = dump_rows(tmp_path / "short.jsonl", grpo_rows(steps=30))
+    with pytest.raises(InputError, match="30 step-summary rows but suite grpo trains 45"):
+        baselines.add_version("grpo", calibration(runs=5), {"baseline.jsonl": short})
+    with pytest.raises(InputError, match="neither baseline.jsonl nor a baseline_ref"):
+        baselines.add_version("grpo", calibration(runs=5), {})
+    assert [e.version for e in baselines.list_versions("grpo")] == [1, 2]
+
+
+def test_grpo_baseline_tracker_with_nan_is_refused(store, tmp_path):
+    rows = grpo_rows(rewards=lambda i: float("nan") if i == 7 else 0.5)
+    tracker = dump_rows(tmp_path / "nan.jsonl", rows)
+    with pytest.raises(InputError, match="NaN.*response/rewards/mean at step 7"):
+        baselines.add_version("grpo", calibration(), {"baseline.jsonl": tracker})
+
+
+# ----------------------------------------------------------------------------- promote
+
+def test_promote_switches_current_and_promoting_the_older_version_goes_back(store):
+    baselines.import_shipped("opd")
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    forward = baselines.promote("opd", "v2", by="alice")
+    assert (forward.version, forward.previous, forward.promoted_by) == (2, 1, "alice")
+    back = baselines.promote("opd", 1, by="bob")
+    assert (back.version, back.previous, back.promoted_by) == (1, 2, "bob")
+    assert [(p.version, p.promoted_by) for p in back.history] == [
+        (1, baselines.IMPORT_PROMOTER), (2, "alice"), (1, "bob")]
+    assert [e.version for e in baselines.list_versions("opd")] == [1, 2]  # nothing deleted
+    assert baselines.current("opd") == back
+
+
+def test_promoting_the_current_version_again_changes_nothing(store):
+    baselines.import_shipped("opd")
+    before = (store / "baselines" / "opd" / "current.json").read_bytes()
+    assert baselines.promote("opd", 1, by="carol").promoted_by == baselines.IMPORT_PROMOTER
+    assert (store / "baselines" / "opd" / "current.json").read_bytes() == before
+
+
+def test_promoting_a_missing_version_fails_naming_it_and_leaves_current_unchanged(store):
+    baselines.import_shipped("opd")
+    before = (store / "baselines" / "opd" / "current.json").read_bytes()
+    with pytest.raises(InputError) as err:
+        baselines.promote("opd", 7, by="alice")
+    text = str(err.value)
+    assert "baseline opd v7 does not exist (versions: v1)" in text and str(version_dir(store, "opd", 7)) in text
+    assert "Fix:" in text
+    assert (store / "baselines" / "opd" / "current.json").read_bytes() == before
+
+
+def test_a_corrupt_golden_json_fails_naming_the_file_and_is_never_promoted(store):
+    baselines.import_shipped("opd")
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    golden = version_dir(store, "opd", 2) / "golden.json"
+    golden.write_text('{"suite": "opd", "golden": {')
+    for call in (lambda: baselines.promote("opd", 2, by="alice"), lambda: baselines.load_opd_golden("opd", 2),
+                 lambda: baselines.show("opd", 2)):
+        with pytest.raises(InputError) as err:
+            call()
+        assert f"{golden}:1" in str(err.value) and "baseline opd v2 golden.json is not valid JSON" in str(err.value)
+        assert "Fix:" in str(err.value)
+    assert baselines.current("opd").version == 1
+    entries = baselines.list_versions("opd")
+    assert entries[0].problem is None and "golden.json" in entries[1].problem
+
+
+def test_a_stored_golden_that_breaks_the_schema_names_the_field(store):
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes()})
+    golden = version_dir(store, "opd", 2) / "golden.json"
+    data = json.loads(golden.read_text())
+    data["source"]["runs"] = 0
+    golden.write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"v2 golden.json does not fit OpdGolden: source.runs"):
+        baselines.promote("opd", 2, by="alice")
+
+
+def test_a_stored_golden_edited_after_writing_is_refused_by_its_sha256(store):
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    (version_dir(store, "opd", 2) / "golden.json").write_bytes(golden_bytes(0.75))
+    with pytest.raises(InputError, match="v2 golden.json changed since it was written"):
+        baselines.load_opd_golden("opd", 2)
+
+
+def test_a_broken_version_json_names_the_file(store):
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes()})
+    record = version_dir(store, "opd", 2) / "version.json"
+    record.write_text(record.read_text().replace('"runs": 3', '"runs": "many"'))
+    with pytest.raises(InputError, match=r"v2/version.json: baseline opd v2 version.json does not fit VersionRecord: "
+                                         r"runs"):
+        baselines.show("opd", 2)
+
+
+def test_an_unreadable_current_json_is_named_and_promoting_rewrites_it(store):
+    baselines.import_shipped("opd")
+    pointer = store / "baselines" / "opd" / "current.json"
+    pointer.write_text("not json")
+    with pytest.raises(InputError, match="current.json is not valid JSON"):
+        baselines.current("opd")
+    repaired = baselines.promote("opd", 1, by="alice")
+    assert repaired.version == 1 and "unreadable current.json" in repaired.note
+    assert baselines.current("opd") == repaired
+
+
+def test_unknown_suite_and_bad_version_text_are_input_errors(store):
+    with pytest.raises(InputError, match="unknown suite 'nope'"):
+        baselines.list_versions("nope")
+    with pytest.raises(InputError, match="'two' is not a baseline version"):
+        baselines.show("opd", "two")
+
+
+# ----------------------------------------------------------------------------- load_opd_golden
+
+def test_load_opd_golden_returns_the_current_version_or_the_pinned_one(store):
+    baselines.import_shipped("opd")
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.6811
+    baselines.promote("opd", 2, by="alice")
+    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.70
+    assert baselines.load_opd_golden("opd", version=1).value(25, "eval/gsm8k/acc") == 0.6811
+    assert baselines.resolve("opd").version == 2
+
+
+def test_load_opd_golden_without_any_version_says_to_import(store):
+    with pytest.raises(InputError, match="no current baseline version.*import-shipped"):
+        baselines.load_opd_golden("opd")
+    with pytest.raises(InputError, match="has no golden table"):
+        baselines.load_opd_golden("grpo")
+
+
+def test_a_file_url_root_works_like_a_folder(tmp_path, monkeypatch):
+    monkeypatch.setattr(settings, "RECORD_ROOT", f"file://{tmp_path / 'store'}")
+    baselines.import_shipped("opd")
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    baselines.promote("opd", 2, by="alice")
+    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.70
+    assert (tmp_path / "store" / "baselines" / "opd" / "v2" / "golden.json").is_file()
+    assert baselines.location("opd", 2) == f"file://{tmp_path / 'store'}/baselines/opd/v2"
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def test_cli_list_prints_every_version_and_marks_the_current_one(store, capsys):
+    assert main(["baselines", "import-shipped"]) == 0
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    capsys.readouterr()
+    assert main(["baselines", "list", "--suite", "opd"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"opd: {store.resolve()}/baselines/opd"
+    assert lines[1].split() == ["version", "current", "source", "commit", "N", "dates", "approved_by", "created_at",
+                                "data"]
+    assert lines[2].split()[:6] == ["v1", "*", "shipped", "4e7db028", "3", "2026-10-26"]
+    assert lines[3].split()[:7] == ["v2", "-", "calibration", "a" * 40, "3", "2026-11-30", "alice"]
+    assert "current: v1, promoted by import-shipped" in out and "grpo" not in out
+
+
+def test_cli_show_prints_the_provenance_and_the_golden_table(store, capsys):
+    baselines.import_shipped("opd")
+    assert main(["baselines", "show", "--suite", "opd", "v1"]) == 0
+    out = capsys.readouterr().out
+    assert "version       v1 (current)" in out and "commit        4e7db028" in out
+    assert "eval/gsm8k/acc                              0.4339  0.5972  0.6871  0.6990  0.6904  0.6811" in out
+    assert "time/step                                   relative  < 0.1   0.043             reference only" in out
+
+
+def test_cli_show_grpo_names_the_share_tracker(store, capsys):
+    baselines.import_shipped("grpo")
+    assert main(["baselines", "show", "--suite", "grpo", "1"]) == 0
+    assert ("baseline tracker: ${CI_SHARE_BASELINE}/qwen3-rl-lmdeploy/tracker.jsonl (on the GPU node's share"
+            in capsys.readouterr().out)
+
+
+def test_cli_promote_switches_current_and_back_with_exit_0(store, capsys):
+    baselines.import_shipped("opd")
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    assert main(["baselines", "promote", "--suite", "opd", "2", "--by", "alice"]) == 0
+    assert "opd: current baseline is now v2 (was v1), promoted by alice" in capsys.readouterr().out
+    assert main(["baselines", "promote", "--suite", "opd", "v1", "--by", "bob"]) == 0
+    assert "opd: current baseline is now v1 (was v2), promoted by bob" in capsys.readouterr().out
+    assert main(["baselines", "promote", "--suite", "opd", "1", "--by", "bob"]) == 0
+    assert "already the current baseline" in capsys.readouterr().out
+
+
+def test_cli_bad_input_exits_2_with_the_message_and_promotes_nothing(store, capsys):
+    baselines.import_shipped("opd")
+    assert main(["baselines", "promote", "--suite", "opd", "9", "--by", "alice"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rl-verify baselines: ") and "baseline opd v9 does not exist" in err and "Fix:" in err
+    assert main(["baselines", "show", "1"]) == 2
+    assert "which suite?" in capsys.readouterr().err
+    assert main(["baselines", "show", "--suite", "opd", "latest"]) == 2
+    assert main(["baselines", "show", "--suite", "nope", "1"]) == 2  # argparse choices
+    assert baselines.current("opd").version == 1
+
+
+def test_cli_root_overrides_the_record_root_setting(store, tmp_path, capsys):
+    other = tmp_path / "elsewhere"
+    assert main(["baselines", "import-shipped", "--suite", "opd", "--root", str(other)]) == 0
+    assert "opd: v1 imported (shipped: commit 4e7db028, N=3, dates 2026-10-26); made current" in capsys.readouterr().out
+    assert (other / "baselines" / "opd" / "v1" / "golden.json").is_file() and not store.exists()
+    assert main(["baselines", "import-shipped", "--suite", "opd", "--root", str(other)]) == 0
+    assert "opd: v1 already present, unchanged" in capsys.readouterr().out
+    assert main(["baselines", "list", "--root", str(other)]) == 0
+    assert "grpo: " in capsys.readouterr().out
