@@ -3,17 +3,21 @@ naming an unknown engine or a missing data file is refused, naming the file and 
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import rl_verify
 from rl_verify import card
+from rl_verify import suite as suite_module
 from rl_verify.cli import main
 from rl_verify.suite import SpecError, _from_dict, available_suites, load_suite
 
@@ -23,16 +27,34 @@ NEW = "grpo_smoke"
 
 
 @pytest.fixture()
-def new_suite():
-    """A temporary suite reusing the GRPO engine under another name (removed afterwards)."""
+def project_copy(tmp_path, monkeypatch):
+    """dags/ and the rl_verify package copied under tmp_path, and the suite loader reading the copy.
+
+    Tests that add a suite spec change the copy: the package itself is being parsed meanwhile by the
+    Airflow stacks of end-to-end tests in the other pytest process, whose DAG a stray spec would break.
+    """
+    root = tmp_path / "project"
+    shutil.copytree(PACKAGE, root / "include" / "rl_verify", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "dags", root / "dags", ignore=shutil.ignore_patterns("__pycache__"))
+    package = root / "include" / "rl_verify"
+    monkeypatch.setattr(suite_module, "resources", SimpleNamespace(
+        files=lambda name: package if name == "rl_verify" else importlib.resources.files(name)))
+    return root
+
+
+def _env(project: Path, **extra: str) -> dict[str, str]:
+    """The environment of a subprocess that imports rl_verify from the copy (PYTHONPATH precedes the
+    editable install's path)."""
+    return {**os.environ, "PYTHONPATH": str(project / "include"), **extra}
+
+
+@pytest.fixture()
+def new_suite(project_copy):
+    """A suite reusing the GRPO engine under another name, in the copied package."""
     raw = json.loads((PACKAGE / "suites" / "grpo.json").read_text())
     raw.update(name=NEW, title="GRPO smoke suite (temporary, test only)")
-    path = PACKAGE / "suites" / f"{NEW}.json"
-    path.write_text(json.dumps(raw))
-    try:
-        yield path
-    finally:
-        path.unlink()
+    (project_copy / "include" / "rl_verify" / "suites" / f"{NEW}.json").write_text(json.dumps(raw))
+    return project_copy
 
 
 def test_a_new_suite_is_one_spec_file_seen_by_the_loader_the_card_and_the_cli(new_suite, tmp_path, checker_dir):
@@ -51,32 +73,32 @@ def test_a_new_suite_is_one_spec_file_seen_by_the_loader_the_card_and_the_cli(ne
 
 def test_a_new_suite_gets_its_tasks_and_param_value_in_the_dag(new_suite):
     probe = ("import json, importlib.util; spec = importlib.util.spec_from_file_location('d', "
-             f"{str(REPO / 'dags' / 'rl_accuracy_verification.py')!r}); m = importlib.util.module_from_spec(spec); "
+             f"{str(new_suite / 'dags' / 'rl_accuracy_verification.py')!r}); "
+             "m = importlib.util.module_from_spec(spec); "
              "spec.loader.exec_module(m); d = m.rl_accuracy_verification(); "
              "enum = d.params.get_param('suites').schema['items']['enum']; "
              "print(json.dumps({'tasks': sorted(d.task_ids), 'enum': enum}))")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=new_suite,
+                         env=_env(new_suite))
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert {f"run_{NEW}", f"fetch_{NEW}", f"compare_{NEW}"} <= set(seen["tasks"]) and NEW in seen["enum"]
 
 
-def test_a_spec_naming_an_unknown_engine_fails_dag_import_naming_the_file_and_the_engine(tmp_path):
+def test_a_spec_naming_an_unknown_engine_fails_dag_import_naming_the_file_and_the_engine(project_copy, tmp_path):
     raw = json.loads((PACKAGE / "suites" / "grpo.json").read_text())
-    path = PACKAGE / "suites" / "dapo.json"
+    path = project_copy / "include" / "rl_verify" / "suites" / "dapo.json"
     path.write_text(json.dumps({**raw, "name": "dapo", "engine": "dapo"}))
+    dags = project_copy / "dags"
     probe = ("import json; from airflow.dag_processing.dagbag import DagBag; "
-             f"bag = DagBag({str(REPO / 'dags')!r}); "
+             f"bag = DagBag({str(dags)!r}); "
              "print(json.dumps({k: str(v) for k, v in bag.import_errors.items()}))")
-    try:
-        env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO,
-                             env=env)
-    finally:
-        path.unlink()
+    env = _env(project_copy, AIRFLOW_HOME=str(tmp_path / "airflow_home"), AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         cwd=project_copy, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     errors = json.loads(out.stdout.strip().splitlines()[-1])
-    assert list(errors) == [str(REPO / "dags" / "rl_accuracy_verification.py")]
+    assert list(errors) == [str(dags / "rl_accuracy_verification.py")]
     assert f"{path}: field 'engine': unknown engine 'dapo'" in next(iter(errors.values()))
 
 
@@ -130,8 +152,6 @@ def test_a_malformed_spec_is_refused_naming_the_file_and_every_bad_field(change,
 
 
 def test_a_malformed_data_file_is_refused_naming_the_field(tmp_path, monkeypatch):
-    from rl_verify import suite as suite_module
-
     bad = json.loads((PACKAGE / "data" / "grpo_thresholds.json").read_text())
     bad["assert_info"]["check_metrics"][1]["operator"] = ">"
     bad["percentile_metrics"]["eval/unknown"] = 80
