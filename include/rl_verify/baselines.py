@@ -155,6 +155,8 @@ class _Loaded:
     record: VersionRecord
     golden: OpdGolden | None
     tracker_steps: int | None
+    #: Data file name -> its bytes as read and checked (version.json not included).
+    data: dict[str, bytes]
 
 
 # ----------------------------------------------------------------------------- places
@@ -345,7 +347,7 @@ def _load(spec: "SuiteSpec", version: int, root: str | None) -> _Loaded:
         if _sha256(data_bytes) != rec.files[name]:
             raise InputError(f"{label} {name} changed since it was written (sha256 {_sha256(data_bytes)[:12]}, "
                              f"recorded {rec.files[name][:12]})", location(suite, version, name, root), None, fix)
-    return _Loaded(rec, golden, steps)
+    return _Loaded(rec, golden, steps, files)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -576,3 +578,84 @@ def import_shipped(suite: str, root: str | None = None) -> Imported:
         promote(suite, 1, IMPORT_PROMOTER, root)
         made_current = True
     return Imported(rec, created, made_current)
+
+
+# ----------------------------------------------------------------------------- use by a verification run
+
+#: Where a run's record keeps the files of the baseline version each suite was judged against.
+RECORD_FOLDER = "baseline-version"
+
+
+def parse_pins(value: Any, suites: list[str]) -> dict[str, int]:
+    """The param ``baseline_versions`` (``""`` or ``"opd=2,grpo=1"``) as suite -> version.
+
+    Every problem (syntax, a suite not selected for the run, a suite named twice) is listed in one
+    ValueError naming the param and the fix.
+    """
+    fix = ("give suite=VERSION pairs separated by commas, e.g. opd=2 (rl-verify baselines list shows the "
+           "versions), or leave it empty to use each suite's current version")
+    text = "" if value is None else value
+    from rl_verify.settings import BASELINE_PIN_PATTERN
+
+    if not isinstance(text, str) or not re.fullmatch(BASELINE_PIN_PATTERN, text):
+        raise ValueError(f"param 'baseline_versions': {value!r} is not suite=VERSION pairs: {fix}")
+    pins: dict[str, int] = {}
+    problems = []
+    for pair in filter(None, text.split(",")):
+        suite, version = pair.split("=")
+        if suite in pins:
+            problems.append(f"suite {suite!r} is named twice")
+        elif suite not in suites:
+            problems.append(f"suite {suite!r} is not selected for this run (suites: {', '.join(suites)})")
+        pins[suite] = parse_version(version)
+    if problems:
+        raise ValueError(f"param 'baseline_versions': {'; '.join(problems)}: {fix}")
+    return pins
+
+
+def describe(rec: VersionRecord) -> str:
+    """One line a person reads on a card or a report: the version and where it comes from."""
+    if rec.source == "shipped":
+        what = f"shipped ({rec.note.split(';')[0]})" if rec.note else "shipped"
+        if rec.commit or rec.runs:
+            what += f", {rec.runs}-run mean" + (f" of commit {rec.commit[:12]}" if rec.commit else "")
+    else:
+        what = f"calibration of commit {(rec.commit or '?')[:12]}, N={rec.runs}"
+        if rec.approved_by:
+            when = f" on {rec.approved_at:%Y-%m-%d}" if rec.approved_at else ""
+            what += f", approved by {rec.approved_by}{when}"
+    return f"v{rec.version}: {what}"
+
+
+def in_use(suites: list[str], pins: Mapping[str, int], root: str | None = None) -> dict[str, dict[str, Any]]:
+    """The baseline version each suite of a run is judged against: its pinned version, else its
+    current one. A suite with no version yet gets version 1 imported (what ships today).
+
+    Returns suite -> ``{"version", "current", "label", "files"}``. Every suite's problem (a missing
+    or broken version) is listed in one InputError; nothing is chosen then.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for suite in suites:
+        try:
+            if not _version_numbers(suite, root):
+                import_shipped(suite, root)
+            pointer = current(suite, root)
+            rec = resolve(suite, pins.get(suite), root)
+        except InputError as err:
+            problems.append(str(err))
+            continue
+        out[suite] = {"version": rec.version, "current": pointer is not None and pointer.version == rec.version,
+                      "label": describe(rec), "files": sorted(rec.files)}
+    if problems:
+        raise InputError(f"{len(problems)} baseline version problem(s); nothing was launched:\n"
+                         + "\n".join(f"  - {p}" for p in problems), None, None,
+                         "fix the param 'baseline_versions', or promote a valid version "
+                         "(rl-verify baselines list | promote)")
+    return out
+
+
+def version_files(suite: str, version: int | str, root: str | None = None) -> dict[str, bytes]:
+    """The data files of a validated version: name -> bytes (checked against their sha256)."""
+    loaded = _load(_spec(suite), parse_version(version), root)
+    return {**loaded.data, VERSION_FILE: _json_bytes(loaded.record)}

@@ -495,3 +495,68 @@ def proposal_table_markdown(proposal: Mapping[str, Any], warnings: bool = True) 
     if warnings and proposal.get("warnings"):
         out += "\n**Warnings**\n\n" + "".join(f"- {w}\n" for w in proposal["warnings"])
     return out
+
+
+# --- a proposal as a new baseline version ---------------------------------------------------------------
+
+class Proposal(NamedTuple):
+    """A suite's proposed baseline from N runs: the files of a new version, its statistics summary, the
+    table a person reads (Markdown) and the warnings."""
+
+    files: dict[str, bytes]
+    statistics: dict[str, Any]
+    markdown: str
+    warnings: list[str]
+
+
+def grpo_proposal(spec: Any, trackers: Mapping[str, str | Path], current_data: Path) -> Proposal:
+    """GRPO: the baseline tracker of per-step means over every metric the checker and the final eval
+    judge (``baseline.jsonl``), with the largest run-to-run deviation of each metric."""
+    from rl_verify.grpo import load_thresholds
+
+    thresholds = load_thresholds(current_data)
+    metrics = [MARKER] + [r.metric for r in thresholds.rules] + [thresholds.final_eval.metric]
+    stats = step_statistics(run_table(trackers, metrics, spec.expected_steps))
+    rows = grpo_baseline_rows(stats, list(trackers))
+    text = "".join(json.dumps(row, allow_nan=False) + "\n" for row in rows)
+    worst = stats.loc[stats.groupby("metric")["max_dev"].idxmax()]
+    lines = ["| metric | steps | mean at the last step | largest deviation from the mean (step, run) |",
+             "|---|---|---|---|"]
+    summary: dict[str, Any] = {}
+    last = int(stats["step"].max())
+    for row in worst.itertuples(index=False):
+        at_last = stats[(stats["metric"] == row.metric) & (stats["step"] == last)]["mean"]
+        mean = float(at_last.iloc[0]) if len(at_last) else None
+        steps = int((stats["metric"] == row.metric).sum())
+        summary[row.metric] = {"max_dev": float(row.max_dev), "at_step": int(row.step), "run": str(row.worst_run)}
+        lines.append(f"| {_cell(row.metric)} | {steps} | {_fmt_value(mean)} | {row.max_dev:.4g} (step {row.step}, "
+                     f"run {_cell(str(row.worst_run))}) |")
+    markdown = (f"Proposed baseline tracker: per-step mean of {len(trackers)} runs, {len(rows)} lines "
+                "(XTuner's tracker format; the checkout's check_rl_result reads it).\n\n" + "\n".join(lines) + "\n")
+    return Proposal({"baseline.jsonl": text.encode("utf-8")},
+                    {"runs": len(trackers), "max_dev": summary}, markdown, [])
+
+
+def opd_golden_proposal(spec: Any, trackers: Mapping[str, str | Path], current_data: Path,
+                        commit: str | None = None) -> Proposal:
+    """OPD: a golden table (``golden.json``, the data file's schema) of the means at every eval point
+    and thresholds = max deviation x 1.5, with the current table side by side and the warnings."""
+    from datetime import date
+
+    from rl_verify.opd import load_golden
+
+    current = load_golden(current_data)
+    stats = step_statistics(run_table(trackers, list(current.thresholds), spec.expected_steps))
+    proposal = opd_proposal(stats, current, spec.eval_points)
+    source = {**current.source.model_dump(mode="json"), "runs": len(trackers), "measured": date.today().isoformat(),
+              "commit": commit or current.source.commit,
+              "note": f"calibration: mean of {len(trackers)} runs; thresholds = measured max run-to-run deviation x "
+                      f"{proposal['margin']} margin"}
+    golden = {**json.loads(Path(current_data).read_text(encoding="utf-8")), "source": source,
+              "golden": {str(step): values for step, values in proposal["golden"].items()},
+              "thresholds": proposal["thresholds"]}
+    statistics = {"runs": proposal["runs"], "margin": proposal["margin"], "metrics": proposal["metrics"],
+                  "rules": proposal["rules"]}
+    return Proposal({"golden.json": (json.dumps(golden, indent=2) + "\n").encode("utf-8")},
+                    json.loads(json.dumps(statistics, default=float)), proposal_table_markdown(proposal),
+                    list(proposal["warnings"]))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from rl_verify.engines import engine_of
@@ -72,11 +73,15 @@ def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
 
 
 def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
-                  node: str | Mapping[str, str]) -> dict[str, list[str]]:
+                  node: str | Mapping[str, str], data_path: Callable[[SuiteSpec], Path] | None = None,
+                  versions: Mapping[str, str] | None = None) -> dict[str, list[str]]:
     """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted).
 
-    ``node``: the one node of every suite, or ``{suite: node}``.
+    ``node``: the one node of every suite, or ``{suite: node}``. ``data_path``: the data file each
+    suite is judged with (default: the spec's); ``versions``: suite -> its baseline version, in words.
     """
+    data_path = data_path or (lambda spec: data_file(spec.data))
+    versions = versions or {}
     specs = list(specs)
     goal = ["Verify that the commit under test keeps RL training accuracy aligned with the baselines "
             f"for: {', '.join(s.name.upper() for s in specs)} (runbook: seed/runbook.md)."]
@@ -85,7 +90,9 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
     for spec in specs:
         engine = engine_of(spec)
         criteria += [f"**{spec.title}** — PASS only if every check below holds; the exit code is not trusted.", ""]
-        criteria += engine.criteria(spec, engine.load_data(data_file(spec.data)))
+        if spec.name in versions:
+            criteria += [f"Baseline version: {versions[spec.name]}", ""]
+        criteria += engine.criteria(spec, engine.load_data(data_path(spec)))
         criteria.append("")
         scale.append(f"| {spec.name} | `{spec.script}` | {spec.expected_steps} | "
                      f"{', '.join(map(str, spec.eval_points))} | {spec.wall_time_budget_s // 60} min |")
@@ -106,17 +113,24 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
 
 
 def experiment_definition(specs: Iterable[SuiteSpec],
-                          data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded) and its data."""
+                          data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None,
+                          versions: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded), its data and
+    the number of the baseline version it is judged against (when given)."""
     data = data or _thresholds
     ordered = sorted(specs, key=lambda s: s.name)
-    return {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in ordered}
+    out = {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in ordered}
+    for name, version in (versions or {}).items():
+        if name in out:
+            out[name]["baseline_version"] = version
+    return out
 
 
 def experiment_fingerprint(specs: Iterable[SuiteSpec],
-                           data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None) -> str:
+                           data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None,
+                           versions: Mapping[str, int] | None = None) -> str:
     """Stable hash of ``experiment_definition``: what a standing approval is bound to."""
-    text = json.dumps(experiment_definition(specs, data), sort_keys=True, ensure_ascii=False)
+    text = json.dumps(experiment_definition(specs, data, versions), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

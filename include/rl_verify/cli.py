@@ -212,6 +212,43 @@ def _baselines_import(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
+def _baselines_propose(args: argparse.Namespace) -> int:
+    import tempfile
+    from datetime import date
+
+    from rl_verify import baselines
+    from rl_verify.engines import engine_of
+    from rl_verify.suite import data_file, load_suite
+
+    suite = _baseline_suites(args, one=True)[0]
+    spec = load_suite(suite)
+    engine = engine_of(spec)
+    trackers = {f"run{i}": Path(p) for i, p in enumerate(args.trackers, 1)}
+    against = baselines.in_use([suite], {suite: baselines.parse_version(args.against)} if args.against else {},
+                               args.root)[suite]
+    with tempfile.TemporaryDirectory(prefix="rl-verify-propose-") as tmp:
+        current = data_file(spec.data)
+        files = baselines.version_files(suite, against["version"], args.root)
+        if engine.baseline_is_data and engine.baseline_file in files:
+            current = Path(tmp) / engine.baseline_file
+            current.write_bytes(files[engine.baseline_file])
+        proposal = engine.propose(spec, trackers, current, args.commit)
+    print(f"{suite}: proposal from {len(trackers)} runs of commit {args.commit}, against {against['label']}\n")
+    print("\n".join(f"  {run}: {path}" for run, path in trackers.items()) + "\n")
+    print(proposal.markdown)
+    if not args.add:
+        print("(not stored: add --add to write it as a new version, then rl-verify baselines promote)")
+        return EXIT_PASS
+    provenance = baselines.Provenance(source="calibration", commit=args.commit, runs=len(trackers),
+                                      dates=(date.today().isoformat(),), statistics=proposal.statistics,
+                                      note=f"proposed by rl-verify baselines propose from {len(trackers)} trackers "
+                                           f"against {against['label']}")
+    version = baselines.add_version(suite, provenance, proposal.files, args.root)
+    print(f"{suite}: added v{version} (not current; make it current with: rl-verify baselines promote --suite "
+          f"{suite} {version})")
+    return EXIT_PASS
+
+
 def _baselines_guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         try:
@@ -241,7 +278,7 @@ def register_baselines(subparsers: Subparsers) -> None:
     common.add_argument("--root", default=None,
                         help="record store root (default: RL_VERIFY_RECORD_ROOT): a folder or s3://conn@bucket/prefix")
     parser = subparsers.add_parser("baselines", help="versioned baselines: list, show, promote, import-shipped")
-    commands = parser.add_subparsers(dest="baselines_command", metavar="{list,show,promote,import-shipped}",
+    commands = parser.add_subparsers(dest="baselines_command", metavar="{list,show,promote,propose,import-shipped}",
                                      required=True)
     commands.add_parser("list", parents=[common], help="every version of each suite and the current one"
                         ).set_defaults(func=_baselines_guard(_baselines_list))
@@ -253,6 +290,13 @@ def register_baselines(subparsers: Subparsers) -> None:
     promote.add_argument("version", help="version number, e.g. 2 or v2")
     promote.add_argument("--by", default=_default_user(), help="who promotes (default: the login name)")
     promote.set_defaults(func=_baselines_guard(_baselines_promote))
+    propose = commands.add_parser("propose", parents=[common],
+                                  help="a baseline proposed from N runs' trackers, against the current version")
+    propose.add_argument("trackers", nargs="+", help="tracker.jsonl of each run of the reference commit (N >= 2)")
+    propose.add_argument("--commit", required=True, help="the reference commit the runs trained (full SHA)")
+    propose.add_argument("--against", default=None, help="the version to compare with (default: the current one)")
+    propose.add_argument("--add", action="store_true", help="store the proposal as a new version (not current)")
+    propose.set_defaults(func=_baselines_guard(_baselines_propose))
     commands.add_parser("import-shipped", parents=[common],
                         help="version 1 of each suite from what ships (idempotent); current if none is"
                         ).set_defaults(func=_baselines_guard(_baselines_import))

@@ -35,15 +35,18 @@ class Engine:
     contradictions: Callable[["SuiteSpec", Any], list[str]]
     #: Card lines (Markdown) of the acceptance criteria, from the spec and its loaded data file.
     criteria: Callable[["SuiteSpec", Any], list[str]]
-    #: The verdict of a suite from the files its fetch task archived in ``suite_dir``.
-    compare_archived: Callable[["SuiteSpec", Path, Path, Mapping[str, Any], str | None], "SuiteResult"]
+    #: The verdict of a suite from the files its fetch task archived in ``suite_dir``, judged against
+    #: the baseline version in use (its files, name -> local path; {}: what ships).
+    compare_archived: Callable[["SuiteSpec", Path, Path, Mapping[str, Any], str | None, Mapping[str, Path]],
+                               "SuiteResult"]
     #: Adds this engine's command-line options to a ``compare <suite>`` parser.
     cli_args: Callable[[argparse.ArgumentParser], None]
     #: The verdict from command-line arguments.
     cli_compare: Callable[[argparse.Namespace, "SuiteSpec", Path], "SuiteResult"]
-    #: The live check of a training (``rl_verify.live``) from the spec and its baseline tracker, or
-    #: None when nothing can be judged live (e.g. a GRPO run without its baseline).
-    live: Callable[["SuiteSpec", Any], Any]
+    #: The live check of a training (``rl_verify.live``) from the spec, its baseline tracker and the
+    #: baseline version's data model (None: the spec's data file), or None when nothing can be judged
+    #: live (e.g. a GRPO run without its baseline).
+    live: Callable[["SuiteSpec", Any, Any], Any]
     #: The remote path of the tracker the live check compares against (a spec field), if any.
     live_baseline: Callable[["SuiteSpec"], str | None]
     #: The engine-specific rules of runbook section 3 (``nextsteps.EngineRules``).
@@ -53,6 +56,12 @@ class Engine:
     baseline_file: str = ""
     #: Version 1 of a suite's baseline: what ships today, as (``baselines.Provenance``, data files).
     shipped: Callable[["SuiteSpec"], tuple[Any, dict[str, bytes]]] | None = None
+    #: True: ``baseline_file`` is in the schema of the spec's data file and replaces it (a golden
+    #: table); False: it replaces the spec's baseline tracker on the node's share.
+    baseline_is_data: bool = False
+    #: A proposed baseline from N runs' trackers (run -> path) and the data file in use
+    #: (``calibration.Proposal``; the commit the runs trained, when known).
+    propose: Callable[["SuiteSpec", Mapping[str, Path], Path, str | None], Any] | None = None
 
 
 # ----------------------------------------------------------------------------- grpo
@@ -74,12 +83,13 @@ def _grpo_criteria(spec: "SuiteSpec", data: Any) -> list[str]:
 
 
 def _grpo_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
-                   node_name: str | None) -> "SuiteResult":
+                   node_name: str | None, version: Mapping[str, Path]) -> "SuiteResult":
     from rl_verify import settings
     from rl_verify.grpo import compare_grpo
     from rl_verify.suite import data_file
 
-    return compare_grpo(baseline=suite_dir / "baseline.jsonl", current=suite_dir / "tracker.jsonl",
+    return compare_grpo(baseline=version.get("baseline.jsonl", suite_dir / "baseline.jsonl"),
+                        current=suite_dir / "tracker.jsonl",
                         checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
                         wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,
                         thresholds=data_file(spec.data), suite=spec.name, expected_steps=spec.expected_steps,
@@ -114,7 +124,7 @@ def _grpo_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) ->
                         wall_time_budget_s=spec.wall_time_budget_s)
 
 
-def _grpo_live(spec: "SuiteSpec", baseline: Any) -> Any:
+def _grpo_live(spec: "SuiteSpec", baseline: Any, data: Any = None) -> Any:
     from rl_verify.grpo import load_thresholds
     from rl_verify.live import GrpoLive
     from rl_verify.suite import data_file
@@ -122,6 +132,18 @@ def _grpo_live(spec: "SuiteSpec", baseline: Any) -> Any:
     if baseline is None:
         return None  # the checker compares against the baseline tracker: nothing to judge without it
     return GrpoLive(load_thresholds(data_file(spec.data)), baseline, spec.expected_steps, spec.wall_time_budget_s)
+
+
+def _grpo_propose(spec: "SuiteSpec", trackers: Mapping[str, Path], data: Path, commit: str | None) -> Any:
+    from rl_verify.calibration import grpo_proposal
+
+    return grpo_proposal(spec, trackers, data)
+
+
+def _opd_propose(spec: "SuiteSpec", trackers: Mapping[str, Path], data: Path, commit: str | None) -> Any:
+    from rl_verify.calibration import opd_golden_proposal
+
+    return opd_golden_proposal(spec, trackers, data, commit)
 
 
 def _grpo_shipped(spec: "SuiteSpec") -> tuple[Any, dict[str, bytes]]:
@@ -177,13 +199,14 @@ def missing_reference_hint(spec: SuiteSpec, path: str, node_name: str | None) ->
 
 
 def _opd_archived(spec: "SuiteSpec", suite_dir: Path, out: Path, meta: Mapping[str, Any],
-                  node_name: str | None) -> "SuiteResult":
+                  node_name: str | None, version: Mapping[str, Path]) -> "SuiteResult":
     from rl_verify.opd import compare_opd
     from rl_verify.suite import data_file
 
     baseline = suite_dir / "baseline.jsonl"
     missing = meta.get("reference_baseline_missing")
-    return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out, golden=data_file(spec.data),
+    return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
+                       golden=version.get("golden.json", data_file(spec.data)),
                        baseline=baseline if baseline.exists() else None, suite=spec.name,
                        eval_points=list(spec.eval_points),
                        missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
@@ -209,13 +232,15 @@ def _opd_cli_compare(args: argparse.Namespace, spec: "SuiteSpec", out: Path) -> 
                                          "tracker of a run of the baseline config, to compare them)")
 
 
-def _opd_live(spec: "SuiteSpec", baseline: Any) -> Any:
+def _opd_live(spec: "SuiteSpec", baseline: Any, data: Any = None) -> Any:
     from rl_verify.live import OpdLive
     from rl_verify.opd import load_golden
     from rl_verify.suite import data_file
 
     path = data_file(spec.data)
-    return OpdLive(load_golden(path), path, list(spec.eval_points), spec.wall_time_budget_s, baseline)
+    golden = load_golden(path) if data is None else data
+    return OpdLive(golden, path if data is None else Path("golden.json"), list(spec.eval_points),
+                   spec.wall_time_budget_s, baseline)
 
 
 def _opd_shipped(spec: "SuiteSpec") -> tuple[Any, dict[str, bytes]]:
@@ -241,10 +266,13 @@ def _opd_shipped(spec: "SuiteSpec") -> tuple[Any, dict[str, bytes]]:
 ENGINES: dict[str, Engine] = {
     "grpo": Engine("grpo", "the checkout's check_rl_result + final eval/accuracy + wall time", _grpo_data,
                    _grpo_contradictions, _grpo_criteria, _grpo_archived, _grpo_cli_args, _grpo_cli_compare,
-                   _grpo_live, lambda spec: spec.baseline, GRPO_RULES, "baseline.jsonl", _grpo_shipped),
+                   _grpo_live, lambda spec: spec.baseline, GRPO_RULES,
+                   baseline_file="baseline.jsonl", shipped=_grpo_shipped, baseline_is_data=False,
+                   propose=_grpo_propose),
     "opd": Engine("opd", "every eval point against a golden table", _opd_data, _opd_contradictions,
                   _opd_criteria, _opd_archived, _opd_cli_args, _opd_cli_compare,
-                  _opd_live, lambda spec: spec.reference_baseline, OPD_RULES, "golden.json", _opd_shipped),
+                  _opd_live, lambda spec: spec.reference_baseline, OPD_RULES,
+                  baseline_file="golden.json", shipped=_opd_shipped, baseline_is_data=True, propose=_opd_propose),
 }
 
 

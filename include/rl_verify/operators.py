@@ -110,7 +110,7 @@ class SuiteTrainingOperator(BaseOperator):
         node, folders = pipeline.suite_node(resolved, self.suite)
         values = pipeline.node_settings(node)
         layout = remote.RunLayout(folders["run_dir"])
-        spec = pipeline.expanded_specs([self.suite], values, layout.worktree)[0]
+        spec = pipeline.expanded_specs([self.suite], values, layout.worktree, resolved.get("baselines"))[0]
         work_dir, job_dir = layout.work_dir(self.suite), layout.job_dir(self.suite)
         marker = remote.job_marker(resolved["run_key"], self.suite)
 
@@ -136,8 +136,12 @@ class SuiteTrainingOperator(BaseOperator):
                 self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
         from rl_verify.engines import engine_of
 
+        version = (resolved.get("baselines") or {}).get(self.suite) or {}
         live = {"suite": self.suite, "work_dir": work_dir, "tracker_glob": spec.tracker,
-                "baseline": engine_of(spec).live_baseline(spec), "early_abort": bool(resolved.get("early_abort", True))}
+                "baseline": engine_of(spec).live_baseline(spec), "early_abort": bool(resolved.get("early_abort", True)),
+                # The baseline version in use: its files are read from this run's record.
+                "run_id": context["run_id"], "version_files": list(version.get("files", ())),
+                "version_label": version.get("label")}
         return node, job_dir, marker, live
 
 

@@ -7,6 +7,7 @@ that need them, never at import time, so the DAG file parses fast and without to
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from rl_verify import node, placement, record, remote, settings
 from rl_verify.contract import (Breach, Card, Decision, Fetched, NodeFolders, Prerequisites, ReportSummary, Resolved,
                                 SuiteSummary)
 from rl_verify.engines import engine_of
+from rl_verify.errors import InputError
 from rl_verify.suite import SuiteSpec, load_suite
 
 log = logging.getLogger(__name__)
@@ -80,18 +82,54 @@ def ssh_client(conn_id: str) -> Iterator[Any]:
         client.close()
 
 
-def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str) -> list[SuiteSpec]:
-    """The selected suites with share roots and ``${CHECKOUT}`` (the run's worktree) filled in."""
-    return [load_suite(s).expanded({**values, "CHECKOUT": worktree}) for s in suites]
+def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str,
+                   versions: Mapping[str, Mapping[str, Any]] | None = None) -> list[SuiteSpec]:
+    """The selected suites with share roots and ``${CHECKOUT}`` (the run's worktree) filled in.
+
+    ``versions`` (``Resolved["baselines"]``): a suite whose baseline version holds its own baseline
+    tracker does not read the one on the node's share (not checked, not fetched).
+    """
+    specs = [load_suite(s).expanded({**values, "CHECKOUT": worktree}) for s in suites]
+    return [spec_in_use(spec, (versions or {}).get(spec.name)) for spec in specs]
+
+
+def spec_in_use(spec: SuiteSpec, version: Mapping[str, Any] | None) -> SuiteSpec:
+    """``spec`` as judged against ``version``: without the share's baseline tracker when the version
+    holds the tracker itself."""
+    engine = engine_of(spec)
+    if version is None or engine.baseline_is_data or engine.baseline_file not in version.get("files", ()):
+        return spec
+    return spec.model_copy(update={"baseline": None,
+                                   "inputs": [i for i in spec.inputs if i.path != spec.baseline]})
+
+
+def data_in_use(spec: SuiteSpec, files: Mapping[str, Path]) -> Path:
+    """The data file a suite is judged with: its baseline version's when that replaces the spec's data
+    file (a golden table), else the spec's own."""
+    from rl_verify.suite import data_file
+
+    engine = engine_of(spec)
+    return files.get(engine.baseline_file, data_file(spec.data)) if engine.baseline_is_data else data_file(spec.data)
+
+
+def version_files(suite_dir: Path) -> dict[str, Path]:
+    """The files of the baseline version a suite is judged against, in a pulled record (name -> path)."""
+    from rl_verify.baselines import RECORD_FOLDER, VERSION_FILE
+
+    folder = suite_dir / RECORD_FOLDER
+    return {p.name: p for p in sorted(folder.iterdir()) if p.name != VERSION_FILE} if folder.is_dir() else {}
 
 
 def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """commit, suites, where each suite trains (``suite_nodes``) and early_abort from the run's params,
     validated before anything reaches a shell."""
+    from rl_verify import baselines
+
     suites = remote.validate_suites(params.get("suites"))
     return {"commit": remote.validate_commit(params.get("commit")), "suites": suites,
             "suite_nodes": placement.suite_nodes(params.get("node"), suites),
-            "early_abort": _validate_flag(params.get("early_abort", True), "early_abort")}
+            "early_abort": _validate_flag(params.get("early_abort", True), "early_abort"),
+            "baseline_pins": baselines.parse_pins(params.get("baseline_versions", ""), suites)}
 
 
 def node_problems(conn_id: str) -> list[str]:
@@ -186,6 +224,8 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
     with no_retry_on(OSError):
         # A run whose record cannot be kept must not touch a node at all.
         where = record.ensure_store_writable(dag_run_id)
+    with no_retry_on(InputError):
+        versions = _baselines_in_use(p["suites"], p["baseline_pins"], dag_run_id)
     key = remote.run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
     for conn in nodes:
@@ -208,14 +248,29 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
     resolved: Resolved = {**found[nodes[0]], "run_key": key, "suites": p["suites"],  # type: ignore[typeddict-item]
                           "node": nodes[0], "suite_nodes": p["suite_nodes"],
                           "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
-                          "early_abort": p["early_abort"], "record": where}
+                          "early_abort": p["early_abort"], "record": where, "baselines": versions}
     record.put_json(dag_run_id, "commit.json", resolved)
     log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
              "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
     log.info("Where the suites train: %s; record: %s", placement.describe(p["suite_nodes"]), where)
+    for suite, version in versions.items():
+        log.info("Baseline of %s: %s%s", suite, version["label"], "" if version["current"] else " (pinned)")
     if resolved["dirty_stat"]:
         log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
     return resolved
+
+
+def _baselines_in_use(suites: list[str], pins: Mapping[str, int], dag_run_id: str) -> dict[str, Any]:
+    """Choose each suite's baseline version and copy its files into the run's record
+    (``<suite>/baseline-version/``): what the run is judged against stays with its verdict."""
+    from rl_verify import baselines
+
+    versions = baselines.in_use(suites, pins)
+    with record.workspace(dag_run_id, parts=[]) as run_dir:
+        for suite, version in versions.items():
+            for name, data in baselines.version_files(suite, version["version"]).items():
+                record.write_atomic(run_dir / suite / baselines.RECORD_FOLDER / name, data)
+    return versions
 
 
 def check_prerequisites(resolved: Resolved) -> Prerequisites:
@@ -226,7 +281,8 @@ def check_prerequisites(resolved: Resolved) -> Prerequisites:
     groups = suites_by_node(resolved)
     for conn, suites in groups.items():
         values = node_settings(conn)
-        specs = expanded_specs(suites, values, suite_node(resolved, suites[0])[1]["worktree"])
+        specs = expanded_specs(suites, values, suite_node(resolved, suites[0])[1]["worktree"],
+                               resolved.get("baselines"))
         with ssh_client(conn) as client:
             try:
                 result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"],
@@ -250,16 +306,23 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
 
     ``notes`` are shown on the card above the fingerprint (e.g. schedule ticks that never started).
     """
-    from rl_verify import card
+    from rl_verify import baselines, card
 
     specs = []
     for conn, suites in suites_by_node(resolved).items():
-        specs += expanded_specs(suites, node_settings(conn), suite_node(resolved, suites[0])[1]["worktree"])
+        specs += expanded_specs(suites, node_settings(conn), suite_node(resolved, suites[0])[1]["worktree"],
+                                resolved.get("baselines"))
     specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
-    sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"])
-    fingerprint = card.experiment_fingerprint(specs)
-    markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
-    with record.workspace(dag_run_id, parts=[]) as run_dir:
+    versions = resolved.get("baselines") or {}
+    with record.workspace(dag_run_id, parts=[f"{s}/{baselines.RECORD_FOLDER}" for s in versions]) as run_dir:
+        def data_path(spec: SuiteSpec) -> Path:
+            return data_in_use(spec, version_files(run_dir / spec.name))
+
+        sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"],
+                                      data_path, {s: v["label"] for s, v in versions.items()})
+        fingerprint = card.experiment_fingerprint(specs, lambda spec: json.loads(data_path(spec).read_text()),
+                                                  {s: v["version"] for s, v in versions.items()})
+        markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
         record.write_atomic(run_dir / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
     return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
@@ -272,13 +335,12 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
     the run completed. What was fetched stays in the record even when this task fails.
     """
     conn, folders = suite_node(resolved, suite)
-    spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
+    spec = expanded_specs([suite], node_settings(conn), folders["worktree"], resolved.get("baselines"))[0]
     with record.workspace(dag_run_id, parts=[suite]) as run_dir:
         return _fetch_into(run_dir / suite, suite, spec, conn, folders)
 
 
 def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders) -> Fetched:
-    from rl_verify.errors import InputError
     from rl_verify.tracker import read_tracker
 
     with ssh_client(conn) as client:
@@ -328,7 +390,6 @@ def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
 
 
 def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
-    from rl_verify.errors import InputError
     from rl_verify.model import SuiteResult
 
     suite_dir = run_dir / suite
@@ -343,11 +404,10 @@ def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
     elif meta.get("early_abort"):
         from rl_verify.live import aborted_result, partial_plot
 
-        from rl_verify.suite import data_file
         from rl_verify.thresholds import OpdGolden
 
         result = aborted_result(suite, meta["early_abort"], engine_of(spec).rules)
-        data = engine_of(spec).load_data(data_file(spec.data))
+        data = engine_of(spec).load_data(data_in_use(spec, version_files(suite_dir)))
         golden = data if isinstance(data, OpdGolden) else None  # golden values as the reference curve
         png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
                            suite_dir / "baseline.jsonl", golden, out)
@@ -357,7 +417,7 @@ def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
         commit = record.read_json(run_dir / "commit.json") or {}
         node_name = (commit.get("suite_nodes") or {}).get(suite, commit.get("node"))
         try:
-            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name)
+            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name, version_files(suite_dir))
         except InputError as err:
             result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
     if meta is not None:
@@ -432,7 +492,8 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
     meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),
                       diff_stat=resolved.get("dirty_stat"), dag_run_id=dag_run_id,
                       node=placement.describe(nodes) if nodes else resolved.get("node") or params.get("node"),
-                      paths=paths, notes=notes, overall=overall)
+                      paths=paths, notes=notes, overall=overall,
+                      baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()})
     where = record.location(dag_run_id)
     written = write_report(run_dir, results, meta, shown_as=where)
     record.write_manifest(run_dir, shown_as=where)

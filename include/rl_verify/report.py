@@ -48,6 +48,8 @@ class ReportMeta:
     overall: str | None = None
     #: What to say when ``commit`` is None, in the reader's terms (a CLI flag, or the failed task).
     commit_hint: str | None = None
+    #: suite -> the baseline version it was judged against, as one line (``baselines.describe``).
+    baselines: dict[str, str] = field(default_factory=dict)
 
 
 def overall_verdict(suites: list[SuiteResult]) -> str:
@@ -82,6 +84,7 @@ def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | No
         "diff_stat": meta.diff_stat,
         "dag_run_id": meta.dag_run_id,
         "node": meta.node,
+        "baselines": dict(meta.baselines),
         "notes": list(meta.notes),
         "paths": meta.paths,
         "abnormal": abnormal,
@@ -246,6 +249,7 @@ def _commit_items(meta: ReportMeta) -> list[tuple[str, str]]:
                          ("DAG run", meta.dag_run_id), ("node", meta.node)):
         if value:
             items.append((label, value))
+    items += [(f"baseline {suite}", label) for suite, label in meta.baselines.items()]
     return items
 
 

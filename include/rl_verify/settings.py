@@ -154,3 +154,8 @@ def missed_ticks(previous: datetime, current: datetime, schedule: str | None = S
             break
         out.append(tick)
     return out
+
+#: The run param ``baseline_versions``: empty (each suite's current baseline version) or ``suite=N``
+#: pairs, e.g. ``opd=2`` (rl_verify.baselines.parse_pins validates it).
+BASELINE_PIN_PATTERN = (r"^$|^[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5}"
+                        r"(,[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5})*$")

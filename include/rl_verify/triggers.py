@@ -67,6 +67,17 @@ def _utf8_prefix(data: bytes) -> bytes:
     return data
 
 
+def _load_data(engine: Any, name: str, blob: bytes) -> Any:
+    """The engine's data model from a baseline version's file (validated like the packaged one)."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="rl-verify-live-") as tmp:
+        path = Path(tmp) / name
+        path.write_bytes(blob)
+        return engine.load_data(path)
+
+
 class LiveWatch:
     """The live check of one training as the trigger runs it: tracker bytes in, log lines out.
 
@@ -81,6 +92,10 @@ class LiveWatch:
         self.spec = load_suite(config["suite"])
         self.work_dir, self.tracker_glob = config["work_dir"], config["tracker_glob"]
         self.baseline_path: str | None = config.get("baseline")
+        #: The files of the run's baseline version (read from the run's record), and its label.
+        self.run_id: str | None = config.get("run_id")
+        self.version_files: list[str] = list(config.get("version_files") or [])
+        self.version_label: str | None = config.get("version_label")
         self.early_abort = bool(config.get("early_abort", True))
         self.checker: Any = None
         self.feed: Any = None
@@ -101,13 +116,20 @@ class LiveWatch:
         from rl_verify.tracker import TrackerFeed
 
         self.started = True
-        base = None
-        if baseline is not None:
-            feed = TrackerFeed(self.baseline_path or "baseline")
-            feed.feed(baseline + (b"" if baseline.endswith(b"\n") else b"\n"))
-            base = feed.tracker
+        engine = engine_of(self.spec)
+        data = None
         try:
-            self.checker = engine_of(self.spec).live(self.spec, base)
+            blob = self._version_file(engine.baseline_file)
+            if blob is not None and engine.baseline_is_data:
+                data = _load_data(engine, engine.baseline_file, blob)
+            elif blob is not None:
+                baseline, self.baseline_path = blob, f"baseline {self.version_label or engine.baseline_file}"
+            base = None
+            if baseline is not None:
+                feed = TrackerFeed(self.baseline_path or "baseline")
+                feed.feed(baseline + (b"" if baseline.endswith(b"\n") else b"\n"))
+                base = feed.tracker
+            self.checker = engine.live(self.spec, base, data)
         except Exception as err:  # bad data must never stop a training: the final comparison judges it
             return f"Live check off for {self.spec.name}: {err}"
         if self.checker is None:
@@ -116,6 +138,15 @@ class LiveWatch:
         mode = "aborts the run as soon as its FAIL is certain" if self.early_abort else \
             "reports where it would abort (early_abort off)"
         return f"Live check on for {self.spec.name}: every new step is checked with the final rules; {mode}"
+
+    def _version_file(self, name: str) -> bytes | None:
+        """A file of the run's baseline version from its record, or None when the version has none."""
+        if name not in self.version_files or not self.run_id:
+            return None
+        from rl_verify import record
+        from rl_verify.baselines import RECORD_FOLDER
+
+        return (record.run_store(self.run_id) / self.spec.name / RECORD_FOLDER / name).read_bytes()
 
     def log_hit(self, text: str) -> dict[str, Any] | None:
         """Scan new log lines: record every log-rule match; return the first of a ``seen`` rule.

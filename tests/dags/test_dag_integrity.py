@@ -101,7 +101,7 @@ def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parse
 
 def test_tags_params_and_scheduling(parsed):
     assert "rl-verify" in parsed["tags"]
-    assert parsed["params"] == ["commit", "early_abort", "node", "suites"]
+    assert parsed["params"] == ["baseline_versions", "commit", "early_abort", "node", "suites"]
     assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
 
 

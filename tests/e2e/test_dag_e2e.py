@@ -82,6 +82,12 @@ def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_sta
     manifest = json.loads((record / "manifest.json").read_text())
     archived = {f["path"] for f in manifest["files"]}
     assert {"card.md", "report.md", "report.html", "grpo/tracker.jsonl", "opd/tracker.jsonl"} <= archived
+    # Judged against each suite's current baseline version (version 1: what ships, imported on first use),
+    # kept in the record and named by the card and the report.
+    assert {"opd/baseline-version/golden.json", "opd/baseline-version/version.json",
+            "grpo/baseline-version/version.json"} <= archived
+    assert report["baselines"]["opd"].startswith("v1: shipped") and report["baselines"]["grpo"].startswith("v1: ")
+    assert "Baseline version: v1: shipped" in (record / "card.md").read_text()
     # Deferred, not sleeping: the training tasks held a worker for a small part of their run.
     for suite in ("grpo", "opd"):
         held = rig.client.xcom(DAG_ID, out.run_id, f"run_{suite}", key="worker_seconds")

@@ -8,7 +8,7 @@ One scenario, in the order a team lives it (each step waits for states, never fo
       the run ends NOT APPROVED (timed out), node untouched;
   R4  the genuine standing approval restored, the following scheduled run proceeds and names the
       tick that could not start while R3 waited;
-  R5  a changed card (new golden data version) waits for a person again.
+  R5  a changed card (a new baseline version promoted) waits for a person again.
 The timeline (run ids, logical dates, what each run did at ``approve``, times) is printed and written
 to .state/nightly-timeline.md.
 """
@@ -16,7 +16,6 @@ to .state/nightly-timeline.md.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from datetime import datetime
@@ -61,27 +60,17 @@ def rig(tmp_path_factory):
             shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
-@pytest.fixture()
-def changed_golden():
-    """Changes the golden data's recorded version for the duration of a block (restored whatever happens)."""
-    original = GOLDEN.read_text()
+def promote_new_opd_baseline(rig: Rig, commit: str) -> int:
+    """A person promotes a new OPD baseline version (today's golden values, re-measured) in the rig's
+    record store, as a calibration would; returns its number."""
+    from rl_verify import baselines
 
-    def change() -> None:
-        data = json.loads(original)
-        data["source"]["note"] = "re-measured (nightly e2e test): a new data version"
-        _replace(GOLDEN, json.dumps(data, indent=2) + "\n")
-
-    try:
-        yield change
-    finally:
-        _replace(GOLDEN, original)
-
-
-def _replace(path: Path, text: str) -> None:
-    """Writes ``path`` in one rename: tests in the other pytest process read it meanwhile."""
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(text)
-    os.replace(part, path)
+    data = json.loads(GOLDEN.read_text())
+    data["source"]["note"] = "re-measured (nightly e2e test): a new baseline version"
+    provenance = baselines.Provenance(source="calibration", commit=commit, runs=3, note="nightly e2e test")
+    version = baselines.add_version("opd", provenance, {"golden.json": json.dumps(data)}, root=str(rig.record_root))
+    baselines.promote("opd", version, by="nightly-test", root=str(rig.record_root))
+    return version
 
 
 def scheduled_runs(rig: Rig) -> list[dict[str, Any]]:
@@ -119,7 +108,7 @@ def summary(rig: Rig, run_id: str) -> dict[str, Any]:
     return rig.client.xcom(DAG_ID, run_id, "report") or {}
 
 
-def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig, changed_golden):
+def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     client = rig.client
     timeline: list[tuple[str, str, str, float]] = []
     t0 = time.monotonic()
@@ -186,14 +175,17 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig, c
     note(r4, f"proceeded on the restored genuine standing approval; PASS; card and report name {gap} tick(s) "
              "that never started")
 
-    # R5: a changed card (new golden data version) waits for a person again.
-    changed_golden()
+    # R5: a changed card (a new baseline version promoted) waits for a person again.
+    promoted = promote_new_opd_baseline(rig, json.loads((Path(s4["record"]) / "commit.json").read_text())["sha"])
     r5 = next_scheduled_run(rig, r4["logical_date"])
     client.wait_for_hitl(DAG_ID, r5["dag_run_id"], "approve", timeout=180)
     assert "(the card changed)" in approve_log(rig, r5["dag_run_id"])
+    assert f"Baseline version: v{promoted}: calibration of commit" in client.hitl_detail(
+        DAG_ID, r5["dag_run_id"], "approve")["body"]
     client.respond_hitl(DAG_ID, r5["dag_run_id"], "approve", ["Reject"])
     assert client.wait_for_run(DAG_ID, r5["dag_run_id"], timeout=180) == "success"
-    note(r5, "card changed: refused the standing approval and waited; rejected by demo")
+    note(r5, f"card changed (OPD baseline v{promoted} promoted): refused the standing approval and waited; "
+             "rejected by demo")
     assert json.loads(variable(rig)).get("revoked_by") is None  # a reject of another card revokes nothing
 
     TIMELINE.parent.mkdir(parents=True, exist_ok=True)

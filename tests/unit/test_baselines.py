@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from conftest import GOLDEN, dump_rows, grpo_rows
+from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
 from rl_verify import baselines, settings
 from rl_verify.baselines import Provenance
 from rl_verify.cli import main
@@ -355,3 +355,114 @@ def test_cli_root_overrides_the_record_root_setting(store, tmp_path, capsys):
     assert "opd: v1 already present, unchanged" in capsys.readouterr().out
     assert main(["baselines", "list", "--root", str(other)]) == 0
     assert "grpo: " in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- use by a verification run
+
+@pytest.mark.parametrize("value,pins", [("", {}), (None, {}), ("opd=2", {"opd": 2}),
+                                        ("grpo=v1,opd=3", {"grpo": 1, "opd": 3})])
+def test_pins_are_suite_version_pairs_or_empty(value, pins):
+    assert baselines.parse_pins(value, ["grpo", "opd"]) == pins
+
+
+@pytest.mark.parametrize("value,said", [
+    ("opd", "is not suite=VERSION pairs"), ("opd=0", "is not suite=VERSION pairs"),
+    ("opd=2;grpo=1", "is not suite=VERSION pairs"), ("opd=2 ", "is not suite=VERSION pairs"),
+    ("dapo=2", "suite 'dapo' is not selected for this run (suites: grpo, opd)"),
+    ("opd=2,opd=3", "suite 'opd' is named twice"),
+])
+def test_bad_pins_name_the_param_and_the_fix(value, said):
+    with pytest.raises(ValueError) as err:
+        baselines.parse_pins(value, ["grpo", "opd"])
+    assert "param 'baseline_versions'" in str(err.value) and said in str(err.value)
+    assert "e.g. opd=2" in str(err.value)
+
+
+def test_a_run_uses_each_suites_current_version_importing_what_ships_on_first_use(store):
+    used = baselines.in_use(["grpo", "opd"], {})
+    assert {s: (u["version"], u["current"]) for s, u in used.items()} == {"grpo": (1, True), "opd": (1, True)}
+    assert used["opd"]["files"] == ["golden.json"] and used["grpo"]["files"] == []
+    assert used["opd"]["label"].startswith("v1: shipped (Imported from the package (opd_golden_2026-10-26.json))")
+    assert "3-run mean of commit 4e7db028" in used["opd"]["label"]
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    baselines.promote("opd", 2, by="alice")
+    now = baselines.in_use(["opd"], {})["opd"]
+    assert (now["version"], now["current"]) == (2, True)
+    assert now["label"] == "v2: calibration of commit aaaaaaaaaaaa, N=3, approved by alice"
+    pinned = baselines.in_use(["opd"], {"opd": 1})["opd"]
+    assert (pinned["version"], pinned["current"]) == (1, False)
+
+
+def test_a_missing_or_broken_pinned_version_is_one_error_listing_every_suite(store):
+    baselines.in_use(["grpo", "opd"], {})
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    (version_dir(store, "opd", 2) / "golden.json").write_text("{")
+    with pytest.raises(InputError) as err:
+        baselines.in_use(["grpo", "opd"], {"grpo": 7, "opd": 2})
+    text = str(err.value)
+    assert "2 baseline version problem(s); nothing was launched" in text
+    assert "baseline grpo v7 does not exist (versions: v1)" in text
+    assert "baseline opd v2 golden.json is not valid JSON" in text
+    assert "Fix: fix the param 'baseline_versions'" in text
+
+
+def test_the_files_of_a_version_come_back_byte_for_byte_with_its_record(store):
+    baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
+    files = baselines.version_files("opd", 2)
+    assert files["golden.json"] == golden_bytes(0.70)
+    assert json.loads(files["version.json"])["version"] == 2
+
+
+# ----------------------------------------------------------------------------- rl-verify baselines propose
+
+def _opd_trackers(tmp_path, shifts=(-0.004, 0.0, 0.004)):
+    return [str(dump_rows(tmp_path / f"opd_{i}.jsonl", opd_rows(change=lambda m, s, v, d=d: v + d)))
+            for i, d in enumerate(shifts)]
+
+
+def test_propose_prints_the_opd_table_and_add_stores_a_version_that_is_not_current(store, tmp_path, capsys):
+    trackers = _opd_trackers(tmp_path)
+    assert main(["baselines", "propose", "--suite", "opd", "--commit", "c" * 40, *trackers]) == 0
+    out = capsys.readouterr().out
+    assert "opd: proposal from 3 runs of commit " + "c" * 40 + ", against v1: shipped" in out
+    assert "| metric | eval point | proposed value | current value | proposed threshold |" in out
+    assert "(not stored" in out and not version_dir(store, "opd", 2).exists()
+    assert main(["baselines", "propose", "--suite", "opd", "--commit", "c" * 40, "--add", *trackers]) == 0
+    assert "opd: added v2 (not current" in capsys.readouterr().out
+    rec = baselines.show("opd", 2)
+    assert (rec.source, rec.commit, rec.runs) == ("calibration", "c" * 40, 3)
+    golden = baselines.load_opd_golden("opd", 2)
+    assert golden.source.runs == 3 and golden.eval_points == [0, 5, 10, 15, 20, 25]
+    assert baselines.current("opd").version == 1
+    assert main(["baselines", "promote", "--suite", "opd", "2", "--by", "alice"]) == 0
+    assert baselines.in_use(["opd"], {})["opd"]["version"] == 2
+
+
+def test_propose_for_grpo_stores_a_baseline_tracker_the_run_then_uses_instead_of_the_shares(store, tmp_path):
+    trackers = [str(dump_rows(tmp_path / f"g{i}.jsonl", grpo_rows(rewards=lambda s, i=i: 0.5 + 0.005 * s + 0.001 * i)))
+                for i in range(3)]
+    assert main(["baselines", "propose", "--suite", "grpo", "--commit", "d" * 40, "--add", *trackers]) == 0
+    assert main(["baselines", "promote", "--suite", "grpo", "2", "--by", "bob"]) == 0
+    used = baselines.in_use(["grpo"], {})
+    assert used["grpo"]["files"] == ["baseline.jsonl"]
+    from rl_verify.tracker import read_tracker
+
+    stored = version_dir(store, "grpo", 2) / "baseline.jsonl"
+    assert read_tracker(stored).steps == 45
+    from rl_verify import pipeline
+
+    spec = pipeline.expanded_specs(["grpo"], {"CI_SHARE_BASELINE": "/s", "CI_SHARE_MODEL": "/m",
+                                              "CI_SHARE_DATA": "/d"}, "/w", used)[0]
+    assert spec.baseline is None
+
+
+@pytest.mark.parametrize("make,said", [
+    (lambda tmp: _opd_trackers(tmp, shifts=(0.0,)), "N = 1 run(s) given"),
+    (lambda tmp: [*_opd_trackers(tmp, shifts=(0.0,)), str(dump_rows(tmp / "short.jsonl", opd_rows(steps=20)))],
+     "runs have different step counts"),
+])
+def test_propose_refuses_bad_runs_naming_them_and_stores_nothing(store, tmp_path, capsys, make, said):
+    assert main(["baselines", "propose", "--suite", "opd", "--commit", "c" * 40, "--add", *make(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Fix:" in err
+    assert not version_dir(store, "opd", 2).exists()
