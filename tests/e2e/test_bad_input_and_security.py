@@ -88,6 +88,7 @@ MATRIX = {
     "commit over 200 characters": ({"commit": "a" * 201}, "commit", ("too long",)),
     "empty commit": ({"commit": ""}, "commit", ("non-empty", "too short", "does not match")),
     "unknown suite": ({"suites": ["dapo"]}, "suites", ("is not one of",)),
+    "baseline versions not suite=N": ({"baseline_versions": "opd=latest"}, "baseline_versions", ("does not match",)),
     "unknown suite among known": ({"suites": ["grpo", "nope"]}, "suites", ("is not one of",)),
     "empty suites": ({"suites": []}, "suites", ("non-empty", "too short")),
 }
@@ -139,6 +140,20 @@ def test_nonexistent_ref_fails_resolve_commit_once_naming_it_and_launches_nothin
     assert not (_runs_root(rig) / run_key(out.run_id)).exists(), "a run folder was made for a missing ref"
     assert not list(_runs_root(rig).glob("*/jobs/*/pid")) if _runs_root(rig).exists() else True
     assert out.summary and out.summary["verdict"] == "FAIL"
+    _assert_node_clean(rig)
+
+
+def test_a_pinned_baseline_version_that_does_not_exist_fails_before_any_ssh_naming_it(rig):
+    logins = _ssh_logins(rig)
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": NODE_CONN, "baseline_versions": "opd=9"},
+                  decision=None, timeout=300)
+    assert out.state == "failed" and out.tasks["resolve_commit"] == "failed", out.tasks
+    assert rig.client.task_instance(DAG_ID, out.run_id, "resolve_commit")["try_number"] == 1
+    log = rig.client.task_log(DAG_ID, out.run_id, "resolve_commit")
+    assert "baseline opd v9 does not exist (versions: v1)" in log, log[-3000:]
+    assert "Fix: fix the param 'baseline_versions'" in log
+    assert _ssh_logins(rig) == logins, "the node was contacted for a run whose baseline does not exist"
+    assert not (_runs_root(rig) / run_key(out.run_id)).exists()
     _assert_node_clean(rig)
 
 
