@@ -4,6 +4,8 @@
 #                        test files in two pytest processes (see requirements-dev.txt)
 #   make demo            whole DAG on the simulated node through a real local Airflow
 #                        (COMMIT=<branch|tag|sha>, KEEP=1 leaves it running)
+#   make demo-calibration  calibrate OPD's baseline (N runs, one node then two), reject then approve, verify
+#                        main (PASS) and sim/regress-teacher (FAIL) against the new version
 #   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
 #                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
 #   make gallery         report headline, class and first next step for every simulated regression
@@ -20,7 +22,7 @@ SEQUENTIAL ?=
 STEP_SECONDS ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo demo-distributed demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
+.PHONY: venv test demo demo-distributed demo-calibration demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
 
 venv:
 	./scripts/bootstrap.sh
@@ -48,6 +50,10 @@ demo: venv ensure-sshd
 # The distributed stack on this machine: PostgreSQL, Redis, two Celery workers, S3 (SeaweedFS), two nodes.
 demo-distributed: venv ensure-sshd ensure-services
 	COMMIT="$(COMMIT)" SEQUENTIAL="$(SEQUENTIAL)" STEP_SECONDS="$(STEP_SECONDS)" $(PY) -m scripts.demo --distributed
+
+# The baseline calibration story: reject, approve on two nodes, verify main and a regression against it.
+demo-calibration: venv ensure-sshd
+	COMMIT="$(COMMIT)" RUNS="$(RUNS)" STEP_SECONDS="$(STEP_SECONDS)" $(PY) -m scripts.demo_calibration
 
 demo-stop: venv
 	$(PY) -m scripts.demo --stop

@@ -552,11 +552,26 @@ def opd_golden_proposal(spec: Any, trackers: Mapping[str, str | Path], current_d
               "commit": commit or current.source.commit,
               "note": f"calibration: mean of {len(trackers)} runs; thresholds = measured max run-to-run deviation x "
                       f"{proposal['margin']} margin"}
+    # A metric without golden values is judged against the reference baseline tracker, not against the
+    # N-run mean: the runs' spread around their own mean says nothing about that comparison, so its
+    # threshold stays today's (a tighter one would FAIL the reference commit's own runs).
+    kept = [m["metric"] for m in proposal["metrics"] if not any(p["metric"] == m["metric"] for p in proposal["points"])]
+    for row in proposal["metrics"]:
+        if row["metric"] in kept:
+            rule = current.thresholds[row["metric"]]
+            row.update(proposed_threshold=rule.threshold, change=0.0, widening=False)
+            proposal["thresholds"][row["metric"]] = {k: v for k, v in rule.model_dump(mode="json").items()
+                                                      if k != "metric" and v is not None
+                                                      and not (k == "reference_only" and v is False)}
+    proposal["warnings"] = [w for w in proposal["warnings"] if not any(m in w for m in kept)]
     golden = {**json.loads(Path(current_data).read_text(encoding="utf-8")), "source": source,
               "golden": {str(step): values for step, values in proposal["golden"].items()},
               "thresholds": proposal["thresholds"]}
     statistics = {"runs": proposal["runs"], "margin": proposal["margin"], "metrics": proposal["metrics"],
                   "rules": proposal["rules"]}
+    markdown = proposal_table_markdown(proposal)
+    if kept:
+        markdown += (f"\nKept at today's threshold: {', '.join(kept)} (judged against the reference baseline "
+                     "tracker, which these runs do not calibrate).\n")
     return Proposal({"golden.json": (json.dumps(golden, indent=2) + "\n").encode("utf-8")},
-                    json.loads(json.dumps(statistics, default=float)), proposal_table_markdown(proposal),
-                    list(proposal["warnings"]))
+                    json.loads(json.dumps(statistics, default=float)), markdown, list(proposal["warnings"]))

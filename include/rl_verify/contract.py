@@ -6,7 +6,7 @@ through the record store, never through XCom. The producing task is named on eac
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class NodeFolders(TypedDict):
@@ -39,6 +39,12 @@ class Resolved(TypedDict):
     record: str
     #: End a suite's training as soon as its FAIL is certain (param ``early_abort``).
     early_abort: bool
+    #: suite -> the baseline version it is judged against (``baselines.in_use``).
+    baselines: NotRequired[dict[str, Any]]
+    #: The seed of a calibration run (``RL_VERIFY_SEED`` in its job's environment).
+    seed: NotRequired[int]
+    #: The node's GPUs in one line (calibration runs: ``nvidia-smi -L`` at planning).
+    hardware: NotRequired[str | None]
 
 
 class PrerequisiteItem(TypedDict):

@@ -56,7 +56,7 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
     for started, run, folder, report in found[-limit:]:
         base = {"run": run, "folder": folder, "started": started, "type": run_type(run),
                 "commit": (report.get("commit") or "")[:10], "commit_ref": report.get("commit_ref") or "",
-                "verdict": report.get("verdict") or "?"}
+                "verdict": report.get("verdict") or "?", "baselines": baseline_versions(report)}
         for suite in report.get("suites") or []:
             for check in suite.get("checks") or []:
                 if check.get("passed") is None:
@@ -75,21 +75,35 @@ def table(history_rows: list[dict[str, Any]]):
     import pandas as pd
 
     frame = pd.DataFrame(history_rows, columns=["run", "folder", "started", "type", "commit", "commit_ref",
-                                                "verdict", "suite", "suite_verdict", "metric", "ratio", "passed"])
+                                                "verdict", "baselines", "suite", "suite_verdict", "metric", "ratio",
+                                                "passed"])
     if frame.empty:
         return frame
-    keys = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "suite", "suite_verdict", "metric"]
+    frame["baselines"] = frame["baselines"].fillna("")
+    keys = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines", "suite",
+            "suite_verdict", "metric"]
     return (frame.groupby(keys, dropna=False, sort=False)
             .agg(ratio=("ratio", "max"), passed=("passed", "all")).reset_index()
             .sort_values(["started", "suite", "metric"]).reset_index(drop=True))
 
 
 def runs(frame) -> list[dict[str, Any]]:
-    """The runs in the table, newest first: run, folder, started, type, commit, commit_ref, verdict."""
+    """The runs in the table, newest first: run, folder, started, type, commit, commit_ref, verdict,
+    baselines, and ``baselines_changed`` (True when the baseline versions differ from the run before)."""
     if frame.empty:
         return []
-    cols = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict"]
-    return frame[cols].drop_duplicates().sort_values("started", ascending=False).to_dict("records")
+    cols = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines"]
+    out = frame[cols].drop_duplicates().sort_values("started", ascending=False).to_dict("records")
+    for newer, older in zip(out, out[1:] + [None]):
+        newer["baselines_changed"] = older is not None and newer["baselines"] != older["baselines"]
+    return out
+
+
+def baseline_versions(report: dict[str, Any]) -> str:
+    """``opd v2, grpo v1``: the baseline version each suite of a report was judged against ("" before
+    versioned baselines)."""
+    labels = report.get("baselines") or {}
+    return ", ".join(f"{suite} {str(label).split(':', 1)[0]}" for suite, label in sorted(labels.items()))
 
 
 def chart(frame, suite: str, out: Path | BinaryIO) -> Path | BinaryIO | None:

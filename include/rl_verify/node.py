@@ -287,3 +287,15 @@ def cleanup(client: "paramiko.SSHClient", run_dir: str, key: str) -> list[str]:
     if status != 0:
         raise NodeError(f"cleanup failed (exit {status}): {err.strip()}")
     return lines
+
+
+def hardware(client: "paramiko.SSHClient") -> str | None:
+    """The node's GPUs in one line (``8x NVIDIA H200``) from ``nvidia-smi -L``; None when it cannot say."""
+    from collections import Counter
+
+    status, out, _ = run_script(client, "nvidia-smi -L 2>/dev/null\n", timeout=60)
+    names = [line.split(": ", 1)[1].split(" (UUID")[0] for line in out.splitlines()
+             if line.startswith("GPU ") and ": " in line]
+    if status != 0 or not names:
+        return None
+    return ", ".join(f"{n}x {name}" for name, n in Counter(names).items())

@@ -37,7 +37,8 @@ class SuiteTrainingOperator(BaseOperator):
 
     def __init__(self, *, suite: str, resolved: Any, job_timeout_s: int | None = None,
                  poll_interval_s: float = settings.JOB_POLL_INTERVAL_S,
-                 max_reconnect_attempts: int = settings.SSH_RECONNECT_ATTEMPTS, **kwargs: Any) -> None:
+                 max_reconnect_attempts: int = settings.SSH_RECONNECT_ATTEMPTS, record_as: str | None = None,
+                 **kwargs: Any) -> None:
         from rl_verify.suite import load_suite
 
         super().__init__(**kwargs)
@@ -47,6 +48,8 @@ class SuiteTrainingOperator(BaseOperator):
         self.job_timeout_s = job_timeout_s or int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR)
         self.poll_interval_s = poll_interval_s
         self.max_reconnect_attempts = max_reconnect_attempts
+        #: The record folder of this training's findings (default: the suite's; a calibration run's own).
+        self.record_as = record_as or suite
         self._launched: tuple[str, str, str] | None = None  # (node, job_dir, marker) of a launch by this process
 
     def execute(self, context: Any) -> None:
@@ -64,7 +67,7 @@ class SuiteTrainingOperator(BaseOperator):
             live = event.get("live") or {}
             stopped = event.get("status") in ("aborted", "log_rule")
             if live.get("certain") or live.get("log_rule"):
-                _record_early_abort(context, self.suite, live, applied=stopped)
+                _record_early_abort(context, self.record_as, live, applied=stopped)
             if stopped:
                 # Certain FAIL, or a log line saying the run cannot finish: the job was stopped;
                 # fetch and compare still run on what it wrote.
@@ -121,7 +124,8 @@ class SuiteTrainingOperator(BaseOperator):
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
-                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares)
+                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares,
+                                             resolved.get("seed"))
                 self._launched = (node, job_dir, marker)
                 status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
                 if status != 0:
@@ -145,11 +149,12 @@ class SuiteTrainingOperator(BaseOperator):
         return node, job_dir, marker, live
 
 
-def _record_early_abort(context: Any, suite: str, live: dict[str, Any], applied: bool) -> None:
-    """Keep what the live check found in the run's record (``<suite>/abort.json``) for fetch, compare, report."""
+def _record_early_abort(context: Any, folder: str, live: dict[str, Any], applied: bool) -> None:
+    """Keep what the live check found in the run's record (``<folder>/abort.json``, the suite's folder) for
+    fetch, compare, report."""
     from rl_verify import record
 
-    record.put_json(context["run_id"], f"{suite}/abort.json", {**live, "applied": applied})
+    record.put_json(context["run_id"], f"{folder}/abort.json", {**live, "applied": applied})
 
 
 @contextmanager
@@ -160,7 +165,8 @@ def _worker_time(context: Any) -> Iterator[None]:
         yield
     finally:
         ti = context["ti"]
-        held = float(ti.xcom_pull(task_ids=ti.task_id, key="worker_seconds") or 0.0)
+        # This task instance's own value (a mapped task's other instances have theirs).
+        held = float(ti.xcom_pull(task_ids=ti.task_id, key="worker_seconds", map_indexes=ti.map_index) or 0.0)
         ti.xcom_push(key="worker_seconds", value=round(held + time.monotonic() - t0, 3))
 
 

@@ -87,3 +87,29 @@ def task_pool(task_id: str, node_value: object, suites: Iterable[str]) -> str | 
     if task_id.startswith(TRAINING_TASK_PREFIX) and task_id[len(TRAINING_TASK_PREFIX):] in placement:
         return node_pool(placement[task_id[len(TRAINING_TASK_PREFIX):]])
     return None
+
+
+#: JSON-schema pattern of the calibration DAG's ``nodes`` param: connection ids separated by commas.
+NODE_LIST_PATTERN = rf"^{_CONN}(?:,{_CONN})*(?![\s\S])"
+#: The calibration DAG's mapped training task: its i-th instance trains on ``calibration_nodes(...)[i]``.
+CALIBRATION_TRAINING_TASK = "train"
+
+
+def node_list(value: object) -> list[str]:
+    """The calibration DAG's ``nodes`` param (``node_a`` or ``node_a,node_b``) as distinct connection ids;
+    BadInput naming every bad id."""
+    form = "give one connection id or several separated by commas (e.g. node_a,node_b)"
+    if not isinstance(value, str) or not value.strip():
+        raise BadInput(f"param 'nodes' is empty: {form}")
+    ids = [part.strip() for part in value.split(",")]
+    bad = [repr(i) for i in ids if not _CONN_RE.fullmatch(i)]
+    if bad:
+        raise BadInput(f"param 'nodes' {value!r}: {', '.join(bad)} is not a connection id (letters, digits, _ . -); "
+                       f"{form}")
+    return list(dict.fromkeys(ids))
+
+
+def calibration_nodes(nodes: list[str], trainings: int) -> list[str]:
+    """The node of each of ``trainings`` calibration trainings, in order: round robin over ``nodes``
+    (each node trains one at a time, in its pool; several nodes train at the same time)."""
+    return [nodes[k % len(nodes)] for k in range(trainings)]

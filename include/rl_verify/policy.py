@@ -25,6 +25,8 @@ PLACED_DAGS = (settings.DAG_ID,)
 @hookimpl
 def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
     """Route the run's trainings to their nodes' pools; leave every other task alone."""
+    if dag_run is not None and task_instance.dag_id == settings.CALIBRATION_DAG_ID:
+        _calibration_pool(task_instance, dag_run.conf or {})
     if dag_run is None or task_instance.dag_id not in PLACED_DAGS:
         return
     conf = dag_run.conf or {}
@@ -36,3 +38,17 @@ def task_instance_mutation_hook(task_instance: Any, dag_run: Any) -> None:
     pool = placement.task_pool(task_instance.task_id, conf["node"], suites if isinstance(suites, list) else [])
     if pool is not None:
         task_instance.pool = pool
+
+
+def _calibration_pool(task_instance: Any, conf: dict) -> None:
+    """The i-th calibration training takes the pool of the i-th node of ``calibration_nodes``."""
+    index = getattr(task_instance, "map_index", -1)
+    if task_instance.task_id != placement.CALIBRATION_TRAINING_TASK or index is None or index < 0:
+        return
+    if "nodes" not in conf:
+        return
+    try:
+        nodes = placement.node_list(conf["nodes"])
+    except ValueError:
+        return  # the plan task refuses the param and names it; nothing is trained
+    task_instance.pool = placement.node_pool(placement.calibration_nodes(nodes, index + 1)[index])

@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from rl_verify.settings import JOB_MARKER_ENV, KNOWN_SUITES, RUN_MARKER_ENV
+from rl_verify.settings import JOB_MARKER_ENV, KNOWN_SUITES, RUN_MARKER_ENV, SEED_ENV
 
 COMMIT_MAX_LEN = 200
 # A git branch, tag or SHA: starts with an alphanumeric, then a conservative subset of what git
@@ -232,10 +232,13 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], 
 
 
 def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str, suite: str,
-                    shares: Mapping[str, str]) -> dict[str, str]:
-    """Environment of a training job: suite env, WORK_DIR, share roots, the run and job markers."""
+                    shares: Mapping[str, str], seed: int | None = None) -> dict[str, str]:
+    """Environment of a training job: suite env, WORK_DIR, share roots, the run and job markers, and
+    the run's seed when one is set (calibration runs: one per run, for launch configs that read it)."""
     env = {**shares, **spec_env, "WORK_DIR": work_dir, RUN_MARKER_ENV: key,
            JOB_MARKER_ENV: job_marker(key, suite)}
+    if seed is not None:
+        env[SEED_ENV] = int(seed)
     return {k: str(v) for k, v in env.items()}
 
 

@@ -84,6 +84,8 @@ SHORT_COMMAND_TIMEOUT_S = 120
 RUN_MARKER_ENV = "RL_VERIFY_RUN"
 #: Environment variable every process of one (run, suite) training inherits (kill, stall watchdog).
 JOB_MARKER_ENV = "RL_VERIFY_JOB"
+#: The seed of a calibration run, in its job's environment (each of the N runs gets its own).
+SEED_ENV = "RL_VERIFY_SEED"
 #: A training whose tracker does not grow for this long is killed as stalled (0 disables).
 STALL_TIMEOUT_S = int(os.environ.get("RL_VERIFY_STALL_TIMEOUT_S", "900"))
 #: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before
@@ -159,3 +161,10 @@ def missed_ticks(previous: datetime, current: datetime, schedule: str | None = S
 #: pairs, e.g. ``opd=2`` (rl_verify.baselines.parse_pins validates it).
 BASELINE_PIN_PATTERN = (r"^$|^[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5}"
                         r"(,[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5})*$")
+
+#: The baseline calibration DAG (``dags/rl_baseline_calibration.py``).
+CALIBRATION_DAG_ID = "rl_baseline_calibration"
+CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]
+#: N, the runs of the reference commit a calibration averages, per suite (seed/runbook.md: the GRPO
+#: baseline is the "Average of 5 historical runs."; the OPD golden table a "3-run mean").
+CALIBRATION_RUNS = {"grpo": 5, "opd": 3}

@@ -75,18 +75,21 @@ def history_page(dag_id: str, limit: int = 30) -> str:
     runs = history.runs(frame)
     if runs:
         parts.append("<h2>Runs</h2><table><tr><th>started (UTC)</th><th>type</th><th>commit</th><th>verdict</th>"
-                     "<th>report</th></tr>")
+                     "<th>baselines</th><th>report</th></tr>")
         for r in runs:
             cls = "pass" if r["verdict"] == "PASS" else "fail"
             href = links.report_view_path(dag_id, r["run"])  # the run page in the UI, report view open
             parts.append(f"<tr><td>{esc(r['started'].replace('T', ' '))}</td><td>{esc(r['type'])}</td>"
                          f"<td><code>{esc(r['commit_ref'])}</code> {esc(r['commit'])}</td>"
                          f'<td class="{cls}">{esc(r["verdict"])}</td>'
-                         f'<td><a href="{esc(href)}" target="_top">report</a></td></tr>')
+                         + (f'<td class="changed">{esc(r["baselines"])} (changed)</td>' if r["baselines_changed"]
+                            else f'<td>{esc(r["baselines"])}</td>')
+                         + f'<td><a href="{esc(href)}" target="_top">report</a></td></tr>')
         parts.append("</table>")
     style = ("body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}.pass{background:#e8f5e9}"
-             ".fail{background:#ffebee;font-weight:bold}img{max-width:100%}")
+             ".fail{background:#ffebee;font-weight:bold}.changed{background:#fff8e1;font-weight:bold}"
+             "img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Verification history</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
 

@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "rl_accuracy_verification"
+CALIBRATION_DAG_ID = "rl_baseline_calibration"
 
 # Parses the DAG folder in a fresh interpreter with connection and Variable lookups booby-trapped,
 # then prints what the tests check. A fresh process is the only honest way to see parse-time imports.
@@ -41,6 +42,13 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                   "max_active_runs": dag.max_active_runs if dag else None, "catchup": dag.catchup if dag else None,
                   "doc_md": bool(dag and dag.doc_md), "heavy": heavy, "seconds": elapsed,
                   "dag_ids": sorted(bag.dag_ids),
+                  "calibration": {t.task_id: {"trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+                                              "upstream": sorted(t.upstream_task_ids), "pool": t.pool,
+                                              "mapped": type(t).__name__ == "MappedOperator"}
+                                  for t in bag.dags["rl_baseline_calibration"].tasks}
+                                 if "rl_baseline_calibration" in bag.dags else {},
+                  "calibration_params": sorted(bag.dags["rl_baseline_calibration"].params.keys())
+                                        if "rl_baseline_calibration" in bag.dags else [],
                   "param_help": {k: {"title": p.schema.get("title"), "description": p.description}
                                  for k, p in (dag.params.items() if dag else [])}}))
 """
@@ -58,7 +66,7 @@ def parsed(tmp_path_factory):
 
 def test_dag_imports_without_errors_and_without_lookups(parsed):
     assert parsed["errors"] == {}
-    assert parsed["dag_ids"] == [DAG_ID] and parsed["tasks"]
+    assert parsed["dag_ids"] == [DAG_ID, CALIBRATION_DAG_ID] and parsed["tasks"] and parsed["calibration"]
 
 
 def test_no_heavy_imports_at_parse_time(parsed):
@@ -121,4 +129,19 @@ def test_every_pulled_task_id_names_a_task_of_the_dag(parsed):
     sources = [*(ROOT / "dags").glob("*.py"), *(ROOT / "include" / "rl_verify").rglob("*.py")]
     named = {(path.name, m.group(1)) for path in sources for m in pulled.finditer(path.read_text())}
     assert named, "the scan found no xcom_pull(task_ids=...) at all"
-    assert {(f, t) for f, t in named if t not in parsed["tasks"]} == set()
+    calibration = {"rl_baseline_calibration.py", "calibrate.py"}
+    assert {(f, t) for f, t in named if t not in (parsed["calibration"] if f in calibration else parsed["tasks"])} \
+        == set()
+
+
+def test_calibration_trains_mapped_runs_and_promotes_only_after_the_approval(parsed):
+    tasks = parsed["calibration"]
+    assert parsed["calibration_params"] == ["commit", "nodes", "runs", "suites"]
+    assert tasks["train"]["mapped"] and tasks["train"]["upstream"] == ["plan"]
+    assert tasks["train"]["pool"] == "rl_node_rl_gpu_node"  # the policy gives each run its node's pool
+    assert tasks["fetch_runs"]["upstream"] == ["plan", "train"]
+    assert tasks["approve_promotion"]["upstream"] == ["propose"]
+    assert tasks["promote"]["upstream"] == ["approve_promotion", "propose"]
+    # Cleanup runs whatever happened, after everything that touches a node.
+    assert tasks["cleanup"]["trigger_rule"] == "all_done"
+    assert tasks["cleanup"]["upstream"] == ["fetch_runs", "plan", "train"]

@@ -75,3 +75,23 @@ def test_the_report_names_each_suites_baseline_version(tmp_path):
     assert "<li>baseline opd: <code>v2: calibration of commit &lt;b&gt;x&lt;/b&gt;, N=3</code></li>" in \
         render_html([result], meta)
     assert build_report([result], meta)["baselines"] == {"opd": "v2: calibration of commit <b>x</b>, N=3"}
+
+
+def test_the_history_marks_the_run_whose_baseline_version_changed(tmp_path):
+    from rl_verify import history
+
+    def report(run: str, versions: dict[str, str]) -> None:
+        folder = tmp_path / run.replace(":", "_")
+        folder.mkdir()
+        check = {"metric": "eval/gsm8k/acc", "passed": True, "error": 0.01, "threshold": 0.03}
+        (folder / "report.json").write_text(json.dumps({
+            "dag_run_id": run, "commit": "a" * 40, "commit_ref": "main", "verdict": "PASS", "baselines": versions,
+            "suites": [{"suite": "opd", "verdict": "PASS", "checks": [check]}]}))
+
+    report("manual__2026-12-01T01:00:00+00:00", {})
+    report("manual__2026-12-01T02:00:00+00:00", {"opd": "v1: shipped (...)"})
+    report("manual__2026-12-01T03:00:00+00:00", {"opd": "v1: shipped (...)"})
+    report("manual__2026-12-01T04:00:00+00:00", {"opd": "v2: calibration of commit aaaa, N=3"})
+    runs = history.runs(history.table(history.rows(tmp_path)))
+    assert [(r["baselines"], r["baselines_changed"]) for r in runs] == [
+        ("opd v2", True), ("opd v1", False), ("opd v1", True), ("", False)]

@@ -433,6 +433,11 @@ def test_propose_prints_the_opd_table_and_add_stores_a_version_that_is_not_curre
     assert (rec.source, rec.commit, rec.runs) == ("calibration", "c" * 40, 3)
     golden = baselines.load_opd_golden("opd", 2)
     assert golden.source.runs == 3 and golden.eval_points == [0, 5, 10, 15, 20, 25]
+    # Judged against the reference baseline tracker, not the golden mean: today's thresholds are kept.
+    shipped = baselines.load_opd_golden("opd", 1)
+    for metric in ("response/response_len/mean", "time/step"):
+        assert golden.thresholds[metric] == shipped.thresholds[metric]
+    assert golden.thresholds["eval/gsm8k/acc"].threshold < shipped.thresholds["eval/gsm8k/acc"].threshold
     assert baselines.current("opd").version == 1
     assert main(["baselines", "promote", "--suite", "opd", "2", "--by", "alice"]) == 0
     assert baselines.in_use(["opd"], {})["opd"]["version"] == 2

@@ -91,3 +91,36 @@ def test_airflow_loads_the_policy_from_the_local_settings_in_the_plugins_folder(
 
     assert module.task_instance_mutation_hook is task_instance_mutation_hook
     assert module.__all__ == ["task_instance_mutation_hook"]
+
+
+# ----------------------------------------------------------------------------- calibration
+
+@pytest.mark.parametrize("value,nodes", [("gpu_a", ["gpu_a"]), ("gpu_a,gpu_b", ["gpu_a", "gpu_b"]),
+                                         ("gpu_a, gpu_b,gpu_a", ["gpu_a", "gpu_b"])])
+def test_the_calibration_nodes_param_is_one_or_more_connection_ids(value, nodes):
+    assert placement.node_list(value) == nodes
+
+
+@pytest.mark.parametrize("value", ["", None, "gpu_a;id", "gpu a", "gpu_a,,gpu_b"])
+def test_a_bad_calibration_nodes_param_names_the_param_and_the_form(value):
+    with pytest.raises(BadInput, match=r"param 'nodes'.*comma"):
+        placement.node_list(value)
+
+
+def test_calibration_runs_go_round_robin_over_the_nodes_and_the_policy_gives_each_its_pool():
+    from rl_verify.policy import task_instance_mutation_hook
+
+    assert placement.calibration_nodes(["a", "b"], 5) == ["a", "b", "a", "b", "a"]
+    assert placement.calibration_nodes(["a"], 3) == ["a", "a", "a"]
+    run = SimpleNamespace(conf={"nodes": "gpu_a,gpu_b"})
+    pools = []
+    for index in range(3):
+        ti = _ti("train", dag_id="rl_baseline_calibration")
+        ti.map_index = index
+        task_instance_mutation_hook(task_instance=ti, dag_run=run)
+        pools.append(ti.pool)
+    assert pools == ["rl_node_gpu_a", "rl_node_gpu_b", "rl_node_gpu_a"]
+    other = _ti("plan", dag_id="rl_baseline_calibration")
+    other.map_index = -1
+    task_instance_mutation_hook(task_instance=other, dag_run=run)
+    assert other.pool == "rl_node_rl_gpu_node"

@@ -7,10 +7,11 @@ asynchronously through a queue by a writer thread that flushes every few steps a
 block-buffered writes, so a live tracker lags and can end in a partial line - as the real one does.
 
 Inputs it honours (all optional outside a simulated node):
-- ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus) and
+- ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed) and
   ``faults.json`` (per-suite fault: crash | hang | truncated | nan | slow, with ``at_step``);
 - ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries;
-- ``RLSIM_SEED``: fixes the noise (otherwise every launch draws its own bounded noise).
+- ``RLSIM_SEED``, else ``RL_VERIFY_SEED`` (a calibration run's seed, as a launch config would read it):
+  fixes the noise (otherwise every launch draws its own bounded noise).
 Standard library only.
 """
 from __future__ import annotations
@@ -139,6 +140,8 @@ class Node:
         sim = _read_json(self.root / "sim.json", {}) if self.root else {}
         self.step_seconds = float(os.environ.get("RLSIM_STEP_SECONDS", sim.get("step_seconds", 1.0)))
         self.flush_steps = float(sim.get("flush_steps", 3.0))
+        #: A node-wide seed (tests): every launch without its own seed draws the same noise.
+        self.seed = sim.get("seed")
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
         self.fault = faults.get(suite) or {}
         self.ray_pid: int | None = None
@@ -236,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     tracker_dir = exp / "logs" / "exp_tracking"
     tracker_dir.mkdir(parents=True)
     writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
-    seed = os.environ.get("RLSIM_SEED") or exp.name
+    seed = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or exp.name
     noise = curves.Noise(f"{suite}:{seed}")
     lmdeploy_log = open(args.lmdeploy_log, "a") if args.lmdeploy_log else None
     fault = node.fault

@@ -1,0 +1,109 @@
+"""
+# RL baseline calibration (GRPO + OPD)
+
+Makes a new baseline from N runs of a reference commit, the way the runbook's baselines were made by
+hand (GRPO: "Average of 5 historical runs."; OPD: a 3-run mean, thresholds = measured max run-to-run
+deviation x 1.5), and promotes it only when a person approves:
+
+1. **plan** — params checked, one clean worktree of `commit` per run on its node, every input checked;
+   the runs are spread round robin over `nodes`.
+2. **train** — N deferrable trainings per suite with the verification DAG's operator, each with its
+   own seed (`RL_VERIFY_SEED`); one training per node at a time (the node's pool), nodes in parallel.
+3. **fetch_runs** — every run's tracker and logs archived in the record (`calibration/<suite>/run<i>/`);
+   a missing or short run stops the calibration (nothing is proposed).
+4. **propose** — per step and eval point: mean, std, min, max, max deviation; the proposal (GRPO:
+   a baseline tracker of the per-step means; OPD: golden values and x1.5 thresholds) side by side with
+   the current version, with warnings, and a plot of the N curves, their band and the current baseline.
+5. **approve_promotion** — a person reads the proposal. Approved: **promote** writes it as a new
+   baseline version with its provenance (commit, N, run, dates, nodes, GPUs, who approved, statistics)
+   and makes it current. Rejected: nothing changes.
+6. **cleanup** — whatever the runs left on their nodes is stopped.
+
+Params: `commit`, `suites`, `runs` (N per suite; empty: GRPO 5, OPD 3), `nodes` (one or more SSH
+connection ids, comma separated). `rl-verify baselines list` shows the versions.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import Param, chain, dag, task
+
+from rl_verify import placement, settings
+from rl_verify.operators import SuiteTrainingOperator
+
+# The default node's pool; each run's own node comes from the cluster policy rl_verify.policy.
+POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
+
+
+@dag(
+    dag_id=settings.CALIBRATION_DAG_ID,
+    schedule=None,
+    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    catchup=False,
+    max_active_runs=1,
+    tags=settings.CALIBRATION_TAGS,
+    doc_md=__doc__,
+    default_args=settings.DEFAULT_ARGS,
+    params={
+        "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Reference commit",
+                        description="The commit whose runs become the baseline: branch, tag or SHA in the nodes' "
+                                    "XTuner checkout (letters, digits and . _ / + -).",
+                        minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
+        "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
+                        description="The suites to calibrate.",
+                        items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
+                        values_display=settings.suite_titles(), minItems=1, uniqueItems=True),
+        "runs": Param(None, type=["null", "integer"], title="Runs per suite (N)",
+                      description="How many runs each suite's baseline averages: at least 2. Empty: the runbook's "
+                                  "N (GRPO 5, OPD 3).", minimum=2, maximum=20),
+        "nodes": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node(s) (SSH connection ids)",
+                       description="One or more Airflow SSH connection ids, comma separated, e.g. node_a,node_b: "
+                                   "the runs are spread over them, one training per node at a time.",
+                       maxLength=1000, pattern=placement.NODE_LIST_PATTERN),
+    },
+)
+def rl_baseline_calibration():
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def plan(params=None, run_id=None):
+        from rl_verify import calibrate
+
+        return calibrate.plan(params, run_id)
+
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def fetch_runs(trainings, run_id=None):
+        from rl_verify import calibrate
+
+        return calibrate.fetch_runs(trainings, run_id)
+
+    @task(**settings.LOCAL_TASK_ARGS)
+    def propose(trainings, run_id=None):
+        from rl_verify import calibrate
+
+        return calibrate.propose(trainings, run_id)
+
+    @task(**settings.LOCAL_TASK_ARGS)
+    def promote(proposal, run_id=None, ti=None):
+        from rl_verify import calibrate
+
+        return calibrate.promote(proposal, ti.xcom_pull(task_ids="approve_promotion"), run_id)
+
+    @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
+    def cleanup(run_id=None, ti=None):
+        from rl_verify import calibrate
+
+        # Pulled, not passed: cleanup also runs when plan failed (nothing to clean then).
+        return calibrate.cleanup(ti.xcom_pull(task_ids="plan"), run_id)
+
+    trainings = plan()
+    train = SuiteTrainingOperator.partial(task_id=placement.CALIBRATION_TRAINING_TASK, pool=POOL,
+                                          **settings.TRAINING_TASK_ARGS).expand_kwargs(trainings)
+    fetched = fetch_runs(trainings)
+    proposal = propose(trainings)
+    approve = ApprovalOperator(task_id="approve_promotion", subject="Promote the calibrated baseline?",
+                               body="{{ ti.xcom_pull(task_ids='propose')['markdown'] }}")
+    chain(train, fetched, proposal, approve, promote(proposal))
+    chain([trainings, train, fetched], cleanup())
+
+
+rl_baseline_calibration()
