@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rl_verify import calibrate
@@ -34,3 +36,37 @@ def test_every_bad_param_is_listed_in_one_error():
 
 def test_each_run_has_its_own_record_folder():
     assert calibrate.run_folder("opd", 2) == "calibration/opd/run2"
+
+
+def _run_folder(run_dir, index, tracker_rows):
+    from conftest import dump_rows
+
+    from rl_verify import record
+
+    folder = run_dir / calibrate.run_folder("opd", index)
+    folder.mkdir(parents=True)
+    tracker = dump_rows(folder / "tracker.jsonl", tracker_rows)
+    record.write_json(folder / "fetch.json", {"files": {"tracker": {"local": str(tracker)}}, "problems": []})
+    return {"suite": "opd", "record_as": calibrate.run_folder("opd", index), "resolved": {"node": "gpu_a"}}
+
+
+def test_a_proposal_its_own_runs_fail_is_refused_naming_each_run_and_metric(tmp_path):
+    from airflow.sdk.exceptions import AirflowFailException
+    from conftest import GOLDEN, opd_rows
+
+    from rl_verify.suite import load_suite
+
+    run_dir = tmp_path / "rl_accuracy_verification" / "run-1"
+    runs = [_run_folder(run_dir, i, opd_rows()) for i in (1, 2)]
+    agreeing = tmp_path / "golden.json"
+    agreeing.write_text(GOLDEN.read_text())
+    calibrate._verify_own_runs(load_suite("opd"), run_dir, runs, {"golden.json": agreeing})  # no error
+    data = json.loads(GOLDEN.read_text())
+    data["golden"]["25"]["eval/gsm8k/acc"] += 0.2  # a table these runs are far from
+    far = tmp_path / "far.json"
+    far.write_text(json.dumps(data))
+    with pytest.raises(AirflowFailException) as err:
+        calibrate._verify_own_runs(load_suite("opd"), run_dir, runs, {"golden.json": far})
+    text = str(err.value)
+    assert "the reference commit fails its own verification against the opd proposal" in text
+    assert "calibration/opd/run1: FAIL (accuracy): eval/gsm8k/acc" in text and "calibration/opd/run2" in text
