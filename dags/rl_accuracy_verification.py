@@ -66,7 +66,8 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                              description="End a suite's training as soon as its FAIL is certain (the live check "
                                          "uses the final comparison's rules). Off: train to the end; the report "
                                          "says where it would have stopped."),
-        "baseline_versions": Param("", type="string", title="Baseline versions",
+        # Optional (null allowed): an empty required text field would keep the form's Trigger button disabled.
+        "baseline_versions": Param(None, type=["null", "string"], title="Baseline versions",
                                    description="Empty: each suite is judged against its current baseline version "
                                                "(rl-verify baselines list). To pin other versions, give suite=version "
                                                "pairs, e.g. opd=2 or grpo=1,opd=3.",
