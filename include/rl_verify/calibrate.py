@@ -17,13 +17,12 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from rl_verify import node, pipeline, placement, record, remote, settings
+from rl_verify import links, node, pipeline, placement, record, remote, settings
 from rl_verify.errors import InputError
 
 log = logging.getLogger(__name__)
 
-#: Where a calibration keeps its files in the run's record.
-FOLDER = "calibration"
+FOLDER = settings.CALIBRATION_RECORD_FOLDER
 MAX_RUNS = 20
 
 
@@ -167,19 +166,20 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
             trackers = {t["record_as"].rsplit("/", 1)[1]: _tracker_of(run_dir / t["record_as"]) for t in mine}
             folder = run_dir / FOLDER / suite / "proposal"
             folder.mkdir(parents=True, exist_ok=True)
-            files = baselines.version_files(suite, versions[suite]["version"])
-            current = pipeline.data_in_use(spec, _written(folder / "current", files))
+            current_files = _written(folder / "current", baselines.version_files(suite, versions[suite]["version"]))
+            current = pipeline.data_in_use(spec, current_files)
             proposal = engine.propose(spec, trackers, current, sha)
             for name, data in proposal.files.items():
                 record.write_atomic(folder / name, data)
             _verify_own_runs(spec, run_dir, mine, {name: folder / name for name in proposal.files})
-            png = _plot(suite, trackers, folder / "runs.png", current, files, spec)
+            baseline_tracker = None if engine.baseline_is_data else current_files.get(engine.baseline_file)
+            png = _plot(suite, trackers, folder / "runs.png", current, baseline_tracker, spec)
             text = (f"## {suite}: proposal from N = {len(trackers)} runs, against the current "
                     f"{versions[suite]['label']}\n\n{proposal.markdown}\n"
                     f"Plot of the {len(trackers)} runs, their band and the current baseline: "
                     f"`{record.location(dag_run_id)}/{FOLDER}/{suite}/proposal/{png.name}`\n")
             record.write_atomic(folder / "proposal.md", text)
-            body += [text]
+            body += [text, _plot_markdown(suite, len(trackers), dag_run_id), ""]
             if proposal.warnings:
                 body += ["**Warnings**", ""] + [f"- {w}" for w in proposal.warnings] + [""]
             summary[suite] = {"runs": len(trackers), "against": versions[suite]["version"],
@@ -191,6 +191,14 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
     record.put_json(dag_run_id, f"{FOLDER}/proposal.json", {"sha": sha, "suites": summary})
     log.info("Proposal:\n%s", markdown)
     return {"markdown": markdown, "sha": sha, "suites": summary}
+
+
+def _plot_markdown(suite: str, runs: int, dag_run_id: str) -> str:
+    """The proposal plot as a Markdown image the approval card shows, served by the UI plugin."""
+    path = links.proposal_plot_path(settings.CALIBRATION_DAG_ID, dag_run_id, suite)
+    url = links.absolute(links.ui_base_url(), path)
+    # A linked image: the card's column is narrow, a click opens the plot at full size.
+    return f"[![{suite}: the {runs} runs, their band and the current baseline]({url})]({url})"
 
 
 def _verify_own_runs(spec: Any, run_dir: Path, runs: list[dict[str, Any]], proposed: Mapping[str, Path]) -> None:
@@ -233,31 +241,43 @@ def _written(folder: Path, files: Mapping[str, bytes]) -> dict[str, Path]:
     return out
 
 
-def _plot(suite: str, trackers: Mapping[str, Path], out: Path, current_data: Path, files: Mapping[str, bytes],
+def _plot(suite: str, trackers: Mapping[str, Path], out: Path, current_data: Path, baseline_tracker: Path | None,
           spec: Any) -> Path:
     """One panel per judged metric: every run's curve, the band (min..max) and mean, and the current
-    baseline (golden values at the eval points, or the baseline tracker)."""
+    baseline (golden values at the eval points, or ``baseline_tracker``'s curve)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rl_verify.calibration import run_table, step_statistics
+    from rl_verify.calibration import run_table, step_statistics, tracker_values
     from rl_verify.engines import engine_of
+    from rl_verify.tracker import read_tracker
 
     data = engine_of(spec).load_data(current_data)
     metrics = [r.metric for r in getattr(data, "rules", None) or []] or list(getattr(data, "thresholds", {}))
     table = run_table(trackers, metrics, spec.expected_steps)
     stats = step_statistics(table)
     shown = [m for m in metrics if (stats["metric"] == m).any()]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(8, 2.4 * len(shown)), squeeze=False)
-    for ax, metric in zip(axes[:, 0], shown):
+    current_curve: dict[str, list[tuple[int, float]]] = {}
+    if baseline_tracker is not None:
+        for step, metric, value in tracker_values(read_tracker(baseline_tracker, shown), shown):
+            current_curve.setdefault(metric, []).append((step, value))
+    # Two columns: the card shows the plot in a narrow column, where a tall single stack is unreadable.
+    cols = 2 if len(shown) > 2 else 1
+    rows_n = -(-len(shown) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 2.6 * rows_n), squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.set_visible(False)
+    for ax, metric in zip(axes.flat, shown):
         mine = table[table["metric"] == metric]
         for run, rows in mine.groupby("run"):
             ax.plot(rows["step"], rows["value"], lw=0.8, alpha=0.7, label=str(run))
         s = stats[stats["metric"] == metric]
         ax.fill_between(s["step"], s["min"], s["max"], alpha=0.2, label="band (min..max)")
         ax.plot(s["step"], s["mean"], color="black", lw=1.4, label="mean (proposed)")
+        if current_curve.get(metric):
+            ax.plot(*zip(*sorted(current_curve[metric])), color="red", lw=1.0, ls="--", label="current baseline")
         golden = getattr(data, "golden", None)
         if golden:
             points = [(int(k), v[metric]) for k, v in golden.items() if v.get(metric) is not None]

@@ -95,7 +95,7 @@ class _Problems:
         raise InputError(f"{what}: " + " | ".join(parts), None, None, "; ".join(fixes))
 
 
-def _tracker_values(tracker: Tracker, metrics: Sequence[str]) -> list[tuple[int, str, float]]:
+def tracker_values(tracker: Tracker, metrics: Sequence[str]) -> list[tuple[int, str, float]]:
     """(step, metric, value): training metrics from step-summary rows (last row of a step wins),
     eval metrics from the row carrying them at each step."""
     out: list[tuple[int, str, float]] = []
@@ -136,7 +136,7 @@ def run_table(trackers: Mapping[str, str | Path], metrics: Iterable[str],
             continue
         counts[run] = tracker.steps
         abnormal += tracker.abnormal
-        records += [(run, step, metric, value) for step, metric, value in _tracker_values(tracker, metrics)]
+        records += [(run, step, metric, value) for step, metric, value in tracker_values(tracker, metrics)]
     table = pd.DataFrame.from_records(records, columns=COLUMNS)
     table = table.astype({"run": str, "step": int, "metric": str, "value": float})
     _check_step_counts(counts, {r: str(p) for r, p in trackers.items()}, expected_steps, problems)

@@ -25,6 +25,12 @@ def history_path(dag_id: str) -> str:
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/history"
 
 
+def proposal_plot_path(dag_id: str, run_id: str, suite: str) -> str:
+    """The plugin route serving the plot of a calibration run's proposal for ``suite``."""
+    return (f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+            f"/proposal/{quote(suite, safe='')}.png")
+
+
 def run_page_path(dag_id: str, run_id: str) -> str:
     """The Airflow UI page of a DAG run."""
     return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"

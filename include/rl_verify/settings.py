@@ -165,6 +165,8 @@ BASELINE_PIN_PATTERN = (r"^$|^[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5}"
 #: The baseline calibration DAG (``dags/rl_baseline_calibration.py``).
 CALIBRATION_DAG_ID = "rl_baseline_calibration"
 CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]
+#: Where a calibration keeps its files in its run's record (``<suite>/proposal/runs.png``: the plot).
+CALIBRATION_RECORD_FOLDER = "calibration"
 #: N, the runs of the reference commit a calibration averages, per suite (seed/runbook.md: the GRPO
 #: baseline is the "Average of 5 historical runs."; the OPD golden table a "3-run mean").
 CALIBRATION_RUNS = {"grpo": 5, "opd": 3}

@@ -1,4 +1,5 @@
-"""The UI plugin's web app: a run's verification report and the DAG's verification history.
+"""The UI plugin's web app: a run's verification report, the DAG's verification history, and the
+plots of a calibration's proposal (linked from its approval card).
 
 Mounted by ``plugins/rl_verify_views.py`` in the Airflow API server (``fastapi_apps``) at
 ``links.APP_PREFIX``. Every route depends on Airflow's own auth: the auth manager must allow the
@@ -41,17 +42,43 @@ def dag_records(dag_id: str) -> Any:
     return record.store_root() / settings.DAG_ID
 
 
-def run_folder(dag_id: str, run_id: str) -> Any:
+def _listed(folder: Any, name: str) -> Any | None:
+    """The entry of ``folder`` called ``name``, chosen from a listing (None when there is none)."""
+    entries = {p.name: p for p in folder.iterdir()} if folder.exists() else {}
+    return entries.get(name)
+
+
+def _record_folder(run_id: str) -> Any | None:
     """The record folder of ``run_id``: its name is computed from the id, then looked up in a listing."""
-    root = dag_records(dag_id)
+    from rl_verify import record
+
     try:
         name = run_key(run_id)
     except Exception as err:  # an id run_key refuses cannot name a run
         raise HTTPException(404, "no such run") from err
-    folders = {p.name: p for p in root.iterdir()} if root.exists() else {}
-    if name not in folders or not (folders[name] / "report.html").is_file():
+    return _listed(record.store_root() / settings.DAG_ID, name)
+
+
+def run_folder(dag_id: str, run_id: str) -> Any:
+    """The record folder of the verification run ``run_id`` (404 unless it has a report)."""
+    dag_records(dag_id)
+    folder = _record_folder(run_id)
+    if folder is None or not (folder / "report.html").is_file():
         raise HTTPException(404, f"no verification report for run {run_id!r} (yet)")
-    return folders[name]
+    return folder
+
+
+def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
+    """The plot of calibration run ``run_id``'s proposal for ``suite`` (404 for anything else)."""
+    if dag_id != settings.CALIBRATION_DAG_ID:
+        raise HTTPException(404, f"no calibration records for DAG {dag_id!r}")
+    # Calibration runs keep their records beside the verification runs (record keys by run id).
+    folder = _record_folder(run_id)
+    suite_folder = _listed(folder / settings.CALIBRATION_RECORD_FOLDER, suite) if folder is not None else None
+    png = suite_folder / "proposal" / "runs.png" if suite_folder is not None else None
+    if png is None or not png.is_file():
+        raise HTTPException(404, f"no proposal plot for suite {suite!r} of calibration run {run_id!r} (yet)")
+    return png
 
 
 def history_page(dag_id: str, limit: int = 30) -> str:
@@ -109,6 +136,11 @@ def create_app() -> FastAPI:
         """The run's machine-readable report."""
         data = (run_folder(dag_id, run_id) / "report.json").read_bytes()
         return Response(data, media_type="application/json")
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/proposal/{suite}.png", dependencies=[access])
+    def proposal_png(dag_id: str, run_id: str, suite: str) -> Response:
+        """The plot on a calibration's approval card: the N runs, their band and the current baseline."""
+        return Response(proposal_plot(dag_id, run_id, suite).read_bytes(), media_type="image/png")
 
     @app.get("/dags/{dag_id}/history", response_class=HTMLResponse, dependencies=[access])
     def history_view(dag_id: str, limit: int = 30) -> Response:

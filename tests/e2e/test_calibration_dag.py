@@ -37,10 +37,12 @@ def rig(tmp_path_factory):
         shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
-def calibrate(rig: Rig, conf: dict, decision: str) -> tuple[str, str, dict, dict]:
+def calibrate(rig: Rig, conf: dict, decision: str, before_answer=None) -> tuple[str, str, dict, dict]:
     client = rig.client
     run_id = client.trigger(CAL, conf=conf)
     detail = client.wait_for_hitl(CAL, run_id, task_id="approve_promotion", timeout=600)
+    if before_answer is not None:
+        before_answer(run_id)
     client.respond_hitl(CAL, run_id, "approve_promotion", [decision])
     state = client.wait_for_run(CAL, run_id, timeout=300)
     return run_id, state, client.task_states(CAL, run_id), detail
@@ -60,9 +62,30 @@ def test_a_rejected_proposal_changes_nothing(rig):
     assert baselines.current("opd", root(rig)).version == 1
 
 
+def approver_sees_the_plot_on_the_card(rig: Rig, run_id: str) -> None:
+    """In the Airflow UI, the pending card shows the proposal's plot (loaded, not a broken image)."""
+    from harness import browser as hb
+    from harness.airflow_stack import USERNAME
+    from rl_verify import links
+
+    with hb.browser() as chromium:
+        page = hb.login(chromium, rig.stack.base_url, USERNAME, rig.stack.password)
+        page.goto(rig.stack.base_url + links.run_page_path(CAL, run_id) + "/required_actions")
+        page.get_by_text("Promote the calibrated baseline").first.click()
+        plot = page.locator("img[alt^='opd: the 3 runs']")
+        plot.wait_for()
+        plot.scroll_into_view_if_needed()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=plot.element_handle())
+        hb.shot(page, "ui-calibration-approval-plot")
+        anonymous = chromium.new_page()
+        answer = anonymous.goto(rig.stack.base_url + links.proposal_plot_path(CAL, run_id, "opd"))
+        assert answer.status == 401  # the plot is behind Airflow's auth like the report
+
+
 def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged_against(rig):
     conf = {"commit": "main", "suites": ["opd"], "runs": 3, "nodes": f"{CONN_ID},{NODE_B}"}
-    run_id, state, tasks, detail = calibrate(rig, conf, "Approve")
+    run_id, state, tasks, detail = calibrate(rig, conf, "Approve",
+                                             before_answer=lambda rid: approver_sees_the_plot_on_the_card(rig, rid))
     assert state == "success", tasks
     assert [tasks[f"train[{i}]"] for i in range(3)] == ["success"] * 3
     pools = [rig.client.task_instance(CAL, run_id, "train", i)["pool"] for i in range(3)]

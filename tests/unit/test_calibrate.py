@@ -70,3 +70,18 @@ def test_a_proposal_its_own_runs_fail_is_refused_naming_each_run_and_metric(tmp_
     text = str(err.value)
     assert "the reference commit fails its own verification against the opd proposal" in text
     assert "calibration/opd/run1: FAIL (accuracy): eval/gsm8k/acc" in text and "calibration/opd/run2" in text
+
+
+def test_the_grpo_plot_draws_the_current_baseline_tracker_beside_the_runs(tmp_path):
+    from tests.unit.conftest import dump_rows, grpo_rows
+
+    from rl_verify.suite import data_file, load_suite
+
+    spec = load_suite("grpo")
+    runs = {str(i): dump_rows(tmp_path / f"run{i}.jsonl", grpo_rows(rewards=lambda s, i=i: 0.5 + 0.005 * s + 0.002 * i))
+            for i in (1, 2)}
+    baseline = dump_rows(tmp_path / "baseline.jsonl", grpo_rows(rewards=lambda s: 0.2))
+    drawn = calibrate._plot("grpo", runs, tmp_path / "with.png", data_file(spec.data), baseline, spec).read_bytes()
+    bare = calibrate._plot("grpo", runs, tmp_path / "without.png", data_file(spec.data), None, spec).read_bytes()
+    assert drawn.startswith(b"\x89PNG") and bare.startswith(b"\x89PNG")
+    assert drawn != bare  # the baseline's curve (rewards far below the runs) is on the plot
