@@ -197,8 +197,9 @@ def _plot_markdown(suite: str, runs: int, dag_run_id: str) -> str:
     """The proposal plot as a Markdown image the approval card shows, served by the UI plugin."""
     path = links.proposal_plot_path(settings.CALIBRATION_DAG_ID, dag_run_id, suite)
     url = links.absolute(links.ui_base_url(), path)
-    # A linked image: the card's column is narrow, a click opens the plot at full size.
-    return f"[![{suite}: the {runs} runs, their band and the current baseline]({url})]({url})"
+    # A linked image: Airflow's Markdown shows images at most 300 px wide; a click opens it at full size.
+    return (f"[![{suite}: the {runs} runs, their band and the current baseline]({url})]({url})\n\n"
+            f"(click the plot to open it at full size)")
 
 
 def _verify_own_runs(spec: Any, run_dir: Path, runs: list[dict[str, Any]], proposed: Mapping[str, Path]) -> None:
