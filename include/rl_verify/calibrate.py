@@ -126,11 +126,11 @@ def fetch_runs(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, An
             spec = pipeline.expanded_specs([suite], pipeline.node_settings(conn), folders["worktree"])[0]
             dest = run_dir / t["record_as"]
             with pipeline.ssh_client(conn) as client:
-                meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+                meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, with_baseline=False)
             tracker = meta["files"].get("tracker")
             count = read_tracker(tracker["local"], metrics=[]).steps if tracker else 0
             steps[t["record_as"]] = count
-            problems += [f"{t['record_as']} ({conn}): {p}" for p in meta["problems"] if "baseline" not in p]
+            problems += [f"{t['record_as']} ({conn}): {p}" for p in meta["problems"]]
             if tracker and count != spec.expected_steps:
                 problems.append(f"{t['record_as']} ({conn}): {count} step-summary rows, expected {spec.expected_steps}")
             record.write_json(dest / "fetch.json", {**meta, "steps": count})

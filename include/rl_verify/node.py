@@ -205,11 +205,12 @@ def _get_tree(sftp: "paramiko.SFTPClient", remote_dir: str, local_dir: Path) -> 
 
 
 def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.RunLayout,
-                dest: Path) -> dict[str, Any]:
+                dest: Path, with_baseline: bool = True) -> dict[str, Any]:
     """Copy the suite's newest tracker, logs, baseline and (GRPO) checker into ``dest``.
 
     Never raises for a missing file: what is absent is listed under ``problems`` so the caller
     decides; everything that exists is archived (a record is never lost because a run failed).
+    ``with_baseline=False`` leaves out the suite's baseline tracker (a calibration makes its own).
     """
     sftp = client.open_sftp()
     work_dir, job_dir = layout.work_dir(spec.name), layout.job_dir(spec.name)
@@ -243,7 +244,7 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
             if _mtime(sftp, posixpath.join(job_dir, name)) is not None:
                 logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
         meta["files"]["logs"] = logs
-        if spec.baseline:
+        if spec.baseline and with_baseline:
             got = _get_file(sftp, spec.baseline, dest / "baseline.jsonl", "baseline tracker", meta["problems"])
             if got:
                 meta["files"]["baseline"] = got

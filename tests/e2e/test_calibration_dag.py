@@ -12,6 +12,7 @@ import pytest
 
 from harness.rig import CONN_ID, Rig
 from rl_verify import baselines, settings
+from rl_verify.suite import load_suite
 from simulator import node as sim
 
 pytestmark = pytest.mark.e2e
@@ -108,4 +109,26 @@ def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged
     report = json.loads(Path(good.summary["report"]["json"]).read_text())
     assert report["baselines"]["opd"].startswith("v2: calibration of commit")
     bad = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": CONN_ID})
+    assert bad.summary["verdict"] == "FAIL" and bad.summary["failure_classes"] == ["accuracy"]
+
+
+def test_an_approved_grpo_calibration_is_a_baseline_tracker_the_checker_judges_against(rig):
+    from rl_verify.tracker import read_tracker
+
+    conf = {"commit": "main", "suites": ["grpo"], "runs": 2, "nodes": f"{CONN_ID},{NODE_B}"}
+    run_id, state, tasks, detail = calibrate(rig, conf, "Approve")
+    assert state == "success", tasks
+    assert "grpo: proposal from N = 2 runs" in detail["body"] and "grpo: the 2 runs" in detail["body"]
+    current = baselines.current("grpo", root(rig))
+    rec = baselines.show("grpo", current.version, root(rig))
+    assert (current.version, rec.source, rec.runs, rec.dag_run_ids) == (2, "calibration", 2, (run_id,))
+    proposed = Path(rig.state_dir) / "grpo-v2-baseline.jsonl"
+    proposed.write_bytes(baselines.version_files("grpo", 2, root(rig))["baseline.jsonl"])
+    assert read_tracker(proposed).steps == load_suite("grpo").expected_steps
+
+    good = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID})
+    assert good.summary["verdict"] == "PASS", json.dumps(good.tasks)
+    report = json.loads(Path(good.summary["report"]["json"]).read_text())
+    assert report["baselines"]["grpo"].startswith("v2: calibration of commit")
+    bad = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": CONN_ID})
     assert bad.summary["verdict"] == "FAIL" and bad.summary["failure_classes"] == ["accuracy"]

@@ -78,6 +78,16 @@ def test_missing_baseline_is_listed_naming_the_path_and_the_rest_is_fetched(sim_
     assert (tmp_path / "tracker.jsonl").exists()  # what exists is still archived
 
 
+def test_a_fetch_without_the_baseline_neither_copies_nor_misses_it(sim_node, run_dir, tmp_path):
+    """A calibration makes the baseline: its runs are fetched without the one in use."""
+    missing = f"{sim_node.info['root']}/share/baseline/no-such-{uuid.uuid4().hex[:6]}/tracker.jsonl"
+    _experiment(sim_node, f"{run_dir}/work/grpo", "20261101000000", rows=3)
+    meta = node.fetch_suite(sim_node.client, _spec(sim_node, baseline=missing), remote.RunLayout(run_dir), tmp_path,
+                            with_baseline=False)
+    assert not [p for p in meta["problems"] if "baseline" in p], meta["problems"]
+    assert "baseline" not in meta["files"] and (tmp_path / "tracker.jsonl").exists()
+
+
 def test_dangling_symlink_baseline_is_listed_as_unreadable(sim_node, run_dir, tmp_path):
     link = f"{run_dir}/baseline-link.jsonl"
     rc, _, err = sim_node.run(f"ln -s {shlex.quote(run_dir)}/gone.jsonl {shlex.quote(link)}")
