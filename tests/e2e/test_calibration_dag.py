@@ -126,6 +126,9 @@ def test_an_approved_grpo_calibration_is_a_baseline_tracker_the_checker_judges_a
     proposed.write_bytes(baselines.version_files("grpo", 2, root(rig))["baseline.jsonl"])
     assert read_tracker(proposed).steps == load_suite("grpo").expected_steps
 
+    # A seed no calibration run had: the checker's GRPO tolerances are not calibrated, only the curve.
+    sim_json = Path(rig.node["root"]) / "sim.json"
+    sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": "7"}))
     good = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID})
     assert good.summary["verdict"] == "PASS", json.dumps(good.tasks)
     report = json.loads(Path(good.summary["report"]["json"]).read_text())
