@@ -98,12 +98,13 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
 
         raise AirflowFailException(f"commit {p['commit']!r} is not the same commit on every node "
                                    f"({', '.join(sorted(s[:12] for s in shas))}): give a full SHA")
-    for conn in dict.fromkeys(placed):
-        mine = [t for t in done if t["resolved"]["node"] == conn]
-        first = {s: next(t for t in mine if t["suite"] == s) for s in dict.fromkeys(t["suite"] for t in mine)}
-        check: dict[str, Any] = {**next(iter(first.values()))["resolved"], "suites": list(first)}
-        check["suite_nodes"] = {s: conn for s in first}
-        pipeline.check_prerequisites(check)  # type: ignore[arg-type]
+    # Each node's suites, checked from its first run's worktree (the runs' worktrees are one commit).
+    groups: dict[str, tuple[list[str], str]] = {}
+    for t in done:
+        suites, _ = groups.setdefault(t["resolved"]["node"], ([], t["resolved"]["worktree"]))
+        if t["suite"] not in suites:
+            suites.append(t["suite"])
+    pipeline.check_nodes(groups, done[0]["resolved"]["run_key"])
     record.put_json(dag_run_id, f"{FOLDER}/plan.json", {"commit": p["commit"], "sha": shas.pop(), "runs": p["runs"],
                                                           "nodes": p["nodes"], "trainings": done})
     for t in done:

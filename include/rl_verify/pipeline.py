@@ -276,17 +276,25 @@ def _baselines_in_use(suites: list[str], pins: Mapping[str, int], dag_run_id: st
 def check_prerequisites(resolved: Resolved) -> Prerequisites:
     """Check every input of every selected suite and whether each node is busy: one SSH round trip
     per node; every problem of every node is listed before failing."""
+    groups = {conn: (suites, suite_node(resolved, suites[0])[1]["worktree"])
+              for conn, suites in suites_by_node(resolved).items()}
+    ok = check_nodes(groups, resolved["run_key"], resolved.get("baselines"))
+    return {"ok": ok, "missing": [], "busy": []}
+
+
+def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
+                baselines: Mapping[str, Any] | None = None) -> list[Any]:
+    """For each node (connection id -> its suites and the worktree they run from), every input of
+    every suite present and no other training running; returns the inputs found. Every problem of
+    every node is listed in one ``AirflowFailException``."""
     ok: list[Any] = []
     failed: list[tuple[str, node.PrerequisitesError]] = []
-    groups = suites_by_node(resolved)
-    for conn, suites in groups.items():
+    for conn, (suites, worktree) in groups.items():
         values = node_settings(conn)
-        specs = expanded_specs(suites, values, suite_node(resolved, suites[0])[1]["worktree"],
-                               resolved.get("baselines"))
+        specs = expanded_specs(suites, values, worktree, baselines)
         with ssh_client(conn) as client:
             try:
-                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"],
-                                                  resolved["run_key"])
+                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], run_key)
             except node.PrerequisitesError as err:
                 failed.append((conn, err))
                 continue
@@ -297,7 +305,7 @@ def check_prerequisites(resolved: Resolved) -> Prerequisites:
 
         raise AirflowFailException(str(failed[0][1]) if len(groups) == 1 else
                                    "\n".join(f"node {conn}: {err}" for conn, err in failed))
-    return {"ok": ok, "missing": [], "busy": []}
+    return ok
 
 
 def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
