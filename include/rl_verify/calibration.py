@@ -32,6 +32,7 @@ Pure engine layer (pandas, no Airflow import). What each part promises:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -40,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from rl_verify.errors import InputError
@@ -68,6 +70,13 @@ RULE_THRESHOLD = ("proposed threshold = the largest deviation of one run from th
                   "x {margin} (relative metrics: as a fraction of the mean), rounded up to "
                   f"{THRESHOLD_DIGITS} significant digits")
 RULE_WIDENING = "a proposed threshold wider than today's is flagged: widening a tolerance can hide a regression"
+#: A proposal is warned about when healthy verifications would FAIL it this often (see false_alarm_rate).
+FALSE_ALARM_LIMIT = 0.10
+#: Largest N the few-runs warning searches for one that would bring the rate under the limit.
+FALSE_ALARM_MAX_RUNS = 20
+RULE_FEW_RUNS = ("the runs are too few for the rule when, with run-to-run noise that is independent and normal, a "
+                 "fresh healthy run would FAIL one of the judged metrics' proposed tolerances in more than "
+                 f"{FALSE_ALARM_LIMIT:.0%} of verifications (metrics taken as independent; estimated by simulation)")
 RULE_DISAGREEMENT = ("the runs disagree too much to make a baseline for a metric when one of them, at some eval point, "
                      "is farther from the {n}-run mean than today's threshold allows: that run of the reference "
                      "commit would FAIL its own verification against the proposed golden value")
@@ -359,7 +368,10 @@ def opd_proposal(stats: pd.DataFrame, current: OpdGolden, eval_points: Sequence[
       rule is tied to today's threshold on purpose: it is the project's definition of "the same
       result", it uses the rule's own method and operator, and it stays meaningful for metrics near
       zero where a coefficient of variation explodes. (3) a zero deviation (identical runs) gives a
-      threshold that no run can meet with "<".
+      threshold that no run can meet with "<". (4) too few runs: the judged metrics' proposed tolerances
+      would FAIL more than ``FALSE_ALARM_LIMIT`` of healthy verifications if run-to-run noise is
+      independent and normal (:func:`suite_false_alarm_rate`); the runbook's x1.5 on N = 3 runs gives
+      about 24% per metric judged at 6 eval points.
     * ``rules``: the three rules above in words.
 
     Raises ``InputError`` (all problems at once) for a bad margin, a threshold metric with no
@@ -414,7 +426,9 @@ def opd_proposal(stats: pd.DataFrame, current: OpdGolden, eval_points: Sequence[
         thresholds[metric] = entry
         metric_rows.append({"metric": metric, "method": rule.method, "operator": rule.operator,
                             "reference_only": rule.reference_only, "measured_max_dev": deviation,
-                            "measured_at_step": dev_step, "worst_run": dev_run, "proposed_threshold": proposed,
+                            "measured_at_step": dev_step, "worst_run": dev_run, "measured_points": len(measured),
+                            "golden_values": metric in golden_metrics,
+                            "proposed_threshold": proposed,
                             "current_threshold": rule.threshold, "current_measured_max_dev": rule.measured_max_dev,
                             "change": proposed - rule.threshold, "widening": proposed > rule.threshold,
                             "disagreement": not rule.holds(deviation), "zero_deviation": deviation == 0})
@@ -423,11 +437,53 @@ def opd_proposal(stats: pd.DataFrame, current: OpdGolden, eval_points: Sequence[
             "thresholds": thresholds, "metrics": metric_rows, "points": point_rows,
             "warnings": _opd_warnings(metric_rows, n, margin),
             "rules": {"threshold": RULE_THRESHOLD.format(n=n, margin=margin), "widening": RULE_WIDENING,
-                      "disagreement": RULE_DISAGREEMENT.format(n=n)}}
+                      "disagreement": RULE_DISAGREEMENT.format(n=n), "few_runs": RULE_FEW_RUNS}}
+
+
+@functools.lru_cache(maxsize=512)
+def false_alarm_rate(n: int, points: int, margin: float, samples: int = 20_000) -> float:
+    """The chance that a fresh healthy run breaks, at one of ``points`` eval points, a tolerance made by
+    the rule from ``n`` runs (``margin`` x the largest deviation of a run from the n-run mean), when
+    run-to-run noise is independent and normal. A Monte Carlo estimate with a fixed seed: the same
+    answer every time (standard error under 0.004)."""
+    rng = np.random.default_rng(20261026)
+    runs = rng.standard_normal((samples, n, points))
+    mean = runs.mean(axis=1)
+    tolerance = margin * np.abs(runs - mean[:, None, :]).max(axis=(1, 2))
+    fresh = rng.standard_normal((samples, points))
+    return float((np.abs(fresh - mean) > tolerance[:, None]).any(axis=1).mean())
+
+
+def suite_false_alarm_rate(n: int, points_per_metric: Sequence[int], margin: float) -> float:
+    """The chance that a fresh healthy run FAILs at least one of the metrics (each judged at its number
+    of eval points), the metrics taken as independent (:func:`false_alarm_rate`)."""
+    return 1 - math.prod(1 - false_alarm_rate(n, p, margin) for p in points_per_metric)
+
+
+def _few_runs_warning(metric_rows: list[dict[str, Any]], n: int, margin: float) -> str | None:
+    """The few-runs warning (rule ``RULE_FEW_RUNS``), or None when the proposal holds often enough."""
+    # Only tolerances around golden values come from the runs' spread (the others stay today's).
+    judged = [m for m in metric_rows if m["golden_values"] and not m["reference_only"] and m["measured_points"]]
+    if not judged or not (math.isfinite(margin) and margin > 0):
+        return None
+    points = [m["measured_points"] for m in judged]
+    rate = suite_false_alarm_rate(n, points, margin)
+    if rate <= FALSE_ALARM_LIMIT:
+        return None
+    enough = next((k for k in range(n + 1, FALSE_ALARM_MAX_RUNS + 1)
+                   if suite_false_alarm_rate(k, points, margin) <= FALSE_ALARM_LIMIT), None)
+    per_metric = false_alarm_rate(n, max(points), margin)
+    advice = (f"N = {enough} runs would bring it to {suite_false_alarm_rate(enough, points, margin):.0%}"
+              if enough else f"no N up to {FALSE_ALARM_MAX_RUNS} brings it under {FALSE_ALARM_LIMIT:.0%}")
+    return (f"{n} runs are few for the x {margin} rule: if the runs differ only by normal run-to-run noise, a "
+            f"fresh healthy run breaks one metric's proposed tolerance in about {per_metric:.0%} of runs, and about "
+            f"{rate:.0%} of healthy verifications would FAIL on at least one of the {len(judged)} judged metrics "
+            f"(rule: flagged above {FALSE_ALARM_LIMIT:.0%}); {advice}; or keep today's tolerances")
 
 
 def _opd_warnings(metric_rows: list[dict[str, Any]], n: int, margin: float) -> list[str]:
-    """Warning sentences for widening, disagreement and zero deviation (see :func:`opd_proposal`)."""
+    """Warning sentences for widening, disagreement, zero deviation and too few runs (see
+    :func:`opd_proposal`)."""
     out = []
     for m in metric_rows:
         method = m["method"]
@@ -450,7 +506,8 @@ def _opd_warnings(metric_rows: list[dict[str, Any]], n: int, margin: float) -> l
                        f"proposed threshold is 0 and '{m['operator']} 0' "
                        + ("fails every run; calibrate with differing seeds or keep today's threshold"
                           if m["operator"] == "<" else "allows no run-to-run noise at all"))
-    return out
+    few = _few_runs_warning(metric_rows, n, margin)
+    return out + ([few] if few else [])
 
 
 def _fmt_value(value: float | None) -> str:

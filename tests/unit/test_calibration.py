@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 
 import pytest
 
@@ -332,3 +333,43 @@ def test_markdown_table_lists_every_metric_and_eval_point_with_both_thresholds(p
     assert f"| {TIME} | all | — | — | < 0% (tighter) | < 10% (reference only) | — |" in text
     assert "**Warnings**" in text and "widening a tolerance can hide a regression" in text
     assert "x 1.5" in text
+
+
+def test_the_false_alarm_estimate_is_repeatable_and_falls_as_runs_are_added():
+    from rl_verify.calibration import false_alarm_rate, suite_false_alarm_rate
+
+    rates = [false_alarm_rate(n, 6, 1.5) for n in (2, 3, 5, 8, 20)]
+    assert rates == sorted(rates, reverse=True) and rates[-1] < 0.01
+    # x1.5 of the largest of 3 runs' deviations at 6 eval points: a fresh run is outside about 1 time in 4.
+    assert 0.21 < rates[1] < 0.28 and false_alarm_rate(3, 6, 1.5) == rates[1]
+    assert false_alarm_rate(3, 6, 3.0) < rates[1]  # a wider margin holds more often
+    assert suite_false_alarm_rate(3, [6] * 5, 1.5) == pytest.approx(1 - (1 - rates[1]) ** 5)
+
+
+def _normal_runs(tmp_path, n: int):
+    """n OPD runs that differ by small independent noise at every metric and step (seeded)."""
+    import random
+
+    def change(run):
+        rng = random.Random(run)
+        return lambda metric, step, value: value + rng.gauss(0, 0.002)
+    return opd_runs(tmp_path, {str(i): change(i) for i in range(n)})
+
+
+def test_too_few_runs_for_the_rule_are_warned_with_the_false_alarm_rate_and_the_n_that_holds(tmp_path):
+    current = load_golden(GOLDEN)
+    stats = step_statistics(run_table(_normal_runs(tmp_path, 3), current.thresholds))
+    few = [w for w in opd_proposal(stats, current)["warnings"] if "are few for the x 1.5 rule" in w]
+    assert len(few) == 1, few
+    # Judged with golden values: KL, abs loss, rewards, gsm8k, geo3k (length and time/step keep today's).
+    assert "at least one of the 5 judged metrics" in few[0] and "(rule: flagged above 10%)" in few[0]
+    assert re.search(r"about (7\d|8\d)% of healthy verifications would FAIL", few[0]), few[0]
+    assert re.search(r"N = (\d+) runs would bring it to \d+%", few[0])
+
+
+def test_enough_runs_are_not_warned_as_too_few(tmp_path):
+    current = load_golden(GOLDEN)
+    stats = step_statistics(run_table(_normal_runs(tmp_path, 12), current.thresholds))
+    proposal = opd_proposal(stats, current)
+    assert not [w for w in proposal["warnings"] if "are few for" in w]
+    assert "FAIL one of the judged metrics" in proposal["rules"]["few_runs"]
