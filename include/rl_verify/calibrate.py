@@ -23,6 +23,8 @@ from rl_verify.errors import InputError
 log = logging.getLogger(__name__)
 
 FOLDER = settings.CALIBRATION_RECORD_FOLDER
+#: A calibration's record is ``<record root>/<this DAG id>/<run key>/``, apart from the verification runs'.
+DAG_ID = settings.CALIBRATION_DAG_ID
 MAX_RUNS = 20
 
 
@@ -70,7 +72,7 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
             raise ValueError(f"{len(problems)} problem(s) with the node(s) of this calibration; nothing was "
                              "launched:\n" + "\n".join(f"  - {line}" for line in problems))
     with pipeline.no_retry_on(OSError):
-        where = record.ensure_store_writable(dag_run_id)
+        where = record.ensure_store_writable(dag_run_id, dag_id=DAG_ID)
     runs = [(suite, i) for suite in p["suites"] for i in range(1, p["runs"][suite] + 1)]
     placed = placement.calibration_nodes(p["nodes"], len(runs))
     key = remote.run_key(dag_run_id)
@@ -106,7 +108,7 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
             suites.append(t["suite"])
     pipeline.check_nodes(groups, done[0]["resolved"]["run_key"])
     record.put_json(dag_run_id, f"{FOLDER}/plan.json", {"commit": p["commit"], "sha": shas.pop(), "runs": p["runs"],
-                                                          "nodes": p["nodes"], "trainings": done})
+                                                        "nodes": p["nodes"], "trainings": done}, dag_id=DAG_ID)
     for t in done:
         log.info("%s run %s on %s (seed %d): worktree %s", t["suite"], t["record_as"].rsplit("run", 1)[1],
                  t["resolved"]["node"], t["resolved"]["seed"], t["resolved"]["worktree"])
@@ -120,7 +122,7 @@ def fetch_runs(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, An
 
     problems: list[str] = []
     steps: dict[str, int] = {}
-    with record.workspace(dag_run_id, parts=[]) as run_dir:
+    with record.workspace(dag_run_id, parts=[], dag_id=DAG_ID) as run_dir:
         for t in trainings:
             resolved, suite = t["resolved"], t["suite"]
             conn, folders = pipeline.suite_node(resolved, suite)
@@ -152,14 +154,14 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
     from rl_verify.engines import engine_of
     from rl_verify.suite import load_suite
 
-    plan_data = record.get_json(dag_run_id, f"{FOLDER}/plan.json") or {}
+    plan_data = record.get_json(dag_run_id, f"{FOLDER}/plan.json", dag_id=DAG_ID) or {}
     sha = plan_data.get("sha")
     suites = list(dict.fromkeys(t["suite"] for t in trainings))
     versions = baselines.in_use(suites, {})
     body = [f"# Baseline calibration of `{sha}`", "",
             f"**DAG run:** `{dag_run_id}` · nodes: {', '.join(plan_data.get('nodes', []))}", ""]
     summary: dict[str, Any] = {}
-    with record.workspace(dag_run_id, parts=[FOLDER]) as run_dir:
+    with record.workspace(dag_run_id, parts=[FOLDER], dag_id=DAG_ID) as run_dir:
         for suite in suites:
             spec = load_suite(suite)
             engine = engine_of(spec)
@@ -178,7 +180,7 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
             text = (f"## {suite}: proposal from N = {len(trackers)} runs, against the current "
                     f"{versions[suite]['label']}\n\n{proposal.markdown}\n"
                     f"Plot of the {len(trackers)} runs, their band and the current baseline: "
-                    f"`{record.location(dag_run_id)}/{FOLDER}/{suite}/proposal/{png.name}`\n")
+                    f"`{record.location(dag_run_id, dag_id=DAG_ID)}/{FOLDER}/{suite}/proposal/{png.name}`\n")
             record.write_atomic(folder / "proposal.md", text)
             body += [text, _plot_markdown(suite, len(trackers), dag_run_id), ""]
             if proposal.warnings:
@@ -189,14 +191,14 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
     body.append("Approve: each proposal becomes a new baseline version and the current one. Reject: nothing "
                 "changes.")
     markdown = "\n".join(body)
-    record.put_json(dag_run_id, f"{FOLDER}/proposal.json", {"sha": sha, "suites": summary})
+    record.put_json(dag_run_id, f"{FOLDER}/proposal.json", {"sha": sha, "suites": summary}, dag_id=DAG_ID)
     log.info("Proposal:\n%s", markdown)
     return {"markdown": markdown, "sha": sha, "suites": summary}
 
 
 def _plot_markdown(suite: str, runs: int, dag_run_id: str) -> str:
     """The proposal plot as a Markdown image the approval card shows, served by the UI plugin."""
-    path = links.proposal_plot_path(settings.CALIBRATION_DAG_ID, dag_run_id, suite)
+    path = links.proposal_plot_path(DAG_ID, dag_run_id, suite)
     url = links.absolute(links.ui_base_url(), path)
     # A linked image: Airflow's Markdown shows images at most 300 px wide; a click opens it at full size.
     return (f"[![{suite}: the {runs} runs, their band and the current baseline]({url})]({url})\n\n"
@@ -300,12 +302,12 @@ def promote(proposal: Mapping[str, Any], decision: Mapping[str, Any] | None, dag
     current; returns suite -> the new version."""
     from rl_verify import baselines
 
-    plan_data = record.get_json(dag_run_id, f"{FOLDER}/plan.json") or {}
+    plan_data = record.get_json(dag_run_id, f"{FOLDER}/plan.json", dag_id=DAG_ID) or {}
     by = _approver(decision)
     at = datetime.now(timezone.utc)
     trainings = plan_data.get("trainings", [])
     out: dict[str, int] = {}
-    with record.workspace(dag_run_id, parts=[FOLDER]) as run_dir:
+    with record.workspace(dag_run_id, parts=[FOLDER], dag_id=DAG_ID) as run_dir:
         for suite, info in proposal["suites"].items():
             folder = run_dir / FOLDER / suite / "proposal"
             nodes = sorted({t["resolved"]["node"] for t in trainings if t["suite"] == suite})

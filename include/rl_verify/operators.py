@@ -144,7 +144,8 @@ class SuiteTrainingOperator(BaseOperator):
         live = {"suite": self.suite, "work_dir": work_dir, "tracker_glob": spec.tracker,
                 "baseline": engine_of(spec).live_baseline(spec), "early_abort": bool(resolved.get("early_abort", True)),
                 # The baseline version in use: its files are read from this run's record.
-                "run_id": context["run_id"], "version_files": list(version.get("files", ())),
+                "run_id": context["run_id"], "dag_id": context["dag_run"].dag_id,
+                "version_files": list(version.get("files", ())),
                 "version_label": version.get("label")}
         return node, job_dir, marker, live
 
@@ -154,7 +155,8 @@ def _record_early_abort(context: Any, folder: str, live: dict[str, Any], applied
     fetch, compare, report."""
     from rl_verify import record
 
-    record.put_json(context["run_id"], f"{folder}/abort.json", {**live, "applied": applied})
+    record.put_json(context["run_id"], f"{folder}/abort.json", {**live, "applied": applied},
+                    dag_id=context["dag_run"].dag_id)
 
 
 @contextmanager

@@ -33,16 +33,17 @@ def store_root(root: str | None = None) -> Any:
     return ObjectStoragePath(root if is_url(root) else Path(root).expanduser().resolve().as_uri())
 
 
-def run_store(dag_run_id: str, root: str | None = None) -> Any:
-    """The record of one DAG run in the store (deterministic: retries and reruns write the same place)."""
-    return store_root(root) / settings.DAG_ID / run_key(dag_run_id)
+def run_store(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> Any:
+    """The record of one DAG run in the store, ``<dag_id>/<run key>`` (default: the verification DAG's);
+    deterministic: retries and reruns write the same place."""
+    return store_root(root) / (dag_id or settings.DAG_ID) / run_key(dag_run_id)
 
 
-def location(dag_run_id: str, root: str | None = None) -> str:
+def location(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> str:
     """Where a person finds the run's record: a folder path for a local root, the URL otherwise."""
     root = root or settings.RECORD_ROOT
     base = root.rstrip("/") if is_url(root) else str(Path(root).expanduser().resolve())
-    return f"{base}/{settings.DAG_ID}/{run_key(dag_run_id)}"
+    return f"{base}/{dag_id or settings.DAG_ID}/{run_key(dag_run_id)}"
 
 
 def staging_root() -> Path:
@@ -54,7 +55,8 @@ def staging_root() -> Path:
 
 
 @contextmanager
-def workspace(dag_run_id: str, parts: Iterable[str] | None = None, root: str | None = None) -> Iterator[Path]:
+def workspace(dag_run_id: str, parts: Iterable[str] | None = None, root: str | None = None,
+              dag_id: str | None = None) -> Iterator[Path]:
     """The run's record as a private local folder for one task: pulled from the store (only ``parts``,
     paths relative to the record, when given), pushed back when the block ends, also on failure (what
     a failing task produced is kept), then removed.
@@ -62,9 +64,9 @@ def workspace(dag_run_id: str, parts: Iterable[str] | None = None, root: str | N
     No task reads another task's local disk: on a distributed deployment the next task may run on
     another worker. The folder ends in ``<dag_id>/<run key>`` like the record (see ``relocate``).
     """
-    store = run_store(dag_run_id, root)
+    store = run_store(dag_run_id, root, dag_id)
     base = Path(tempfile.mkdtemp(prefix="task-", dir=staging_root()))
-    local = base / settings.DAG_ID / run_key(dag_run_id)
+    local = base / (dag_id or settings.DAG_ID) / run_key(dag_run_id)
     local.mkdir(parents=True)
     try:
         pull(store, local, parts)
@@ -153,32 +155,32 @@ def relocate(value: Any, run_dir: Path) -> Any:
     return value
 
 
-def put_json(dag_run_id: str, rel: str, value: Any, root: str | None = None) -> str:
+def put_json(dag_run_id: str, rel: str, value: Any, root: str | None = None, dag_id: str | None = None) -> str:
     """Write one small JSON file of the record straight to the store (no workspace); return its location."""
-    dest = run_store(dag_run_id, root) / rel
+    dest = run_store(dag_run_id, root, dag_id) / rel
     make_parent(dest)
     dest.write_bytes((json.dumps(value, indent=2, sort_keys=True, default=str) + "\n").encode("utf-8"))
-    return f"{location(dag_run_id, root)}/{rel}"
+    return f"{location(dag_run_id, root, dag_id)}/{rel}"
 
 
-def get_json(dag_run_id: str, rel: str, root: str | None = None) -> Any | None:
+def get_json(dag_run_id: str, rel: str, root: str | None = None, dag_id: str | None = None) -> Any | None:
     """One JSON file of the record read straight from the store; None when it does not exist."""
-    source = run_store(dag_run_id, root) / rel
+    source = run_store(dag_run_id, root, dag_id) / rel
     return json.loads(source.read_bytes()) if source.exists() else None
 
 
-def ensure_store_writable(dag_run_id: str, root: str | None = None) -> str:
+def ensure_store_writable(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> str:
     """Prove the run's record can be written to the store (probe object written and removed); return
     its location. Raises OSError naming RL_VERIFY_RECORD_ROOT and what to fix otherwise."""
     root = root or settings.RECORD_ROOT
     try:
-        probe = run_store(dag_run_id, root) / ".write-probe"
+        probe = run_store(dag_run_id, root, dag_id) / ".write-probe"
         make_parent(probe)
         probe.write_bytes(b"")
         probe.unlink()
     except Exception as err:  # credentials, endpoint, bucket, permissions: every cause is the same setting
         raise store_error(root, err) from err
-    return location(dag_run_id, root)
+    return location(dag_run_id, root, dag_id)
 
 
 def store_error(root: str, err: BaseException) -> OSError:

@@ -94,6 +94,7 @@ class LiveWatch:
         self.baseline_path: str | None = config.get("baseline")
         #: The files of the run's baseline version (read from the run's record), and its label.
         self.run_id: str | None = config.get("run_id")
+        self.dag_id: str | None = config.get("dag_id")  # the record's DAG folder (None: the verification DAG)
         self.version_files: list[str] = list(config.get("version_files") or [])
         self.version_label: str | None = config.get("version_label")
         self.early_abort = bool(config.get("early_abort", True))
@@ -146,7 +147,7 @@ class LiveWatch:
         from rl_verify import record
         from rl_verify.baselines import RECORD_FOLDER
 
-        return (record.run_store(self.run_id) / self.spec.name / RECORD_FOLDER / name).read_bytes()
+        return (record.run_store(self.run_id, dag_id=self.dag_id) / self.spec.name / RECORD_FOLDER / name).read_bytes()
 
     def log_hit(self, text: str) -> dict[str, Any] | None:
         """Scan new log lines: record every log-rule match; return the first of a ``seen`` rule.

@@ -100,6 +100,12 @@ def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged
     assert "H200" in (rec.hardware or "")
     golden = baselines.load_opd_golden("opd", 2, root(rig))
     assert golden.source.runs == 3
+    # The calibration's record is its own DAG's, apart from the verification runs'.
+    from rl_verify.remote import run_key
+
+    kept = Path(root(rig)) / CAL / run_key(run_id) / "calibration" / "opd"
+    assert sorted(p.name for p in kept.iterdir()) == ["proposal", "run1", "run2", "run3"]
+    assert not (Path(root(rig)) / settings.DAG_ID / run_key(run_id)).exists()
 
     # A run of main reproducing calibration run 1 (same seed) is inside the band by construction: with
     # N = 3 and the runbook's x1.5, a fresh seed would breach the tighter tolerance about half the time.

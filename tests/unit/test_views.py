@@ -15,7 +15,7 @@ RUN = "manual__2026-12-01T06:00:00.123456+00:00"
 @pytest.fixture
 def store(tmp_path, monkeypatch):
     monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path))
-    plot = (tmp_path / settings.DAG_ID / run_key(RUN) / settings.CALIBRATION_RECORD_FOLDER / "opd" / "proposal"
+    plot = (tmp_path / CAL / run_key(RUN) / settings.CALIBRATION_RECORD_FOLDER / "opd" / "proposal"
             / "runs.png")
     plot.parent.mkdir(parents=True)
     plot.write_bytes(b"\x89PNG\r\n\x1a\n")
@@ -29,6 +29,7 @@ def test_a_calibration_runs_proposal_plot_is_found_by_dag_run_and_suite(store):
 
 @pytest.mark.parametrize("dag_id, run_id, suite", [
     (settings.DAG_ID, RUN, "opd"),          # a verification run has no proposal
+    ("other_dag", RUN, "opd"),
     (CAL, RUN, "grpo"),                     # a suite the calibration did not run
     (CAL, RUN, ".."), (CAL, RUN, "opd/proposal"), (CAL, RUN, "../../../secret"),
     (CAL, "../..", "opd"), (CAL, "manual__nope", "opd"), (CAL, "", "opd"),
