@@ -48,22 +48,19 @@ def _listed(folder: Any, name: str) -> Any | None:
     return entries.get(name)
 
 
-def _record_folder(dag_id: str, run_id: str) -> Any | None:
-    """The record folder of ``run_id`` of a DAG rl-verify knows: its name is computed from the id, then
-    looked up in a listing of the DAG's records."""
-    from rl_verify import record
-
+def _record_folder(records: Any, run_id: str) -> Any | None:
+    """The record folder of ``run_id`` in a DAG's ``records``: its name is computed from the id, then
+    looked up in a listing."""
     try:
         name = run_key(run_id)
     except Exception as err:  # an id run_key refuses cannot name a run
         raise HTTPException(404, "no such run") from err
-    return _listed(record.store_root() / dag_id, name)
+    return _listed(records, name)
 
 
 def run_folder(dag_id: str, run_id: str) -> Any:
     """The record folder of the verification run ``run_id`` (404 unless it has a report)."""
-    dag_records(dag_id)
-    folder = _record_folder(dag_id, run_id)
+    folder = _record_folder(dag_records(dag_id), run_id)
     if folder is None or not (folder / "report.html").is_file():
         raise HTTPException(404, f"no verification report for run {run_id!r} (yet)")
     return folder
@@ -71,9 +68,11 @@ def run_folder(dag_id: str, run_id: str) -> Any:
 
 def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
     """The plot of calibration run ``run_id``'s proposal for ``suite`` (404 for anything else)."""
+    from rl_verify import record
+
     if dag_id != settings.CALIBRATION_DAG_ID:
         raise HTTPException(404, f"no calibration records for DAG {dag_id!r}")
-    folder = _record_folder(dag_id, run_id)
+    folder = _record_folder(record.store_root() / settings.CALIBRATION_DAG_ID, run_id)
     suite_folder = _listed(folder / settings.CALIBRATION_RECORD_FOLDER, suite) if folder is not None else None
     png = suite_folder / "proposal" / "runs.png" if suite_folder is not None else None
     if png is None or not png.is_file():
