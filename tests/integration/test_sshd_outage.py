@@ -27,10 +27,15 @@ def test_sshd_down_drops_sessions_keeps_processes_and_sshd_up_restores_the_same_
     detached = int(out.strip())
     chan = fresh_node.client.get_transport().open_session()
     chan.exec_command("sleep 301")
+    # Wait for the command itself: for a moment its login shell (`bash -c sleep 301`, before it execs
+    # the command) matches too.
+    def in_session_sleep() -> list[int]:
+        return [p for p, cmd in fresh_node.processes("sleep 301") if cmd.strip() == "sleep 301"]
+
     deadline = time.monotonic() + 10
-    while not fresh_node.processes("sleep 301") and time.monotonic() < deadline:
+    while len(in_session_sleep()) != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    (in_session,) = [p for p, _ in fresh_node.processes("sleep 301")]
+    (in_session,) = in_session_sleep()
 
     stopped = simnode.sshd_down(fresh_node.state)
     assert stopped, "sshd was running"
