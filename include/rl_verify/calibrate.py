@@ -181,10 +181,9 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
                     f"{versions[suite]['label']}\n\n{proposal.markdown}\n"
                     f"Plot of the {len(trackers)} runs, their band and the current baseline: "
                     f"`{record.location(dag_run_id, dag_id=DAG_ID)}/{FOLDER}/{suite}/proposal/{png.name}`\n")
-            record.write_atomic(folder / "proposal.md", text)
-            body += [text, _plot_markdown(suite, len(trackers), dag_run_id), ""]
-            if proposal.warnings:
-                body += ["**Warnings**", ""] + [f"- {w}" for w in proposal.warnings] + [""]
+            warnings = ["**Warnings**", ""] + [f"- {w}" for w in proposal.warnings] + [""] if proposal.warnings else []
+            record.write_atomic(folder / "proposal.md", "\n".join([text, *warnings]))
+            body += [text, _plot_markdown(suite, len(trackers), dag_run_id), "", *warnings]
             summary[suite] = {"runs": len(trackers), "against": versions[suite]["version"],
                               "files": sorted(proposal.files), "warnings": proposal.warnings,
                               "statistics": proposal.statistics}

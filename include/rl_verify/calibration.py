@@ -558,7 +558,7 @@ def proposal_table_markdown(proposal: Mapping[str, Any], warnings: bool = True) 
 
 class Proposal(NamedTuple):
     """A suite's proposed baseline from N runs: the files of a new version, its statistics summary, the
-    table a person reads (Markdown) and the warnings."""
+    tables a person reads (Markdown, without the warnings) and the warnings (each reader lists them once)."""
 
     files: dict[str, bytes]
     statistics: dict[str, Any]
@@ -626,7 +626,7 @@ def opd_golden_proposal(spec: Any, trackers: Mapping[str, str | Path], current_d
               "thresholds": proposal["thresholds"]}
     statistics = {"runs": proposal["runs"], "margin": proposal["margin"], "metrics": proposal["metrics"],
                   "rules": proposal["rules"]}
-    markdown = proposal_table_markdown(proposal)
+    markdown = proposal_table_markdown(proposal, warnings=False)  # the warnings travel in Proposal.warnings
     if kept:
         markdown += (f"\nKept at today's threshold: {', '.join(kept)} (judged against the reference baseline "
                      "tracker, which these runs do not calibrate).\n")

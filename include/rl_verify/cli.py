@@ -236,6 +236,8 @@ def _baselines_propose(args: argparse.Namespace) -> int:
     print(f"{suite}: proposal from {len(trackers)} runs of commit {args.commit}, against {against['label']}\n")
     print("\n".join(f"  {run}: {path}" for run, path in trackers.items()) + "\n")
     print(proposal.markdown)
+    if proposal.warnings:
+        print("Warnings:\n" + "\n".join(f"  - {w}" for w in proposal.warnings) + "\n")
     if not args.add:
         print("(not stored: add --add to write it as a new version, then rl-verify baselines promote)")
         return EXIT_PASS

@@ -426,6 +426,7 @@ def test_propose_prints_the_opd_table_and_add_stores_a_version_that_is_not_curre
     out = capsys.readouterr().out
     assert "opd: proposal from 3 runs of commit " + "c" * 40 + ", against v1: shipped" in out
     assert "| metric | eval point | proposed value | current value | proposed threshold |" in out
+    assert out.count("3 runs are few for the x 1.5 rule") == 1  # the warnings, listed once
     assert "(not stored" in out and not version_dir(store, "opd", 2).exists()
     assert main(["baselines", "propose", "--suite", "opd", "--commit", "c" * 40, "--add", *trackers]) == 0
     assert "opd: added v2 (not current" in capsys.readouterr().out
