@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STATE = ROOT / ".state" / "gallery"
 OUT = ROOT / ".state" / "report-gallery.md"
+SEED = "gallery"
 COMMITS = ["main"] + [branch for branch, _, _ in sim.REGRESSION_BRANCHES.values()]
 
 
@@ -37,6 +38,10 @@ def main() -> int:
         shutil.rmtree(STATE)
     rows = []
     with Rig(STATE, STATE / "records", step_seconds=0.1) as rig:
+        # A fixed node-wide seed: every regression's report is the same from one gallery to the next
+        # (reports are compared across changes that must not alter them).
+        sim_json = Path(rig.node["root"]) / "sim.json"
+        sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": SEED}))
         for commit in COMMITS:
             out = rig.run({"commit": commit, "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, timeout=900)
             if not out.summary:
