@@ -11,7 +11,7 @@ accuracy aligned with the baselines, following the team's runbook:
    human response that granted it; an unanswered card ends the run NOT APPROVED (timed out) before
    the next scheduled run is due.
 4. **run_grpo / run_opd** — detached, deferrable SSH jobs, one training per node at a time (the node's
-   pool, chosen per run by the cluster policy `rl_verify.policy`); suites on different nodes in parallel.
+   pool, chosen per run by the cluster policy `rl_verify.orchestration.policy`); suites on different nodes in parallel.
 5. **fetch_* / compare_*** — trackers archived, compared per metric (GRPO through the checkout's own
    `check_rl_result`; OPD at every eval point against the golden table).
 6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
@@ -28,9 +28,14 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import CronTriggerTimetable, Param, chain, dag, task
 
-from rl_verify import placement, settings
-from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
+from rl_verify import engines, settings
+from rl_verify.node import placement
+from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
 
+# A malformed RL_VERIFY_* setting or suite spec is this DAG's import error, naming each one and its fix.
+settings.raise_problems()
+SUITES = engines.known_suites()
+TITLES = engines.suite_titles()
 # The default node's pool; a run that names other nodes gets theirs from the cluster policy rl_verify.policy.
 POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 
@@ -50,11 +55,11 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                                     "4e7db028. Up to 200 characters: letters, digits and . _ / + - (no spaces), "
                                     "starting with a letter or digit.",
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
-        "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
-                        description="One or more trainings to verify: " + "; ".join(settings.suite_titles().values())
+        "suites": Param(list(engines.default_suites()), type="array", title="Suites",
+                        description="One or more trainings to verify: " + "; ".join(TITLES.values())
                                     + ". Each needs a whole 8-GPU node: on one node they run one after the other.",
-                        items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
-                        values_display=settings.suite_titles(), minItems=1, uniqueItems=True),
+                        items={"type": "string", "enum": list(SUITES)},
+                        values_display=TITLES, minItems=1, uniqueItems=True),
         "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node(s) (SSH connection id)",
                       description="The id of the Airflow SSH connection (Admin > Connections) of the 8-GPU node "
                                   f"to train on, e.g. {settings.DEFAULT_NODE_CONN_ID}, or one per suite to train them "
@@ -77,58 +82,58 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 def rl_accuracy_verification():
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def resolve_commit(params=None, run_id=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
-        return pipeline.resolve_commit(params, run_id)
+        return verification.resolve_commit(params, run_id)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def check_prerequisites(resolved):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
-        return pipeline.check_prerequisites(resolved)
+        return verification.check_prerequisites(resolved)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def experiment_card(resolved, prereq, run_id=None, dag_run=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
-        gaps = pipeline.schedule_gaps(dag_run.run_type, dag_run.logical_date)
-        return pipeline.experiment_card(resolved, prereq, run_id, gaps)
+        gaps = verification.schedule_gaps(dag_run.run_type, dag_run.logical_date)
+        return verification.experiment_card(resolved, prereq, run_id, gaps)
 
     @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
     def fetch(suite, resolved, run_id=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
-        return pipeline.fetch(suite, resolved, run_id)
+        return verification.fetch(suite, resolved, run_id)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
     def compare(suite, run_id=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
-        return pipeline.compare(suite, run_id)
+        return verification.compare(suite, run_id)
 
-    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    @task(task_id=settings.REPORT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def report(params=None, run_id=None, ti=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
         # Pulled, not passed: the report is written after any failure, when these may not exist.
         card = ti.xcom_pull(task_ids="experiment_card") or {}
-        return pipeline.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
+        return verification.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(run_id=None, ti=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
         # Pulled, not passed: a failed report task must still reach this task as "no report".
-        return pipeline.verdict(ti.xcom_pull(task_ids="report"), run_id)
+        return verification.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
 
     # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
     # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
     @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
-        from rl_verify import pipeline
+        from rl_verify.orchestration import verification
 
         # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
-        return pipeline.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, pipeline.failed_tasks(ti))
+        return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, verification.failed_tasks(ti))
 
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)
@@ -137,8 +142,8 @@ def rl_accuracy_verification():
 
     compared = []
     watched = [resolved, prereq]
-    for suite in settings.KNOWN_SUITES:
-        run = SuiteTrainingOperator(task_id=f"run_{suite}", suite=suite, resolved=resolved, pool=POOL,
+    for suite in SUITES:
+        run = SuiteTrainingOperator(task_id=settings.training_task(suite), suite=suite, resolved=resolved, pool=POOL,
                                     **settings.TRAINING_TASK_ARGS)
         fetched = fetch.override(task_id=f"fetch_{suite}")(suite, resolved)
         result = compare.override(task_id=f"compare_{suite}")(suite)

@@ -29,9 +29,12 @@ import pendulum
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, chain, dag, task
 
-from rl_verify import placement, settings
-from rl_verify.operators import SuiteTrainingOperator
+from rl_verify import engines, settings
+from rl_verify.node import placement
+from rl_verify.orchestration.operators import SuiteTrainingOperator
 
+# A malformed RL_VERIFY_* setting or suite spec is this DAG's import error, naming each one and its fix.
+settings.raise_problems()
 # The default node's pool; each run's own node comes from the cluster policy rl_verify.policy.
 POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 
@@ -50,13 +53,14 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                         description="The commit whose runs become the baseline: branch, tag or SHA in the nodes' "
                                     "XTuner checkout (letters, digits and . _ / + -).",
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
-        "suites": Param(list(settings.DEFAULT_SUITES), type="array", title="Suites",
-                        description="The suites to calibrate.",
-                        items={"type": "string", "enum": list(settings.KNOWN_SUITES)},
-                        values_display=settings.suite_titles(), minItems=1, uniqueItems=True),
+        "suites": Param(list(engines.default_suites()), type="array", title="Suites",
+                        description="The suites to calibration.",
+                        items={"type": "string", "enum": list(engines.known_suites())},
+                        values_display=engines.suite_titles(), minItems=1, uniqueItems=True),
         "runs": Param(None, type=["null", "integer"], title="Runs per suite (N)",
-                      description="How many runs each suite's baseline averages: at least 2. Empty: the runbook's "
-                                  "N (GRPO 5, OPD 3).", minimum=2, maximum=20),
+                      description="How many runs each suite's baseline averages: at least 2. Empty: the N of "
+                                  "the suite's shipped baseline (the runbook's: GRPO 5, OPD 3).", minimum=2,
+                      maximum=20),
         "nodes": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node(s) (SSH connection ids)",
                        description="One or more Airflow SSH connection ids, comma separated, e.g. node_a,node_b: "
                                    "the runs are spread over them, one training per node at a time.",
@@ -66,37 +70,37 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 def rl_baseline_calibration():
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def plan(params=None, run_id=None):
-        from rl_verify import calibrate
+        from rl_verify.orchestration import calibration
 
-        return calibrate.plan(params, run_id)
+        return calibration.plan(params, run_id)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def fetch_runs(trainings, run_id=None):
-        from rl_verify import calibrate
+        from rl_verify.orchestration import calibration
 
-        return calibrate.fetch_runs(trainings, run_id)
+        return calibration.fetch_runs(trainings, run_id)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def propose(trainings, run_id=None):
-        from rl_verify import calibrate
+        from rl_verify.orchestration import calibration
 
-        return calibrate.propose(trainings, run_id)
+        return calibration.propose(trainings, run_id)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def promote(proposal, run_id=None, ti=None):
-        from rl_verify import calibrate
+        from rl_verify.orchestration import calibration
 
-        return calibrate.promote(proposal, ti.xcom_pull(task_ids="approve_promotion"), run_id)
+        return calibration.promote(proposal, ti.xcom_pull(task_ids="approve_promotion"), run_id)
 
     @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
-        from rl_verify import calibrate
+        from rl_verify.orchestration import calibration
 
         # Pulled, not passed: cleanup also runs when plan failed (nothing to clean then).
-        return calibrate.cleanup(ti.xcom_pull(task_ids="plan"), run_id)
+        return calibration.cleanup(ti.xcom_pull(task_ids="plan"), run_id)
 
     trainings = plan()
-    train = SuiteTrainingOperator.partial(task_id=placement.CALIBRATION_TRAINING_TASK, pool=POOL,
+    train = SuiteTrainingOperator.partial(task_id=settings.CALIBRATION_TRAINING_TASK, pool=POOL,
                                           **settings.TRAINING_TASK_ARGS).expand_kwargs(trainings)
     fetched = fetch_runs(trainings)
     proposal = propose(trainings)

@@ -1,14 +1,14 @@
 """rl-verify's Airflow UI plugin: the verification report on a run's page, the history on the DAG's.
 
-Thin: the app, views and link live in ``rl_verify.views`` (Airflow glue layer of the package).
+Thin: the app, views and link live in ``rl_verify.orchestration.views`` (Airflow glue layer of the package).
 """
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from rl_verify import links
-from rl_verify.views import ReportLink, create_app, plugin_views
+from rl_verify.orchestration import links
+from rl_verify.orchestration.views import ReportLink, create_app, plugin_views
 
 
 class RlVerifyViewsPlugin(AirflowPlugin):

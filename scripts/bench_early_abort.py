@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 from rl_verify.engines import engine_of
-from rl_verify.grpo import compare_grpo, percentile_fail_count
-from rl_verify.opd import compare_opd
-from rl_verify.suite import load_suite
-from rl_verify.tracker import TrackerFeed, read_tracker
+from rl_verify.engines.grpo import compare_grpo, percentile_fail_count
+from rl_verify.engines.opd import compare_opd
+from rl_verify.engines import load_suite
+from rl_verify.core.tracker import TrackerFeed, read_tracker
 from simulator import checkout as sim_checkout
 
 ROOT = Path(__file__).resolve().parents[1]

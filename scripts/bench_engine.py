@@ -21,9 +21,10 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from rl_verify.opd import compare_opd
-from rl_verify.suite import data_file, load_suite
-from rl_verify.tracker import read_tracker
+from rl_verify.engines.opd import compare_opd
+from rl_verify.suites.spec import data_file
+from rl_verify.engines import load_suite
+from rl_verify.core.tracker import read_tracker
 
 GOLDEN_FILE = data_file(load_suite("opd").data)  # the OPD suite spec's golden table
 OPD_METRICS = list(json.loads(GOLDEN_FILE.read_text())["thresholds"])

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 from harness.rig import DAG_ID, Rig
-from rl_verify.suite import load_suite
+from rl_verify.engines import load_suite
 from scripts.bench_early_abort import REGRESSIONS, _curves, run_rows
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             for step in suite.get("next_steps", []):
                 print(f"    next step: {step}")
     if summary:
-        from rl_verify import links
+        from rl_verify.orchestration import links
 
         view = links.absolute(rig.stack.base_url, links.report_view_path(DAG_ID, outcome.run_id))
         print(f"  report in the Airflow UI: {view}" + ("" if args.keep else " (while Airflow runs: KEEP=1)"))

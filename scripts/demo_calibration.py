@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 from harness.rig import CONN_ID, Rig
-from rl_verify import baselines, settings
+from rl_verify import settings
+from rl_verify.store import baselines
 from simulator import node as sim
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
 
-from rl_verify.errors import InputError
+from rl_verify.core.errors import InputError
+from rl_verify.core.provenance import Provenance
+from rl_verify.core.report import ReportMeta, text_table, write_report
+from rl_verify.engines import engine_of, known_suites, load_suite
+from rl_verify.store import baselines
 
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_EVALUATE = 0, 1, 2
 # argparse's subparsers object (add_parser); its class is private to argparse.
@@ -33,8 +37,6 @@ Registrar = Callable[[Subparsers], None]
 
 def _run_compare(args: argparse.Namespace) -> int:
     """Run one comparison, write the report into --out, print a short summary; return the exit status."""
-    from rl_verify.report import ReportMeta, write_report
-
     out = Path(args.out)
     result = args.engine.cli_compare(args, args.spec, out)
     paths = write_report(out, [result], ReportMeta(commit=args.commit, commit_hint="not given (pass --commit SHA)"))
@@ -54,10 +56,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 def register_compare(subparsers: Subparsers) -> None:
     """Add ``compare <suite>``: one subcommand per suite spec, with its engine's options."""
-    from rl_verify.engines import engine_of
-    from rl_verify.suite import available_suites, load_suite
-
-    specs = [load_suite(name) for name in available_suites()]
+    specs = [load_suite(name) for name in known_suites()]
     compare = subparsers.add_parser("compare", help="compare a run's tracker against its baseline/golden values")
     suites = compare.add_subparsers(dest="suite", metavar="{" + ",".join(s.name for s in specs) + "}", required=True)
     for spec in specs:
@@ -67,24 +66,15 @@ def register_compare(subparsers: Subparsers) -> None:
         parser.set_defaults(func=_run_compare, spec=spec, engine=engine)
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Plain text columns (two spaces apart); None shows as ``-``."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
-
-
 def _when(value: Any) -> str | None:
     return value.strftime("%Y-%m-%d %H:%M:%S %Z").strip() if value is not None else None
 
 
 def _baseline_suites(args: argparse.Namespace, one: bool) -> list[str]:
     """The suites a ``baselines`` command acts on: --suite, else every suite (``one``: exactly one is needed)."""
-    from rl_verify.suite import available_suites
-
     if args.suite:
         return [args.suite]
-    known = available_suites()
+    known = known_suites()
     if one and len(known) > 1:
         raise InputError(f"which suite? there are several ({', '.join(known)})", None, None,
                          f"give --suite {{{','.join(known)}}}")
@@ -92,8 +82,6 @@ def _baseline_suites(args: argparse.Namespace, one: bool) -> list[str]:
 
 
 def _baselines_list(args: argparse.Namespace) -> int:
-    from rl_verify import baselines
-
     for n, suite in enumerate(_baseline_suites(args, one=False)):
         print(("\n" if n else "") + f"{suite}: {baselines.location(suite, root=args.root)}")
         entries = baselines.list_versions(suite, args.root)
@@ -110,7 +98,7 @@ def _baselines_list(args: argparse.Namespace) -> int:
             data = ", ".join(sorted(r.files)) or (f"share: {r.baseline_ref}" if r.baseline_ref else None)
             rows.append([f"v{r.version}", "*" if e.current else "", r.source, r.commit, r.runs,
                          ", ".join(r.dates), r.approved_by, _when(r.created_at), data])
-        print(_table(["version", "current", "source", "commit", "N", "dates", "approved_by", "created_at", "data"],
+        print(text_table(["version", "current", "source", "commit", "N", "dates", "approved_by", "created_at", "data"],
                      rows))
         try:
             pointer = baselines.current(suite, args.root)
@@ -127,23 +115,8 @@ def _baselines_list(args: argparse.Namespace) -> int:
     return EXIT_PASS
 
 
-def _golden_lines(golden: Any) -> list[str]:
-    points = golden.eval_points
-    rows = [[metric] + [f"{golden.value(p, metric):.4f}" if golden.value(p, metric) is not None else None
-                        for p in points]
-            for metric in golden.thresholds if any(golden.value(p, metric) is not None for p in points)]
-    out = ["golden values (golden.json), by eval step:", _table(["metric"] + [str(p) for p in points], rows), "",
-           "thresholds:"]
-    out.append(_table(["metric", "method", "rule", "measured_max_dev", "note"],
-                      [[r.metric, r.method, f"{r.operator} {r.threshold:g}", r.measured_max_dev,
-                        "reference only" if r.reference_only else None] for r in golden.thresholds.values()]))
-    return out
-
-
 def _baselines_show(args: argparse.Namespace) -> int:
     import json
-
-    from rl_verify import baselines
 
     suite = _baseline_suites(args, one=True)[0]
     rec = baselines.show(suite, args.version, args.root)
@@ -160,9 +133,9 @@ def _baselines_show(args: argparse.Namespace) -> int:
         ("created at", _when(rec.created_at)), ("baseline ref", rec.baseline_ref), ("note", rec.note),
         ("location", baselines.location(suite, rec.version, root=args.root)),
     ]
-    print(_table(["field", "value"], fields))
+    print(text_table(["field", "value"], fields))
     print("\nfiles:")
-    print(_table(["file", "sha256"], [[name, digest] for name, digest in sorted(rec.files.items())])
+    print(text_table(["file", "sha256"], [[name, digest] for name, digest in sorted(rec.files.items())])
           if rec.files else "  none")
     print("\nstatistics:")
     for key, value in sorted(rec.statistics.items()):
@@ -170,18 +143,17 @@ def _baselines_show(args: argparse.Namespace) -> int:
     if not rec.statistics:
         print("  none")
     print()
-    if "golden.json" in rec.files:
-        print("\n".join(_golden_lines(baselines.load_opd_golden(suite, rec.version, args.root))))
-    elif "baseline.jsonl" in rec.files:
-        print(f"baseline tracker: {baselines.location(suite, rec.version, 'baseline.jsonl', args.root)}")
+    engine = engine_of(load_suite(suite))
+    if engine.baseline_is_data and engine.baseline_file in rec.files:
+        print("\n".join(engine.data_lines(baselines.load_version_data(suite, rec.version, args.root))))
+    elif engine.baseline_file in rec.files:
+        print(f"baseline tracker: {baselines.location(suite, rec.version, engine.baseline_file, args.root)}")
     elif rec.baseline_ref:
         print(f"baseline tracker: {rec.baseline_ref} (on the GPU node's share, not in the record store)")
     return EXIT_PASS
 
 
 def _baselines_promote(args: argparse.Namespace) -> int:
-    from rl_verify import baselines
-
     suite = _baseline_suites(args, one=True)[0]
     try:
         before = baselines.current(suite, args.root)
@@ -201,8 +173,6 @@ def _baselines_promote(args: argparse.Namespace) -> int:
 
 
 def _baselines_import(args: argparse.Namespace) -> int:
-    from rl_verify import baselines
-
     for suite in _baseline_suites(args, one=False):
         done = baselines.import_shipped(suite, args.root)
         r = done.record
@@ -216,10 +186,6 @@ def _baselines_propose(args: argparse.Namespace) -> int:
     import tempfile
     from datetime import date
 
-    from rl_verify import baselines
-    from rl_verify.engines import engine_of
-    from rl_verify.suite import data_file, load_suite
-
     suite = _baseline_suites(args, one=True)[0]
     spec = load_suite(suite)
     engine = engine_of(spec)
@@ -227,12 +193,11 @@ def _baselines_propose(args: argparse.Namespace) -> int:
     against = baselines.in_use([suite], {suite: baselines.parse_version(args.against)} if args.against else {},
                                args.root)[suite]
     with tempfile.TemporaryDirectory(prefix="rl-verify-propose-") as tmp:
-        current = data_file(spec.data)
-        files = baselines.version_files(suite, against["version"], args.root)
-        if engine.baseline_is_data and engine.baseline_file in files:
-            current = Path(tmp) / engine.baseline_file
-            current.write_bytes(files[engine.baseline_file])
-        proposal = engine.propose(spec, trackers, current, args.commit)
+        written = {}
+        for name, data in baselines.version_files(suite, against["version"], args.root).items():
+            (Path(tmp) / name).write_bytes(data)
+            written[name] = Path(tmp) / name
+        proposal = engine.propose(spec, trackers, engine.data_in_use(spec, written), args.commit)
     print(f"{suite}: proposal from {len(trackers)} runs of commit {args.commit}, against {against['label']}\n")
     print("\n".join(f"  {run}: {path}" for run, path in trackers.items()) + "\n")
     print(proposal.markdown)
@@ -241,7 +206,7 @@ def _baselines_propose(args: argparse.Namespace) -> int:
     if not args.add:
         print("(not stored: add --add to write it as a new version, then rl-verify baselines promote)")
         return EXIT_PASS
-    provenance = baselines.Provenance(source="calibration", commit=args.commit, runs=len(trackers),
+    provenance = Provenance(source="calibration", commit=args.commit, runs=len(trackers),
                                       dates=(date.today().isoformat(),), statistics=proposal.statistics,
                                       note=f"proposed by rl-verify baselines propose from {len(trackers)} trackers "
                                            f"against {against['label']}")
@@ -272,10 +237,8 @@ def _default_user() -> str:
 
 def register_baselines(subparsers: Subparsers) -> None:
     """Add ``baselines list|show|promote|import-shipped``: the versioned baselines of the record store."""
-    from rl_verify.suite import available_suites
-
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--suite", choices=available_suites(), default=None,
+    common.add_argument("--suite", choices=known_suites(), default=None,
                         help="the suite (list and import-shipped: default every suite)")
     common.add_argument("--root", default=None,
                         help="record store root (default: RL_VERIFY_RECORD_ROOT): a folder or s3://conn@bucket/prefix")

@@ -1,7 +1,10 @@
-"""Constants and deployment settings of rl-verify, in one place.
+"""Constants and deployment settings of rl-verify, in one place: the bottom layer of the package.
 
-Everything here is read from the process environment only (never from an Airflow connection or
-Variable), so importing it at DAG parse time touches no network and no metadata database.
+Everything here is read from the process environment only (never from an Airflow connection, a
+Variable or a file), so importing it at DAG parse time touches no network and no metadata database,
+and importing it never raises: a malformed setting keeps its default here and is listed in
+``PROBLEMS`` (name, value, fix), which the DAG files raise at parse time (``raise_problems``) so the
+deployment sees every bad setting as one DAG import error.
 """
 
 from __future__ import annotations
@@ -10,27 +13,46 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from rl_verify.suite import available_suites
+#: Malformed settings found at import: (variable, value, fix), raised by :func:`raise_problems`.
+PROBLEMS: list[tuple[str, str, str]] = []
+
+
+def _number(name: str, default: float, kind: type = int, minimum: float | None = None) -> float:
+    """``kind(os.environ[name])``, or ``default`` when unset or empty; a malformed value is kept in
+    ``PROBLEMS`` and the default used, so that importing this module never raises."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        PROBLEMS.append((name, raw, f"give {'an integer' if kind is int else 'a number'}, or unset it for the "
+                                    f"default {default}"))
+        return default
+    if minimum is not None and value < minimum:
+        PROBLEMS.append((name, raw, f"give a value >= {minimum:g}, or unset it for the default {default}"))
+        return default
+    return value
+
+
+def raise_problems() -> None:
+    """Raise one ValueError naming every malformed ``RL_VERIFY_*`` setting and its fix (none: nothing)."""
+    if PROBLEMS:
+        raise ValueError(f"{len(PROBLEMS)} malformed rl-verify setting(s) in the environment: "
+                         + "; ".join(f"{name}={value!r}: {fix}" for name, value, fix in PROBLEMS))
+
 
 DAG_ID = "rl_accuracy_verification"
 TAGS = ["rl-verify", "xtuner", "accuracy", "gpu"]
 
-#: Suites shipped with the package: one per spec file in rl_verify/suites (sorted by name).
-KNOWN_SUITES: tuple[str, ...] = tuple(available_suites())
-
+#: Where the suite specs (``<name>.json``) and their data files (``data/<file>``) are read from: the
+#: package's own ``rl_verify/suites`` unless RL_VERIFY_SUITES_DIR names another folder (a deployment's
+#: own copy with an added suite; ``rl_verify.suites.spec`` reads it).
+SUITES_DIR: str | None = os.environ.get("RL_VERIFY_SUITES_DIR", "").strip() or None
 #: Suites a run tests unless its ``suites`` param says otherwise (RL_VERIFY_DEFAULT_SUITES="grpo,opd"):
-#: what the nightly runs.
-DEFAULT_SUITES: tuple[str, ...] = tuple(
-    s.strip() for s in os.environ.get("RL_VERIFY_DEFAULT_SUITES", ",".join(KNOWN_SUITES)).split(",") if s.strip())
-if not DEFAULT_SUITES or set(DEFAULT_SUITES) - set(KNOWN_SUITES):
-    raise ValueError(f"RL_VERIFY_DEFAULT_SUITES={os.environ.get('RL_VERIFY_DEFAULT_SUITES')!r}: give a comma-separated "
-                     f"subset of {', '.join(KNOWN_SUITES)}")
-
-def suite_titles() -> dict[str, str]:
-    """``{suite: "grpo: <spec title>"}`` for the trigger form (spec files only: safe at parse time)."""
-    from rl_verify.suite import load_suite
-
-    return {name: f"{name}: {load_suite(name).title}" for name in KNOWN_SUITES}
+#: what the nightly runs; empty = every suite (checked against the specs by ``rl_verify.engines``).
+DEFAULT_SUITES_SETTING: tuple[str, ...] = tuple(
+    s.strip() for s in os.environ.get("RL_VERIFY_DEFAULT_SUITES", "").split(",") if s.strip())
 
 
 #: Airflow connection of the GPU node (SSH, pinned host key).
@@ -49,9 +71,8 @@ NOTIFY_CONN_ID = os.environ.get("RL_VERIFY_NOTIFY_CONN_ID", "rl_verify_notify")
 DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")
 
 #: Nightly cron (RL_VERIFY_SCHEDULE); "none" turns the schedule off (manual runs only).
-SCHEDULE: str | None = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
-if SCHEDULE is not None and SCHEDULE.strip().lower() in ("", "none", "@none"):
-    SCHEDULE = None
+_SCHEDULE = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
+SCHEDULE: str | None = None if _SCHEDULE.strip().lower() in ("", "none", "@none") else _SCHEDULE
 TIMEZONE = os.environ.get("RL_VERIFY_TIMEZONE", "Asia/Shanghai")
 
 #: Names of the share roots, as the runbook exports them.
@@ -72,11 +93,11 @@ STAGING_DIR = os.environ.get("RL_VERIFY_STAGING_DIR",
 KEEP_STAGING = os.environ.get("RL_VERIFY_KEEP_STAGING", "").strip().lower() in ("1", "true", "yes")
 
 #: Seconds between status polls of a remote training job.
-JOB_POLL_INTERVAL_S = int(os.environ.get("RL_VERIFY_JOB_POLL_INTERVAL_S", "5"))
+JOB_POLL_INTERVAL_S = _number("RL_VERIFY_JOB_POLL_INTERVAL_S", 5, int, 0)
 #: The remote job gets this multiple of the suite's wall-time budget before it is timed out.
-JOB_TIMEOUT_FACTOR = float(os.environ.get("RL_VERIFY_JOB_TIMEOUT_FACTOR", "1.5"))
+JOB_TIMEOUT_FACTOR = _number("RL_VERIFY_JOB_TIMEOUT_FACTOR", 1.5, float, 0)
 #: Seconds the engine gives the checkout's checker before it is considered hung.
-CHECKER_TIMEOUT_S = float(os.environ.get("RL_VERIFY_CHECKER_TIMEOUT_S", "600"))
+CHECKER_TIMEOUT_S = _number("RL_VERIFY_CHECKER_TIMEOUT_S", 600, float, 0)
 #: Seconds a short SSH command (prerequisites, worktree, cleanup) may take.
 SHORT_COMMAND_TIMEOUT_S = 120
 
@@ -87,15 +108,15 @@ JOB_MARKER_ENV = "RL_VERIFY_JOB"
 #: The seed of a calibration run, in its job's environment (each of the N runs gets its own).
 SEED_ENV = "RL_VERIFY_SEED"
 #: A training whose tracker does not grow for this long is killed as stalled (0 disables).
-STALL_TIMEOUT_S = int(os.environ.get("RL_VERIFY_STALL_TIMEOUT_S", "900"))
+STALL_TIMEOUT_S = _number("RL_VERIFY_STALL_TIMEOUT_S", 900, int, 0)
 #: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before
 #: failing: 36 attempts is about 6 minutes of node outage.
-SSH_RECONNECT_ATTEMPTS = int(os.environ.get("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", "36"))
+SSH_RECONNECT_ATTEMPTS = _number("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", 36, int, 0)
 #: Cleanup is retried (exponential backoff) until the node is reachable again.
-CLEANUP_RETRIES = int(os.environ.get("RL_VERIFY_CLEANUP_RETRIES", "6"))
-CLEANUP_RETRY_DELAY_S = int(os.environ.get("RL_VERIFY_CLEANUP_RETRY_DELAY_S", "30"))
+CLEANUP_RETRIES = _number("RL_VERIFY_CLEANUP_RETRIES", 6, int, 0)
+CLEANUP_RETRY_DELAY_S = _number("RL_VERIFY_CLEANUP_RETRY_DELAY_S", 30, int, 0)
 #: Run folders on the node older than this (and with no live job) are removed by the reaper.
-REAP_AFTER_DAYS = int(os.environ.get("RL_VERIFY_REAP_AFTER_DAYS", "7"))
+REAP_AFTER_DAYS = _number("RL_VERIFY_REAP_AFTER_DAYS", 7, int, 0)
 
 #: default_args per kind of task.
 SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
@@ -117,7 +138,7 @@ def approvers() -> list[dict[str, str]]:
 
 def standing_approval_max_age() -> timedelta:
     """How long a standing approval lasts (RL_VERIFY_STANDING_APPROVAL_DAYS, default 14)."""
-    return timedelta(days=float(os.environ.get("RL_VERIFY_STANDING_APPROVAL_DAYS", "14")))
+    return timedelta(days=_number("RL_VERIFY_STANDING_APPROVAL_DAYS", 14.0, float, 0))
 
 
 def approval_timeout(now: datetime | None = None, schedule: str | None = SCHEDULE) -> timedelta | None:
@@ -127,9 +148,8 @@ def approval_timeout(now: datetime | None = None, schedule: str | None = SCHEDUL
     next scheduled tick (at least one minute), so an unanswered card never blocks the next nightly;
     no limit when there is no schedule.
     """
-    configured = os.environ.get("RL_VERIFY_APPROVAL_TIMEOUT_S", "").strip()
-    if configured:
-        seconds = float(configured)
+    if os.environ.get("RL_VERIFY_APPROVAL_TIMEOUT_S", "").strip():
+        seconds = _number("RL_VERIFY_APPROVAL_TIMEOUT_S", 0.0, float, 0)
         return timedelta(seconds=seconds) if seconds > 0 else None
     if schedule is None:
         return None
@@ -158,7 +178,7 @@ def missed_ticks(previous: datetime, current: datetime, schedule: str | None = S
     return out
 
 #: The run param ``baseline_versions``: empty (each suite's current baseline version) or ``suite=N``
-#: pairs, e.g. ``opd=2`` (rl_verify.baselines.parse_pins validates it).
+#: pairs, e.g. ``opd=2`` (rl_verify.store.baselines.parse_pins validates it).
 BASELINE_PIN_PATTERN = (r"^$|^[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5}"
                         r"(,[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5})*$")
 
@@ -167,6 +187,16 @@ CALIBRATION_DAG_ID = "rl_baseline_calibration"
 CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]
 #: Where a calibration keeps its files in its run's record (``<suite>/proposal/runs.png``: the plot).
 CALIBRATION_RECORD_FOLDER = "calibration"
-#: N, the runs of the reference commit a calibration averages, per suite (seed/runbook.md: the GRPO
-#: baseline is the "Average of 5 historical runs."; the OPD golden table a "3-run mean").
-CALIBRATION_RUNS = {"grpo": 5, "opd": 3}
+
+# --- task ids: the DAG files name their tasks with these; no package module knows any other task id ---
+#: The verification DAG's task that writes the report (the UI plugin links its report from it).
+REPORT_TASK = "report"
+#: The verification DAG's trainings are ``run_<suite>`` (the cluster policy gives each its node's pool).
+TRAINING_TASK_PREFIX = "run_"
+#: The calibration DAG's mapped training task: its i-th instance trains on the i-th node of the plan.
+CALIBRATION_TRAINING_TASK = "train"
+
+
+def training_task(suite: str) -> str:
+    """The verification DAG's training task of ``suite``."""
+    return TRAINING_TASK_PREFIX + suite

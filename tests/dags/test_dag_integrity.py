@@ -100,7 +100,7 @@ def test_trigger_rules_as_designed(parsed):
 
 def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parsed):
     tasks = parsed["tasks"]
-    # The default node's pool; a run that names other nodes gets theirs from rl_verify.policy.
+    # The default node's pool; a run that names other nodes gets theirs from rl_verify.orchestration.policy.
     assert tasks["run_grpo"]["pool"] == tasks["run_opd"]["pool"] == "rl_node_rl_gpu_node"
     assert tasks["cleanup"]["pool"] == "default_pool"  # runs whatever happened, on every node of the run
     assert tasks["run_grpo"]["retries"] <= 1  # a retry re-attaches, never relaunches

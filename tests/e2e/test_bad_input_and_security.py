@@ -22,7 +22,7 @@ import pytest
 
 from harness.airflow_stack import StackError
 from harness.rig import DAG_ID, Rig
-from rl_verify.remote import run_key
+from rl_verify.core.names import run_key
 from simulator import node as sim
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from harness.rig import CONN_ID, Rig
-from rl_verify import baselines, settings
-from rl_verify.remote import run_key
-from rl_verify.suite import load_suite
+from rl_verify import settings
+from rl_verify.store import baselines
+from rl_verify.core.names import run_key
+from rl_verify.engines import load_suite
 from simulator import node as sim
 
 pytestmark = pytest.mark.e2e
@@ -68,7 +69,7 @@ def approver_sees_the_plot_on_the_card(rig: Rig, run_id: str) -> None:
     """In the Airflow UI, the pending card shows the proposal's plot (loaded, not a broken image)."""
     from harness import browser as hb
     from harness.airflow_stack import USERNAME
-    from rl_verify import links
+    from rl_verify.orchestration import links
 
     with hb.browser() as chromium:
         page = hb.login(chromium, rig.stack.base_url, USERNAME, rig.stack.password)
@@ -99,7 +100,7 @@ def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged
     assert (current.version, rec.source, rec.runs, rec.approved_by) == (2, "calibration", 3, "demo")
     assert rec.dag_run_ids == (run_id,) and rec.node == f"{CONN_ID}, {NODE_B}"
     assert "H200" in (rec.hardware or "")
-    golden = baselines.load_opd_golden("opd", 2, root(rig))
+    golden = baselines.load_version_data("opd", 2, root(rig))
     assert golden.source.runs == 3
     # The calibration's record is its own DAG's, apart from the verification runs'.
     kept = Path(root(rig)) / CAL / run_key(run_id) / "calibration" / "opd"
@@ -120,7 +121,7 @@ def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged
 
 
 def test_an_approved_grpo_calibration_is_a_baseline_tracker_the_checker_judges_against(rig):
-    from rl_verify.tracker import read_tracker
+    from rl_verify.core.tracker import read_tracker
 
     conf = {"commit": "main", "suites": ["grpo"], "runs": 2, "nodes": f"{CONN_ID},{NODE_B}"}
     run_id, state, tasks, detail = calibrate(rig, conf, "Approve")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.rig import DAG_ID, Rig
-from rl_verify.remote import run_key
+from rl_verify.core.names import run_key
 from simulator import node as sim
 
 
@@ -214,7 +214,7 @@ def test_the_views_need_airflow_auth_and_never_serve_a_path_outside_the_run(rig,
     import httpx
 
     from harness.airflow_stack import OUTSIDER, USERNAME
-    from rl_verify import links
+    from rl_verify.orchestration import links
 
     run_id = finished_runs["fail"].run_id
     report = rig.stack.base_url + links.report_path(DAG_ID, run_id)

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from harness.rig import CONN_ID, DAG_ID, RECORDS_BUCKET, WORKERS, Rig, node_connection_env
-from rl_verify.remote import run_key
+from rl_verify.core.names import run_key
 from simulator import node as sim
 
 pytestmark = pytest.mark.e2e

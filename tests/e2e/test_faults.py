@@ -28,7 +28,7 @@ from typing import Any, Callable
 import pytest
 
 from harness.rig import DAG_ID, Rig, RunOutcome
-from rl_verify.remote import run_key
+from rl_verify.core.names import run_key
 from simulator import node as sim
 
 

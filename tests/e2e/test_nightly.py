@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from harness.rig import DAG_ID, Rig
-from rl_verify.remote import run_key
+from rl_verify.core.names import run_key
 from simulator import node as sim
 
 
@@ -38,7 +38,7 @@ SCHEDULE = "* * * * *"
 # Long enough that the timed-out run outlives the next tick: the run after it must name that tick.
 APPROVAL_TIMEOUT_S = 130
 VARIABLE = "rl_verify_standing_approval"
-GOLDEN = ROOT / "include" / "rl_verify" / "data" / "opd_golden_2026-10-26.json"
+GOLDEN = ROOT / "include" / "rl_verify" / "suites" / "data" / "opd_golden_2026-10-26.json"
 TIMELINE = ROOT / ".state" / "nightly-timeline.md"
 
 
@@ -63,7 +63,7 @@ def rig(tmp_path_factory):
 def promote_new_opd_baseline(rig: Rig, commit: str) -> int:
     """A person promotes a new OPD baseline version (today's golden values, re-measured) in the rig's
     record store, as a calibration would; returns its number."""
-    from rl_verify import baselines
+    from rl_verify.store import baselines
 
     data = json.loads(GOLDEN.read_text())
     data["source"]["note"] = "re-measured (nightly e2e test): a new baseline version"

@@ -3,7 +3,7 @@
 fetch_suite: an unreadable or missing baseline, no tracker, several experiment folders in one
 WORK_DIR (the newest is used, the others listed). Never raises: every problem is listed.
 
-SSH: rl_verify.pipeline.ssh_client (the SSH provider's SSHHook, connection read from an
+SSH: rl_verify.orchestration.verification.ssh_client (the SSH provider's SSHHook, connection read from an
 ``AIRFLOW_CONN_<ID>`` variable - the Task SDK resolves those outside a task context in Airflow 3.3)
 connects with the right pinned host key and refuses a connection without one or with a wrong one.
 
@@ -25,8 +25,13 @@ import paramiko
 from airflow.sdk.exceptions import AirflowFailException
 import pytest
 
-from rl_verify import node, pipeline, remote
-from rl_verify.suite import load_suite
+from rl_verify.core.names import run_key
+from rl_verify.node import ops as node
+
+from rl_verify.orchestration import verification as pipeline
+
+from rl_verify.node import remote
+from rl_verify.engines import load_suite
 
 pytestmark = pytest.mark.integration
 
@@ -145,10 +150,10 @@ def test_several_experiment_folders_by_running_the_launch_script_twice(sim_node,
     """Two real launches into one WORK_DIR (the second after the first finished)."""
     run_id = f"it-twice-{uuid.uuid4().hex[:6]}"
     runs = f"{sim_node.info['root']}/runs"
-    resolved = node.resolve_commit(sim_node.client, sim_node.checkout, runs, remote.run_key(run_id), "main")
+    resolved = node.resolve_commit(sim_node.client, sim_node.checkout, runs, run_key(run_id), "main")
     layout = remote.RunLayout(resolved["run_dir"])
     spec = load_suite("grpo").expanded({**sim_node.info["env"], "CHECKOUT": layout.worktree})
-    env = remote.job_environment(spec.env, layout.work_dir("grpo"), remote.run_key(run_id), "grpo",
+    env = remote.job_environment(spec.env, layout.work_dir("grpo"), run_key(run_id), "grpo",
                                  sim_node.info["env"])
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     argv = " ".join(shlex.quote(a) for a in spec.args)
@@ -163,7 +168,7 @@ def test_several_experiment_folders_by_running_the_launch_script_twice(sim_node,
         assert len(folders) == 2 and Path(meta["files"]["tracker"]["remote"]).parts[-4] == folders[-1]
         assert len(meta["other_experiments"]) == 1
     finally:
-        node.cleanup(sim_node.client, resolved["run_dir"], remote.run_key(run_id))
+        node.cleanup(sim_node.client, resolved["run_dir"], run_key(run_id))
         sim_node.run("ray stop --force")
 
 

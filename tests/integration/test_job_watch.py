@@ -8,9 +8,9 @@ import re
 import pytest
 from sim_ssh import Node
 
-from rl_verify import remote
-from rl_verify.node import run_script
-from rl_verify.triggers import RLJobTrigger
+from rl_verify.node import remote
+from rl_verify.node.ops import run_script
+from rl_verify.orchestration.triggers import RLJobTrigger
 
 pytestmark = pytest.mark.integration
 CONN_ID = "watched_node"
@@ -92,7 +92,7 @@ def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: N
 
 
 def test_an_unreachable_node_ends_the_watch_after_the_reconnect_budget(node_conn: Node, monkeypatch) -> None:
-    monkeypatch.setattr("rl_verify.triggers.reconnect_delay", lambda attempt: 0.05)
+    monkeypatch.setattr("rl_verify.orchestration.triggers.reconnect_delay", lambda attempt: 0.05)
     info = dict(node_conn.info)
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps({
         "conn_type": "ssh", "host": info["host"], "port": 1, "login": info["user"],

@@ -1,4 +1,4 @@
-"""rl_verify.node against the real sshd of the simulated node: worktree, prerequisites, job, fetch, cleanup."""
+"""rl_verify.node.ops against the real sshd of the simulated node: worktree, prerequisites, job, fetch, cleanup."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 from sim_ssh import simnode
 
-from rl_verify import node, remote
-from rl_verify.suite import load_suite
+from rl_verify.core.names import run_key
+from rl_verify.node import ops as node
+
+from rl_verify.node import remote
+from rl_verify.engines import load_suite
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +22,7 @@ def _runs(sim_node) -> str:
 
 
 def _resolve(sim_node, run_id: str, commit: str = "main") -> dict:
-    return node.resolve_commit(sim_node.client, sim_node.checkout, _runs(sim_node), remote.run_key(run_id), commit)
+    return node.resolve_commit(sim_node.client, sim_node.checkout, _runs(sim_node), run_key(run_id), commit)
 
 
 def _specs(sim_node, worktree: str, suites=("grpo", "opd")):
@@ -68,13 +71,13 @@ def test_unknown_ref_is_an_error_naming_the_ref(sim_node):
 def test_prerequisites_list_every_missing_input_in_one_error(sim_node):
     resolved = _resolve(sim_node, "it-prereq")
     specs = _specs(sim_node, resolved["worktree"])
-    ok = node.check_prerequisites(sim_node.client, specs, _runs(sim_node), remote.run_key("it-prereq"))
+    ok = node.check_prerequisites(sim_node.client, specs, _runs(sim_node), run_key("it-prereq"))
     assert len(ok.ok) == sum(len(s.inputs) for s in specs) and not ok.missing
     simnode.set_fault(sim_node.state, "grpo", "missing-input")
     simnode.set_fault(sim_node.state, "opd", "missing-input")
     try:
         with pytest.raises(node.PrerequisitesError) as err:
-            node.check_prerequisites(sim_node.client, specs, _runs(sim_node), remote.run_key("it-prereq"))
+            node.check_prerequisites(sim_node.client, specs, _runs(sim_node), run_key("it-prereq"))
     finally:
         simnode.clear_faults(sim_node.state)
     text = str(err.value)
@@ -131,7 +134,7 @@ def test_a_live_job_of_another_suite_of_the_same_run_keeps_the_node_busy(sim_nod
         _launch(sim_node, resolved, "grpo")  # hangs at step 2: live for the whole test
         # Another run sees the node as busy, naming this run and suite (right after submission).
         with pytest.raises(node.PrerequisitesError, match=r"node busy: run it-same-run-\w+, suite grpo"):
-            node.check_prerequisites(sim_node.client, [], _runs(sim_node), remote.run_key("another-run"))
+            node.check_prerequisites(sim_node.client, [], _runs(sim_node), run_key("another-run"))
         script = remote.prerequisites_script([], _runs(sim_node), key, own_suite="opd")
         busy = node.parse_prerequisites(node.run_script(sim_node.client, script)[1]).busy
         assert any("suite grpo" in b for b in busy), busy

@@ -65,7 +65,7 @@ def store(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def _run_prefix(run_id: str) -> str:
     from rl_verify import settings
-    from rl_verify.remote import run_key
+    from rl_verify.core.names import run_key
 
     return f"{PREFIX}/{settings.DAG_ID}/{run_key(run_id)}/"
 
@@ -95,7 +95,7 @@ def _assert_no_secret(text: str, s3: S3Server) -> None:
 
 def test_a_task_workspace_pulls_only_its_part_and_pushes_a_new_file_byte_for_byte(
         s3: S3Server, store: str, tmp_path: Path) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     run = "manual__s3-part"
     assert record.put_json(run, "grpo/fetch.json", {"steps": 45}) == f"{record.location(run)}/grpo/fetch.json"
@@ -116,7 +116,8 @@ def test_a_task_workspace_pulls_only_its_part_and_pushes_a_new_file_byte_for_byt
 
 def test_a_second_worker_sees_what_the_first_pushed_and_a_removed_file_leaves_the_store(
         s3: S3Server, store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rl_verify import record, settings
+    from rl_verify import settings
+    from rl_verify.store import record
 
     run = "manual__s3-two-workers"
     monkeypatch.setattr(settings, "STAGING_DIR", str(tmp_path / "worker-a"))
@@ -140,7 +141,7 @@ def test_a_second_worker_sees_what_the_first_pushed_and_a_removed_file_leaves_th
 
 def test_the_manifest_pushed_to_s3_lists_every_file_with_the_sha256_of_the_stored_object(
         s3: S3Server, store: str) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     run = "manual__s3-manifest"
     record.put_json(run, "card.json", {"commit": "b" * 40})
@@ -162,7 +163,7 @@ def test_the_manifest_pushed_to_s3_lists_every_file_with_the_sha256_of_the_store
 
 
 def test_the_read_write_identity_can_write_the_store_and_the_probe_is_removed(s3: S3Server, store: str) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     run = "manual__s3-writable"
     assert record.ensure_store_writable(run) == record.location(run)
@@ -171,7 +172,7 @@ def test_the_read_write_identity_can_write_the_store_and_the_probe_is_removed(s3
 
 def test_the_read_only_identity_is_refused_with_the_setting_and_connection_named_and_no_keys(
         s3: S3Server, store: str) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     run = "manual__s3-readonly"
     root = f"s3://{RO_CONN}@{BUCKET}/{PREFIX}"
@@ -187,7 +188,7 @@ def test_the_read_only_identity_is_refused_with_the_setting_and_connection_named
 
 def test_an_endpoint_where_nothing_listens_fails_quickly_with_the_setting_named_and_no_keys(
         s3: S3Server, store: str) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     root = f"s3://{DEAD_CONN}@{BUCKET}/{PREFIX}"
     t0 = time.monotonic()
@@ -203,7 +204,7 @@ def test_an_endpoint_where_nothing_listens_fails_quickly_with_the_setting_named_
 
 
 def test_a_bucket_that_does_not_exist_is_an_error_naming_the_setting(s3: S3Server, store: str) -> None:
-    from rl_verify import record
+    from rl_verify.store import record
 
     missing = "rl-records-no-such-bucket"
     root = f"s3://{RW_CONN}@{missing}/{PREFIX}"

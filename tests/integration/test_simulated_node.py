@@ -14,7 +14,8 @@ import paramiko
 from sim_ssh import REPO, Node, pinned_client, simnode
 
 from rl_verify.settings import RUN_MARKER_ENV
-from rl_verify.suite import available_suites, load_suite
+from rl_verify.suites.spec import available_suites
+from rl_verify.engines import load_suite
 
 pytestmark = pytest.mark.integration
 
@@ -254,7 +255,7 @@ def test_regression_branches_change_the_curves(sim_node: Node) -> None:
 
     rc, wd = run_suite(sim_node, "opd", "sim/regress-teacher", "opd-teacher")
     teacher = summaries(parse(tracker_of(wd).read_text())[0])
-    golden = json.loads((REPO / "include/rl_verify/data/opd_golden_2026-10-26.json").read_text())["golden"]
+    golden = json.loads((REPO / "include/rl_verify/suites/data/opd_golden_2026-10-26.json").read_text())["golden"]
     for step in (5, 10, 15, 20, 25):
         g = golden[str(step)]
         assert teacher[step]["distillation/reduced_distillation_kl"] - g["distillation/reduced_distillation_kl"] > 0.05

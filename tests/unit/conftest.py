@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKER_DIR = REPO / "simulator" / "xtuner_checkout" / "autotest"
-GOLDEN = REPO / "include" / "rl_verify" / "data" / "opd_golden_2026-10-26.json"
+GOLDEN = REPO / "include" / "rl_verify" / "suites" / "data" / "opd_golden_2026-10-26.json"
 
 
 def dump_rows(path: Path, rows: Iterable[dict | str], tail: str = "") -> Path:

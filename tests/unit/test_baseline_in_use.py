@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 
 from conftest import GOLDEN
-from rl_verify import card, pipeline
-from rl_verify.model import SuiteResult
-from rl_verify.report import ReportMeta, build_report, render_html, render_markdown
-from rl_verify.suite import data_file, load_suite
+from rl_verify import engines
+from rl_verify.core.model import SuiteResult
+from rl_verify.core.report import ReportMeta, build_report, render_html, render_markdown
+from rl_verify.engines import engine_of, load_suite
+from rl_verify.orchestration import nodes
+from rl_verify.suites import card
+from rl_verify.suites.spec import data_file
 
 VALUES = {"CI_SHARE_BASELINE": "/share/baseline", "CI_SHARE_MODEL": "/share/model", "CI_SHARE_DATA": "/share/data",
           "CHECKOUT": "/runs/x/xtuner"}
 
 
 def _grpo(versions=None):
-    return pipeline.expanded_specs(["grpo"], VALUES, "/runs/x/xtuner", versions)[0]
+    return nodes.expanded_specs(["grpo"], VALUES, "/runs/x/xtuner", versions)[0]
 
 
 def test_a_grpo_version_holding_its_own_tracker_does_not_read_the_shares():
@@ -32,9 +35,9 @@ def test_a_grpo_version_holding_its_own_tracker_does_not_read_the_shares():
 
 def test_an_opd_version_replaces_the_golden_table_and_a_grpo_one_never_the_thresholds(tmp_path):
     opd, grpo = load_suite("opd"), load_suite("grpo")
-    assert pipeline.data_in_use(opd, {}) == data_file(opd.data)
-    assert pipeline.data_in_use(opd, {"golden.json": tmp_path / "golden.json"}) == tmp_path / "golden.json"
-    assert pipeline.data_in_use(grpo, {"baseline.jsonl": tmp_path / "b.jsonl"}) == data_file(grpo.data)
+    assert engine_of(opd).data_in_use(opd, {}) == data_file(opd.data)
+    assert engine_of(opd).data_in_use(opd, {"golden.json": tmp_path / "golden.json"}) == tmp_path / "golden.json"
+    assert engine_of(grpo).data_in_use(grpo, {"baseline.jsonl": tmp_path / "b.jsonl"}) == data_file(grpo.data)
 
 
 def test_version_files_of_a_pulled_record_leave_out_the_version_record(tmp_path):
@@ -42,8 +45,8 @@ def test_version_files_of_a_pulled_record_leave_out_the_version_record(tmp_path)
     folder.mkdir(parents=True)
     (folder / "golden.json").write_text("{}")
     (folder / "version.json").write_text("{}")
-    assert pipeline.version_files(tmp_path / "opd") == {"golden.json": folder / "golden.json"}
-    assert pipeline.version_files(tmp_path / "grpo") == {}
+    assert nodes.version_files(tmp_path / "opd") == {"golden.json": folder / "golden.json"}
+    assert nodes.version_files(tmp_path / "grpo") == {}
 
 
 def test_the_card_names_the_version_and_shows_its_golden_values(tmp_path):
@@ -52,7 +55,7 @@ def test_the_card_names_the_version_and_shows_its_golden_values(tmp_path):
     golden = tmp_path / "golden.json"
     golden.write_text(json.dumps(data))
     spec = load_suite("opd")
-    sections = card.card_sections([spec], [], "rl_gpu_node", lambda s: golden,
+    sections = card.card_sections([spec], [], "rl_gpu_node", engines.criteria([spec], lambda s: golden),
                                   {"opd": "v2: calibration of commit aaaaaaaaaaaa, N=3, approved by alice"})
     text = "\n".join(sections["判读标准 acceptance criteria"])
     assert "Baseline version: v2: calibration of commit aaaaaaaaaaaa, N=3, approved by alice" in text
@@ -78,7 +81,7 @@ def test_the_report_names_each_suites_baseline_version(tmp_path):
 
 
 def test_the_history_marks_the_run_whose_baseline_version_changed(tmp_path):
-    from rl_verify import history
+    from rl_verify.core import history
 
     def report(run: str, versions: dict[str, str]) -> None:
         folder = tmp_path / run.replace(":", "_")

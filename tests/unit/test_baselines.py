@@ -9,11 +9,13 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
-from rl_verify import baselines, settings
-from rl_verify.baselines import Provenance
+from rl_verify import settings
+from rl_verify.store import baselines
+from rl_verify.store.baselines import Provenance
 from rl_verify.cli import main
-from rl_verify.errors import InputError
-from rl_verify.suite import load_suite
+from rl_verify.core.errors import InputError
+from rl_verify import engines
+from rl_verify.engines import load_suite
 
 RUNBOOK = Path("/work/shared/seed/runbook.md")
 
@@ -80,8 +82,14 @@ def test_import_shipped_is_idempotent_and_never_writes_a_second_v1(store):
 @pytest.mark.skipif(not RUNBOOK.is_file(), reason="the runbook share is not mounted here")
 def test_shipped_provenance_quotes_the_runbook_verbatim():
     text = " ".join(RUNBOOK.read_text(encoding="utf-8").split())
-    for quote in (baselines.RUNBOOK_GRPO_QUOTE, baselines.RUNBOOK_OPD_QUOTE, baselines.RUNBOOK_OPD_THRESHOLD_RULE):
-        assert quote in text
+    quotes = []
+    for suite in ("grpo", "opd"):
+        provenance, _ = engines.get(suite).shipped(load_suite(suite))
+        quotes.append(provenance.note.split(': "', 1)[1].removesuffix('"'))  # the note ends in the quote
+    quotes.append(engines.get("opd").shipped(load_suite("opd"))[0].statistics["threshold_rule"])
+    assert quotes[0] == "Average of 5 historical runs."
+    for quote in quotes:
+        assert quote in text, quote
 
 
 # ----------------------------------------------------------------------------- add_version
@@ -206,7 +214,7 @@ def test_a_corrupt_golden_json_fails_naming_the_file_and_is_never_promoted(store
     baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
     golden = version_dir(store, "opd", 2) / "golden.json"
     golden.write_text('{"suite": "opd", "golden": {')
-    for call in (lambda: baselines.promote("opd", 2, by="alice"), lambda: baselines.load_opd_golden("opd", 2),
+    for call in (lambda: baselines.promote("opd", 2, by="alice"), lambda: baselines.load_version_data("opd", 2),
                  lambda: baselines.show("opd", 2)):
         with pytest.raises(InputError) as err:
             call()
@@ -231,7 +239,7 @@ def test_a_stored_golden_edited_after_writing_is_refused_by_its_sha256(store):
     baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
     (version_dir(store, "opd", 2) / "golden.json").write_bytes(golden_bytes(0.75))
     with pytest.raises(InputError, match="v2 golden.json changed since it was written"):
-        baselines.load_opd_golden("opd", 2)
+        baselines.load_version_data("opd", 2)
 
 
 def test_a_broken_version_json_names_the_file(store):
@@ -261,23 +269,23 @@ def test_unknown_suite_and_bad_version_text_are_input_errors(store):
         baselines.show("opd", "two")
 
 
-# ----------------------------------------------------------------------------- load_opd_golden
+# ----------------------------------------------------------------------------- load_version_data
 
-def test_load_opd_golden_returns_the_current_version_or_the_pinned_one(store):
+def test_load_version_data_returns_the_golden_table_of_the_current_version_or_the_pinned_one(store):
     baselines.import_shipped("opd")
     baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
-    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.6811
+    assert baselines.load_version_data("opd").value(25, "eval/gsm8k/acc") == 0.6811
     baselines.promote("opd", 2, by="alice")
-    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.70
-    assert baselines.load_opd_golden("opd", version=1).value(25, "eval/gsm8k/acc") == 0.6811
+    assert baselines.load_version_data("opd").value(25, "eval/gsm8k/acc") == 0.70
+    assert baselines.load_version_data("opd", version=1).value(25, "eval/gsm8k/acc") == 0.6811
     assert baselines.resolve("opd").version == 2
 
 
-def test_load_opd_golden_without_any_version_says_to_import(store):
+def test_load_version_data_without_any_version_says_to_import(store):
     with pytest.raises(InputError, match="no current baseline version.*import-shipped"):
-        baselines.load_opd_golden("opd")
-    with pytest.raises(InputError, match="has no golden table"):
-        baselines.load_opd_golden("grpo")
+        baselines.load_version_data("opd")
+    with pytest.raises(InputError, match="keeps no data file in its baseline versions"):
+        baselines.load_version_data("grpo")
 
 
 def test_a_file_url_root_works_like_a_folder(tmp_path, monkeypatch):
@@ -285,7 +293,7 @@ def test_a_file_url_root_works_like_a_folder(tmp_path, monkeypatch):
     baselines.import_shipped("opd")
     baselines.add_version("opd", calibration(), {"golden.json": golden_bytes(0.70)})
     baselines.promote("opd", 2, by="alice")
-    assert baselines.load_opd_golden("opd").value(25, "eval/gsm8k/acc") == 0.70
+    assert baselines.load_version_data("opd").value(25, "eval/gsm8k/acc") == 0.70
     assert (tmp_path / "store" / "baselines" / "opd" / "v2" / "golden.json").is_file()
     assert baselines.location("opd", 2) == f"file://{tmp_path / 'store'}/baselines/opd/v2"
 
@@ -432,10 +440,10 @@ def test_propose_prints_the_opd_table_and_add_stores_a_version_that_is_not_curre
     assert "opd: added v2 (not current" in capsys.readouterr().out
     rec = baselines.show("opd", 2)
     assert (rec.source, rec.commit, rec.runs) == ("calibration", "c" * 40, 3)
-    golden = baselines.load_opd_golden("opd", 2)
+    golden = baselines.load_version_data("opd", 2)
     assert golden.source.runs == 3 and golden.eval_points == [0, 5, 10, 15, 20, 25]
     # Judged against the reference baseline tracker, not the golden mean: today's thresholds are kept.
-    shipped = baselines.load_opd_golden("opd", 1)
+    shipped = baselines.load_version_data("opd", 1)
     for metric in ("response/response_len/mean", "time/step"):
         assert golden.thresholds[metric] == shipped.thresholds[metric]
     assert golden.thresholds["eval/gsm8k/acc"].threshold < shipped.thresholds["eval/gsm8k/acc"].threshold
@@ -451,11 +459,11 @@ def test_propose_for_grpo_stores_a_baseline_tracker_the_run_then_uses_instead_of
     assert main(["baselines", "promote", "--suite", "grpo", "2", "--by", "bob"]) == 0
     used = baselines.in_use(["grpo"], {})
     assert used["grpo"]["files"] == ["baseline.jsonl"]
-    from rl_verify.tracker import read_tracker
+    from rl_verify.core.tracker import read_tracker
 
     stored = version_dir(store, "grpo", 2) / "baseline.jsonl"
     assert read_tracker(stored).steps == 45
-    from rl_verify import pipeline
+    from rl_verify.orchestration import verification as pipeline
 
     spec = pipeline.expanded_specs(["grpo"], {"CI_SHARE_BASELINE": "/s", "CI_SHARE_MODEL": "/m",
                                               "CI_SHARE_DATA": "/d"}, "/w", used)[0]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rl_verify import calibrate
-from rl_verify.remote import BadInput
+from rl_verify.orchestration import calibration as calibrate
+from rl_verify.node.remote import BadInput
 
 
 def test_empty_runs_take_the_runbooks_n_per_suite():
@@ -23,7 +23,7 @@ def test_fewer_than_two_runs_or_not_a_number_is_refused_naming_n_and_the_fix(run
         calibrate.validated_params({"commit": "main", "suites": ["opd"], "nodes": "a", "runs": runs})
     text = str(err.value)
     assert f"param 'runs': N = {runs!r} for opd" in text and "at least 2 runs" in text
-    assert "leave it empty for the runbook's N (grpo 5, opd 3)" in text
+    assert "leave it empty for the runbook's N, that of each suite's shipped baseline (opd 3)" in text
 
 
 def test_every_bad_param_is_listed_in_one_error():
@@ -41,7 +41,7 @@ def test_each_run_has_its_own_record_folder():
 def _run_folder(run_dir, index, tracker_rows):
     from conftest import dump_rows
 
-    from rl_verify import record
+    from rl_verify.store import record
 
     folder = run_dir / calibrate.run_folder("opd", index)
     folder.mkdir(parents=True)
@@ -54,7 +54,7 @@ def test_a_proposal_its_own_runs_fail_is_refused_naming_each_run_and_metric(tmp_
     from airflow.sdk.exceptions import AirflowFailException
     from conftest import GOLDEN, opd_rows
 
-    from rl_verify.suite import load_suite
+    from rl_verify.engines import load_suite
 
     run_dir = tmp_path / "rl_accuracy_verification" / "run-1"
     runs = [_run_folder(run_dir, i, opd_rows()) for i in (1, 2)]
@@ -75,7 +75,9 @@ def test_a_proposal_its_own_runs_fail_is_refused_naming_each_run_and_metric(tmp_
 def test_the_grpo_plot_draws_the_current_baseline_tracker_beside_the_runs(tmp_path):
     from tests.unit.conftest import dump_rows, grpo_rows
 
-    from rl_verify.suite import data_file, load_suite
+    from rl_verify.suites.spec import data_file
+
+    from rl_verify.engines import load_suite
 
     spec = load_suite("grpo")
     runs = {str(i): dump_rows(tmp_path / f"run{i}.jsonl", grpo_rows(rewards=lambda s, i=i: 0.5 + 0.005 * s + 0.002 * i))

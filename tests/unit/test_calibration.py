@@ -12,14 +12,16 @@ import re
 import pytest
 
 from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
-from rl_verify.calibration import (ceil_significant, grpo_baseline_rows, opd_proposal, proposal_table_markdown,
+from rl_verify.core.calibration import (ceil_significant, grpo_baseline_rows, opd_proposal, proposal_table_markdown,
                                    run_table, step_statistics, write_grpo_baseline)
-from rl_verify.errors import InputError
-from rl_verify.grpo import compare_grpo
-from rl_verify.opd import load_golden
-from rl_verify.suite import load_suite
-from rl_verify.thresholds import OpdGolden
-from rl_verify.tracker import MARKER, read_tracker
+from rl_verify.core.errors import InputError
+from rl_verify.engines.grpo import compare_grpo
+from rl_verify.engines.opd import load_golden
+from rl_verify.engines import load_suite
+from rl_verify.core.thresholds import OpdGolden
+from rl_verify.core.tracker import MARKER, read_tracker
+
+OPD_POINTS = load_suite("opd").eval_points
 
 REWARDS = MARKER
 LEN = "response/response_len/mean"
@@ -245,10 +247,13 @@ def test_opd_golden_is_the_mean_at_every_eval_point_of_the_suite_spec(tmp_path, 
     assert proposal["runs"] == 3
 
 
-def test_eval_points_default_to_the_suite_spec_of_the_current_table(tmp_path):
-    current = load_golden(GOLDEN)
-    stats = step_statistics(run_table(opd_runs(tmp_path, {r: noisy(r) for r in "abc"}), current.thresholds))
-    assert opd_proposal(stats, current)["eval_points"] == list(load_suite("opd").eval_points)
+def test_the_engine_proposes_at_the_eval_points_of_the_suite_spec(tmp_path):
+    from rl_verify.engines.opd import opd_golden_proposal
+
+    spec = load_suite("opd")
+    proposal = opd_golden_proposal(spec, opd_runs(tmp_path, {r: noisy(r) for r in "abc"}), GOLDEN, "c" * 40)
+    golden = json.loads(proposal.files["golden.json"])
+    assert sorted(int(s) for s in golden["golden"]) == list(spec.eval_points)
 
 
 def test_threshold_is_max_deviation_over_eval_points_times_one_and_a_half(proposal):
@@ -336,7 +341,7 @@ def test_markdown_table_lists_every_metric_and_eval_point_with_both_thresholds(p
 
 
 def test_the_false_alarm_estimate_is_repeatable_and_falls_as_runs_are_added():
-    from rl_verify.calibration import false_alarm_rate, suite_false_alarm_rate
+    from rl_verify.core.calibration import false_alarm_rate, suite_false_alarm_rate
 
     rates = [false_alarm_rate(n, 6, 1.5) for n in (2, 3, 5, 8, 20)]
     assert rates == sorted(rates, reverse=True) and rates[-1] < 0.01
@@ -359,7 +364,7 @@ def _normal_runs(tmp_path, n: int):
 def test_too_few_runs_for_the_rule_are_warned_with_the_false_alarm_rate_and_the_n_that_holds(tmp_path):
     current = load_golden(GOLDEN)
     stats = step_statistics(run_table(_normal_runs(tmp_path, 3), current.thresholds))
-    few = [w for w in opd_proposal(stats, current)["warnings"] if "are few for the x 1.5 rule" in w]
+    few = [w for w in opd_proposal(stats, current, OPD_POINTS)["warnings"] if "are few for the x 1.5 rule" in w]
     assert len(few) == 1, few
     # Judged with golden values: KL, abs loss, rewards, gsm8k, geo3k (length and time/step keep today's).
     assert "at least one of the 5 judged metrics" in few[0] and "(rule: flagged above 10%)" in few[0]
@@ -370,6 +375,6 @@ def test_too_few_runs_for_the_rule_are_warned_with_the_false_alarm_rate_and_the_
 def test_enough_runs_are_not_warned_as_too_few(tmp_path):
     current = load_golden(GOLDEN)
     stats = step_statistics(run_table(_normal_runs(tmp_path, 12), current.thresholds))
-    proposal = opd_proposal(stats, current)
+    proposal = opd_proposal(stats, current, OPD_POINTS)
     assert not [w for w in proposal["warnings"] if "are few for" in w]
     assert "FAIL one of the judged metrics" in proposal["rules"]["few_runs"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_verify.model import STEP_COUNT, Check, failure_class_of, missing_findings
+from rl_verify.core.model import STEP_COUNT, Check, failure_class_of, missing_findings
 
 
 def check(metric, passed=False, missing=False, step=5):

@@ -13,8 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import dump_rows, grpo_rows
-from rl_verify.errors import CheckerError, InputError
-from rl_verify.grpo import CASE_NAME, CHECKER_RUN_ID, compare_grpo, failed_metrics, translate_checker_step
+from rl_verify.core.errors import CheckerError, InputError
+from rl_verify.engines import load_suite
+from rl_verify.engines.grpo import CHECKER_RUN_ID, compare_grpo, failed_metrics, load_thresholds, translate_checker_step
+from rl_verify.suites.spec import data_file
+
+# The checker case name the grpo suite's data file states.
+CASE_NAME = load_thresholds(data_file(load_suite("grpo").data)).case_name
 
 
 def run(tmp_path, base_rows, cur_rows, checker_dir, tail="", **kw):
@@ -210,7 +215,7 @@ def test_checker_runs_isolated_in_its_own_folder_with_env_and_package_interprete
     assert os.path.realpath(seen["exe"]) == os.path.realpath(sys.executable)
     assert seen["case"] == CASE_NAME
     assert Path(seen["base"]).resolve().is_relative_to(out.resolve())  # a sanitised copy, not the original
-    expected = json.loads((Path(__file__).resolve().parents[2] / "include/rl_verify/data/grpo_thresholds.json")
+    expected = json.loads((Path(__file__).resolve().parents[2] / "include/rl_verify/suites/data/grpo_thresholds.json")
                           .read_text())["assert_info"]
     assert seen["info"] == expected  # the runbook's assert_info verbatim
     assert result.verdict == "PASS"

@@ -13,13 +13,14 @@ import random
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
+from conftest import dump_rows, grpo_rows, opd_rows
 
-from rl_verify.grpo import compare_grpo, load_thresholds, percentile_fail_count
-from rl_verify.live import GrpoLive, OpdLive
-from rl_verify.opd import compare_opd, load_golden
-from rl_verify.suite import data_file, load_suite
-from rl_verify.tracker import TrackerFeed, read_tracker
+from rl_verify import engines
+from rl_verify.core.live import LiveWatch, rebuild
+from rl_verify.core.tracker import TrackerFeed, read_tracker
+from rl_verify.engines import live_config, load_suite
+from rl_verify.engines.grpo import GrpoLive, compare_grpo, percentile_fail_count
+from rl_verify.engines.opd import OpdLive, compare_opd
 
 GRPO = load_suite("grpo")
 OPD = load_suite("opd")
@@ -43,8 +44,9 @@ def test_the_count_decides_whatever_the_rest_and_one_fewer_does_not(steps, q):
 
 # ----------------------------------------------------------------------------- GRPO rules
 def _grpo_live(tmp_path) -> GrpoLive:
-    base = read_tracker(dump_rows(tmp_path / "base.jsonl", grpo_rows()))
-    return GrpoLive(load_thresholds(data_file(GRPO.data)), base, GRPO.expected_steps, GRPO.wall_time_budget_s)
+    """The grpo engine's live check, serialised and rebuilt as the triggerer rebuilds it."""
+    base = dump_rows(tmp_path / "base.jsonl", grpo_rows()).read_bytes()
+    return rebuild(engines.get("grpo").live(GRPO, base, None).serialize())
 
 
 def _feed_rows(rows, steps: int | None = None):
@@ -94,7 +96,8 @@ def test_a_metric_near_its_bound_is_a_warning_not_an_abort(tmp_path):
 
 # ----------------------------------------------------------------------------- OPD rules
 def _opd_live() -> OpdLive:
-    return OpdLive(load_golden(GOLDEN), GOLDEN, list(OPD.eval_points), OPD.wall_time_budget_s)
+    """The opd engine's live check against the shipped golden table, serialised and rebuilt."""
+    return rebuild(engines.get("opd").live(OPD, None, None).serialize())
 
 
 def test_an_opd_eval_point_breach_is_certain_once_its_rows_are_in():
@@ -202,12 +205,19 @@ def _poll_output(path: str, rows, start: int = 0) -> bytes:
     return f"{path} {start} {start + len(data)}\n".encode() + data
 
 
-def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_certain():
-    from rl_verify.triggers import LiveWatch
+def _baseline_bytes() -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in grpo_rows()).encode()
 
-    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl",
-                       "early_abort": True})
-    assert "Live check on for grpo" in watch.start("".join(json.dumps(r) + "\n" for r in grpo_rows()).encode())
+
+def _watch(spec, baseline: bytes | None = None, early_abort: bool = True) -> LiveWatch:
+    """The trigger's watch of ``spec``'s training, from the config the operator hands the trigger."""
+    config = json.loads(json.dumps(live_config(spec, "/w", early_abort, baseline, None, "/b.jsonl")))
+    return LiveWatch({**config, "tracker_glob": "*/t.jsonl"})
+
+
+def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_certain():
+    watch = _watch(GRPO, _baseline_bytes())
+    assert "Live check on for grpo" in watch.start()
     rows = grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5)
     upto = [r for r in rows if r["step"] <= 2]
     assert watch.take(_poll_output("/w/1/t.jsonl", upto)) is False
@@ -225,20 +235,31 @@ def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_
 
 
 def test_without_its_baseline_the_grpo_watch_is_off_and_says_why():
-    from rl_verify.triggers import LiveWatch
-
-    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl"})
-    assert watch.start(None).startswith("Live check off for grpo: no baseline tracker at /b.jsonl")
+    watch = _watch(GRPO, None)
+    assert watch.start().startswith("Live check off for grpo: no baseline tracker at /b.jsonl")
     assert watch.checker is None
 
 
-def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_runbook_step():
-    from rl_verify.live import aborted_result
-    from rl_verify.nextsteps import GRPO_RULES
-    from rl_verify.triggers import LiveWatch
+def test_a_watch_config_from_an_earlier_version_only_watches_the_job():
+    # What a trigger deferred before the upgrade stored: no step count, no serialised check.
+    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl",
+                       "early_abort": True, "run_id": "r", "version_files": []})
+    assert watch.off and watch.checker is None and watch.ended_short() is None
 
-    watch = LiveWatch({"suite": "grpo", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": "/b.jsonl"})
-    watch.start("".join(json.dumps(r) + "\n" for r in grpo_rows()).encode())
+
+def test_only_a_live_check_of_an_engine_module_is_rebuilt():
+    with pytest.raises(ValueError, match="not a live check of an engine"):
+        rebuild(["os.system", {"command": "true"}])
+    with pytest.raises(ValueError, match="not a live check"):
+        rebuild(["rl_verify.engines.grpo.compare_grpo", {}])
+
+
+def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_runbook_step():
+    from rl_verify.core.live import aborted_result
+    from rl_verify.core.nextsteps import GRPO_RULES
+
+    watch = _watch(GRPO, _baseline_bytes())
+    watch.start()
     watch.take(_poll_output("/w/1/t.jsonl", grpo_rows(steps=45, mismatch=lambda i: 4e-4)[:4]))
     watch.report(elapsed_s=60.0)
     abort = json.loads(json.dumps({**watch.summary(), "applied": True}))
@@ -252,7 +273,7 @@ def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_r
 
 
 def test_the_partial_curves_of_an_aborted_suite_are_plotted(tmp_path):
-    from rl_verify.live import partial_plot
+    from rl_verify.core.live import partial_plot
 
     cur = dump_rows(tmp_path / "cur.jsonl", grpo_rows(steps=45, mismatch=lambda i: 4e-4)[:8])
     base = dump_rows(tmp_path / "base.jsonl", grpo_rows())
@@ -265,16 +286,15 @@ def test_the_partial_curves_of_an_aborted_suite_are_plotted(tmp_path):
 def test_a_live_check_error_switches_the_check_off_and_never_ends_the_watch():
     import asyncio
 
-    from rl_verify.triggers import RLJobTrigger
+    from rl_verify.orchestration.triggers import RLJobTrigger
 
-    trigger = RLJobTrigger(ssh_conn_id="n", job_dir="/r/k/jobs/grpo", job_marker="k/grpo",
-                           live={"suite": "grpo", "work_dir": "/r/k/work/grpo", "tracker_glob": "*/t.jsonl",
-                                 "baseline": "/b.jsonl", "early_abort": True})
-    baseline = "".join(json.dumps(r) + "\n" for r in grpo_rows()).encode()
+    config = {**live_config(GRPO, "/r/k/work/grpo", True, _baseline_bytes(), None, "/b.jsonl"),
+              "tracker_glob": "*/t.jsonl"}
+    trigger = RLJobTrigger(ssh_conn_id="n", job_dir="/r/k/jobs/grpo", job_marker="k/grpo", live=config)
     broken = b"/r/k/work/grpo/1/t.jsonl 0 20\n{not json at all}\n"
 
     async def script(conn, text):
-        return 0, baseline if "head -c" in text and "path=" in text else broken
+        return 0, broken
 
     trigger._script = script
     assert asyncio.run(trigger._live(None, None, "")) is None
@@ -282,10 +302,8 @@ def test_a_live_check_error_switches_the_check_off_and_never_ends_the_watch():
 
 
 def _opd_watch():
-    from rl_verify.triggers import LiveWatch
-
-    watch = LiveWatch({"suite": "opd", "work_dir": "/w", "tracker_glob": "*/t.jsonl", "baseline": None})
-    watch.start(None)
+    watch = _watch(OPD)
+    watch.start()
     return watch
 
 
@@ -314,7 +332,7 @@ def test_a_traceback_the_run_survives_is_no_failure_at_its_full_exit():
 
 
 def test_a_log_rule_with_an_unknown_when_is_refused_naming_the_field(tmp_path):
-    from rl_verify.suite import LogRule
+    from rl_verify.suites.spec import LogRule
 
     with pytest.raises(ValueError, match="when"):
         LogRule(pattern="x", means="y", when="later")

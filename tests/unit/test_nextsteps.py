@@ -3,8 +3,8 @@ breach it reads, and applies a runbook rule only to the shape that rule describe
 
 from __future__ import annotations
 
-from rl_verify.model import Check, SuiteResult
-from rl_verify.nextsteps import GRPO_RULES, OPD_RULES, suggest
+from rl_verify.core.model import Check, SuiteResult
+from rl_verify.core.nextsteps import GRPO_RULES, OPD_RULES, suggest
 
 THRESHOLD = 0.1
 

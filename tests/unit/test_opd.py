@@ -8,8 +8,8 @@ import json
 import pytest
 
 from conftest import dump_rows, load_golden, opd_rows
-from rl_verify.errors import InputError
-from rl_verify.opd import compare_opd
+from rl_verify.core.errors import InputError
+from rl_verify.engines.opd import compare_opd
 
 KL = "distillation/reduced_distillation_kl"
 REWARDS = "response/rewards/mean"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rl_verify.operators import SuiteTrainingOperator
-from rl_verify.triggers import RLJobTrigger, parse_poll, reconnect_delay
+from rl_verify.orchestration.operators import SuiteTrainingOperator
+from rl_verify.orchestration.triggers import RLJobTrigger, parse_poll, reconnect_delay
 
 
 def _trigger() -> RLJobTrigger:
@@ -13,7 +13,7 @@ def _trigger() -> RLJobTrigger:
 
 def test_trigger_serialises_to_its_own_class_with_the_job_marker():
     path, kwargs = _trigger().serialize()
-    assert path == "rl_verify.triggers.RLJobTrigger"
+    assert path == "rl_verify.orchestration.triggers.RLJobTrigger"
     assert kwargs["job_marker"] == "k/grpo" and kwargs["log_offset"] == 7
     assert RLJobTrigger(**kwargs).serialize() == (path, kwargs)
 
@@ -67,7 +67,7 @@ import pytest  # noqa: E402
 from airflow.providers.standard.operators.hitl import ApprovalOperator  # noqa: E402
 
 from rl_verify import settings  # noqa: E402
-from rl_verify.operators import CardApprovalOperator  # noqa: E402
+from rl_verify.orchestration.operators import CardApprovalOperator  # noqa: E402
 
 
 def _op(ctx):
@@ -113,7 +113,7 @@ def _execute(ctx):
 
 
 def _grant(variables, fingerprint="fp1", by="alice"):
-    from rl_verify.standing import Grant
+    from rl_verify.orchestration.standing import Grant
 
     variables[settings.STANDING_APPROVAL_VARIABLE] = Grant(
         fingerprint=fingerprint, dag_id="rl_accuracy_verification", dag_run_id="scheduled__granting",
@@ -125,15 +125,16 @@ def airflow_record(monkeypatch):
     """Airflow's record of the granting response, as the REST API would return it."""
     from datetime import datetime
 
-    from rl_verify import airflow_api
-    from rl_verify.standing import ApprovalRecord
+    from rl_verify.orchestration import airflow_api
+    from rl_verify.orchestration.standing import ApprovalRecord
 
     record = {"value": ApprovalRecord(
         run_type="scheduled", responded_by="alice", responded_at=datetime.fromisoformat(GRANTED_AT),
         chosen_options=["Approve"], params_input={"standing_approval": True},
         body="card ... Experiment fingerprint: `%s` (suites...)" % ("f" * 16))}
     monkeypatch.setattr(airflow_api, "approval_record", lambda conn, dag, run, task: record["value"])
-    monkeypatch.setattr("rl_verify.operators._now", lambda: datetime.fromisoformat("2026-11-30T02:00:00+00:00"))
+    monkeypatch.setattr("rl_verify.orchestration.operators._now",
+                        lambda: datetime.fromisoformat("2026-11-30T02:00:00+00:00"))
     return record
 
 
@@ -183,7 +184,7 @@ def _event(chosen, standing=False, who="bob"):
 
 
 def test_approving_a_scheduled_card_with_standing_approval_records_the_grant(variables, monkeypatch):
-    from rl_verify.standing import parse_grant
+    from rl_verify.orchestration.standing import parse_grant
 
     monkeypatch.setattr(ApprovalOperator, "execute_complete", lambda self, context, event: event)
     ctx = _context("scheduled", fingerprint="fp9", run_id="scheduled__9")
@@ -202,7 +203,7 @@ def test_a_manual_runs_approval_never_grants_a_standing_approval(variables, monk
 
 
 def test_a_reject_is_recorded_before_downstream_is_skipped_and_revokes_the_grant(variables, monkeypatch):
-    from rl_verify.standing import parse_grant
+    from rl_verify.orchestration.standing import parse_grant
 
     def skip(self, context, event):
         raise RuntimeError("downstream skipped")  # the parent raises to skip on Reject

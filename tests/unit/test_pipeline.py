@@ -1,5 +1,5 @@
 """Task bodies refuse bad input before any remote command, and fail with the reason when the record
-store cannot be written (rl_verify.pipeline, no Airflow server, no node: SSH is replaced by a spy).
+store cannot be written (rl_verify.orchestration.verification, no Airflow server, no node: SSH is replaced by a spy).
 
 Connections are read the way tasks read them, from ``AIRFLOW_CONN_<ID>`` (the SDK resolves those
 outside a task context too).
@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rl_verify import pipeline, record, settings
+from rl_verify import settings
+
+from rl_verify.orchestration import verification as pipeline
+
+from rl_verify.store import record
 
 CONN_ID = "rl_sec_test_node"
 
@@ -208,9 +212,9 @@ def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(mo
 def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from rl_verify import links
+    from rl_verify.orchestration import links
 
-    from rl_verify import notify
+    from rl_verify.orchestration import notify
 
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://airflow.example:8080")
     sent = []
@@ -231,7 +235,7 @@ def test_without_a_notification_connection_nothing_is_sent_and_the_log_says_how_
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    from rl_verify import notify
+    from rl_verify.orchestration import notify
 
     def missing(conn_id):
         raise AirflowNotFoundException(conn_id)
@@ -243,7 +247,8 @@ def test_without_a_notification_connection_nothing_is_sent_and_the_log_says_how_
 
 
 def test_the_verdict_message_names_class_breach_next_step_and_report_link(monkeypatch):
-    from rl_verify import links, notify
+    from rl_verify.orchestration import links
+    from rl_verify.orchestration import notify
 
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://ui")
     summary = {"verdict": "FAIL", "failure_classes": ["accuracy"],

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rl_verify import placement
-from rl_verify.remote import BadInput
+from rl_verify.node import placement
+from rl_verify.node.remote import BadInput
 
 SUITES = ["grpo", "opd"]
 
@@ -63,7 +63,7 @@ def _ti(task_id, pool="rl_node_rl_gpu_node", dag_id="rl_accuracy_verification"):
 
 
 def test_the_cluster_policy_routes_a_runs_training_to_its_nodes_pool_and_nothing_else():
-    from rl_verify.policy import task_instance_mutation_hook
+    from rl_verify.orchestration.policy import task_instance_mutation_hook
 
     run = SimpleNamespace(conf={"node": "grpo=gpu_a,opd=gpu_b", "suites": SUITES})
     tis = {t: _ti(t) for t in ("run_grpo", "run_opd", "fetch_opd", "cleanup")}
@@ -87,7 +87,7 @@ def test_airflow_loads_the_policy_from_the_local_settings_in_the_plugins_folder(
     spec = importlib.util.spec_from_file_location("airflow_local_settings", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from rl_verify.policy import task_instance_mutation_hook
+    from rl_verify.orchestration.policy import task_instance_mutation_hook
 
     assert module.task_instance_mutation_hook is task_instance_mutation_hook
     assert module.__all__ == ["task_instance_mutation_hook"]
@@ -108,7 +108,7 @@ def test_a_bad_calibration_nodes_param_names_the_param_and_the_form(value):
 
 
 def test_calibration_runs_go_round_robin_over_the_nodes_and_the_policy_gives_each_its_pool():
-    from rl_verify.policy import task_instance_mutation_hook
+    from rl_verify.orchestration.policy import task_instance_mutation_hook
 
     assert placement.calibration_nodes(["a", "b"], 5) == ["a", "b", "a", "b", "a"]
     assert placement.calibration_nodes(["a"], 3) == ["a", "a", "a"]

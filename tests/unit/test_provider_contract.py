@@ -19,8 +19,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.types import RuntimeTaskInstanceProtocol
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from rl_verify.operators import CardApprovalOperator, SuiteTrainingOperator
-from rl_verify.triggers import RLJobTrigger
+from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
+from rl_verify.orchestration.triggers import RLJobTrigger
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "include" / "rl_verify").rglob("*.py"), *(ROOT / "dags").glob("*.py"),
@@ -122,7 +122,7 @@ def test_the_ui_plugin_extension_points_it_relies_on():
         assert hasattr(AirflowPlugin, attr), attr
     assert params(requires_access_dag)[:2] == ["method", "access_entity"] and DagAccessEntity.RUN
     assert "ti_key" in params(BaseOperatorLink.get_link)
-    from rl_verify.views import plugin_views
+    from rl_verify.orchestration.views import plugin_views
 
     for view in plugin_views():  # a view the API would refuse drops the whole plugin silently
         ExternalViewResponse.model_validate(view)

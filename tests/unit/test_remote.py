@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from rl_verify import remote
+from rl_verify.core.names import run_key
+from rl_verify.node import remote
 
 BAD_COMMITS = {
     "semicolon": "main; rm -rf /",
@@ -60,9 +61,9 @@ def test_home_relative_path_stays_expandable_but_quoted():
 
 
 def test_run_key_is_deterministic_and_shell_safe():
-    key = remote.run_key("manual__2026-11-29T23:54:51.123+00:00")
-    assert key == remote.run_key("manual__2026-11-29T23:54:51.123+00:00")
-    assert key != remote.run_key("manual__2026-11-29T23:54:51.124+00:00")
+    key = run_key("manual__2026-11-29T23:54:51.123+00:00")
+    assert key == run_key("manual__2026-11-29T23:54:51.123+00:00")
+    assert key != run_key("manual__2026-11-29T23:54:51.124+00:00")
     assert all(c.isalnum() or c in "._-" for c in key)
 
 
@@ -185,7 +186,7 @@ def test_every_rendered_script_runs_under_bash_n(name):
 def test_every_template_starts_with_its_bash_shebang():
     from importlib.resources import files
 
-    for path in files("rl_verify").joinpath("sh").iterdir():
+    for path in files("rl_verify.node").joinpath("sh").iterdir():
         if path.name.endswith(".sh"):
             assert path.read_text().startswith("#!/usr/bin/env bash\n"), path.name
 

@@ -6,8 +6,8 @@ import json
 import math
 import os
 
-from rl_verify.model import Check, SuiteResult
-from rl_verify.report import ReportMeta, build_report, render_markdown, write_report
+from rl_verify.core.model import Check, SuiteResult
+from rl_verify.core.report import ReportMeta, build_report, render_markdown, write_report
 
 
 def suite(name="opd", passed=False, metric="eval/gsm8k/acc", value=0.4, plots=()):
@@ -114,7 +114,7 @@ def test_suite_result_round_trips_through_dict():
 
 
 def test_html_escapes_a_script_metric_name_and_value_coming_from_a_tracker(tmp_path):
-    from rl_verify.opd import compare_opd
+    from rl_verify.engines.opd import compare_opd
 
     evil = "<script>alert('m')</script>"
     golden = {"suite": "opd", "source": {"document": "test", "measured": "2026-11-30", "commit": "c", "runs": 1,
@@ -137,8 +137,8 @@ EMPTY_PATTERNS = [r":\s*\.", r"\(\s*\)", r"\bNone\b", r"\bnan\b", r"``", r"\[\s*
 def _class_reports(tmp_path):
     """One real engine result per failure class (and a PASS), each with the rows it would show."""
     from conftest import CHECKER_DIR, dump_rows, grpo_rows, opd_rows
-    from rl_verify.grpo import compare_grpo
-    from rl_verify.opd import compare_opd
+    from rl_verify.engines.grpo import compare_grpo
+    from rl_verify.engines.opd import compare_opd
 
     def opd(name, **kw):
         cur = dump_rows(tmp_path / f"{name}.jsonl", opd_rows(**kw))
@@ -175,7 +175,7 @@ def _prose(text: str, html: bool) -> list[str]:
 def test_no_report_of_any_class_has_an_empty_or_placeholder_sentence(tmp_path):
     import re
 
-    from rl_verify.report import render_html
+    from rl_verify.core.report import render_html
 
     results = _class_reports(tmp_path)
     assert results["accuracy"].failure_class == "accuracy"
@@ -224,7 +224,16 @@ def test_engine_and_report_words_name_no_cli_flag():
 
     import rl_verify
 
+    import ast
+
     package = Path(rl_verify.__file__).parent
-    for name in ("grpo.py", "opd.py", "report.py", "nextsteps.py", "model.py", "shapes.py", "tracker.py"):
-        for number, line in enumerate((package / name).read_text().splitlines(), 1):
+    for name in ("engines/grpo.py", "engines/opd.py", "core/report.py", "core/nextsteps.py", "core/model.py",
+                 "core/shapes.py", "core/tracker.py"):
+        source = (package / name).read_text()
+        # An engine's own command-line options (cli_args, cli_compare) are the CLI's words, not the report's.
+        cli = [range(f.lineno, f.end_lineno + 1) for f in ast.walk(ast.parse(source))
+               if isinstance(f, ast.FunctionDef) and f.name in ("cli_args", "cli_compare")]
+        for number, line in enumerate(source.splitlines(), 1):
+            if any(number in lines for lines in cli):
+                continue
             assert not re.search(r"[\"' (]--[a-z][a-z-]+", line), f"{name}:{number}: {line.strip()}"

@@ -1,6 +1,6 @@
 """Security rules of the issue that need no node and no Airflow server.
 
-- Every remote script builder in ``rl_verify.remote`` refuses a path (or run key) that did not go
+- Every remote script builder in ``rl_verify.node.remote`` refuses a path (or run key) that did not go
   through validation: remote paths are built only from validated parts.
 - The DAG's trigger-time Param schema refuses every bad ``commit`` / ``suites`` of the matrix, and
   anything it lets through is also accepted by ``validate_commit`` (one rule, two places).
@@ -23,9 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from rl_verify import record, remote, settings
-from rl_verify.model import Check, SuiteResult
-from rl_verify.report import ReportMeta, write_report
+from rl_verify.core.names import run_key
+from rl_verify import engines, settings
+
+from rl_verify.store import record
+
+from rl_verify.node import remote
+from rl_verify.core.model import Check, SuiteResult
+from rl_verify.core.report import ReportMeta, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +78,7 @@ BAD_KEYS = {  # run keys become a folder under the runs root
 }
 
 GOOD = {"abs": "/runs/root", "abs2": "/runs/root/key-1/xtuner", "rel": "examples/v1/scripts/run_rl.sh",
-        "key": remote.run_key("manual__2026-11-29T00:00:00+00:00")}
+        "key": run_key("manual__2026-11-29T00:00:00+00:00")}
 
 # builder -> (kwargs that build a script, {param: kind of value}) where kind is abs|rel|key|checks.
 # Every builder that emits text for a remote shell must appear here (checked below).
@@ -110,7 +115,7 @@ BUILDERS = {
 
 
 def _builders() -> set[str]:
-    """Public functions of rl_verify.remote that return remote shell text."""
+    """Public functions of rl_verify.node.remote that return remote shell text."""
     return {name for name, fn in inspect.getmembers(remote, inspect.isfunction)
             if fn.__module__ == remote.__name__ and not name.startswith("_")
             and (name.endswith("_script") or name.endswith("_command"))}
@@ -158,14 +163,14 @@ def test_builders_refuse_unvalidated_parts(builder, param, kind):
 
 def test_run_keys_are_always_valid_builder_input():
     for run_id in ("manual__2026-11-29T23:54:51.123+00:00", "scheduled__x", "a;b$(c)`d`\n../e", "", "." * 300):
-        key = remote.run_key(run_id)
+        key = run_key(run_id)
         assert key and "/" not in key and key not in (".", "..")
         remote.cleanup_script(f"/runs/{key}", key)  # never refused
 
 
 def test_run_layout_paths_stay_under_the_run_dir():
     layout = remote.RunLayout("/runs/k-1")
-    for suite in settings.KNOWN_SUITES:
+    for suite in engines.known_suites():
         for path in (layout.work_dir(suite), layout.job_dir(suite), layout.worktree):
             assert path.startswith("/runs/k-1/") and ".." not in path.split("/")
             remote.validate_path(path, "layout path")
@@ -257,7 +262,7 @@ def test_approvers_come_from_the_environment(monkeypatch):
 
 
 def test_approval_operator_is_assigned_to_the_named_approvers_only(monkeypatch):
-    from rl_verify.operators import CardApprovalOperator
+    from rl_verify.orchestration.operators import CardApprovalOperator
 
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice,bob")
     op = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rl_verify.shapes import JUMP_RATIO, ComparedPoint, classify
+from rl_verify.core.shapes import JUMP_RATIO, ComparedPoint, classify
 
 THRESHOLD = 0.1
 
@@ -73,7 +73,7 @@ def test_a_metric_compared_once_has_a_single_point_shape():
 
 
 def test_breaching_steps_are_written_as_ranges_of_consecutive_compared_points():
-    from rl_verify.shapes import step_ranges
+    from rl_verify.core.shapes import step_ranges
 
     assert step_ranges(range(1, 46)) == "1-45"
     assert step_ranges([3, 7, 8, 9]) == "3, 7-9"

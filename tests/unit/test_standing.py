@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from rl_verify import settings
-from rl_verify.standing import ApprovalRecord, Grant, MalformedGrant, parse_grant, refusals
+from rl_verify.orchestration.standing import ApprovalRecord, Grant, MalformedGrant, parse_grant, refusals
 
 FP = "0123456789abcdef"
 AT = datetime(2026, 11, 28, 2, 5, tzinfo=timezone.utc)

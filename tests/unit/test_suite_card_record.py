@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from rl_verify import card, record
-from rl_verify.node import parse_prerequisites
-from rl_verify.suite import available_suites, data_file, load_suite
+from rl_verify import engines
+from rl_verify.suites import card
+
+from rl_verify.store import record
+from rl_verify.node.ops import parse_prerequisites
+from rl_verify.suites.spec import available_suites, data_file
+from rl_verify.engines import load_suite
 
 SHARES = {"CI_SHARE_MODEL": "/share/model", "CI_SHARE_DATA": "/share/data",
           "CI_SHARE_BASELINE": "/share/baseline", "CHECKOUT": "/runs/k/xtuner"}
@@ -47,7 +51,7 @@ def test_opd_spec_carries_the_runbook_environment():
 def _sections():
     specs = [load_suite(s).expanded(SHARES) for s in ("grpo", "opd")]
     verified = [{"suite": "grpo", "kind": "model", "path": "/share/model/Qwen3-8B"}]
-    return card.card_sections(specs, verified, "rl_gpu_node")
+    return card.card_sections(specs, verified, "rl_gpu_node", engines.criteria(specs))
 
 
 def test_card_has_the_four_sections_and_runbook_thresholds():
@@ -161,7 +165,7 @@ def _files(folder: Path) -> list[str]:
 
 
 def test_a_task_workspace_pulls_its_part_of_the_record_and_pushes_back_what_it_wrote(file_store, tmp_path):
-    from rl_verify.remote import run_key
+    from rl_verify.core.names import run_key
 
     record.put_json("manual__1", "grpo/fetch.json", {"steps": 45})
     record.put_json("manual__1", "opd/fetch.json", {"steps": 25})
@@ -200,7 +204,7 @@ def test_an_object_store_that_cannot_be_written_names_the_setting_and_the_connec
 
 
 def test_record_files_are_readable_by_the_record_stores_users(tmp_path):
-    from rl_verify import record
+    from rl_verify.store import record
 
     path = record.write_json(tmp_path / "run" / "report.json", {"verdict": "PASS"})
     assert path.stat().st_mode & 0o777 == 0o644

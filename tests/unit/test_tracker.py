@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 
 from conftest import dump_rows, grpo_rows
-from rl_verify.errors import InputError
-from rl_verify.tracker import read_tracker, write_sanitised
+from rl_verify.core.errors import InputError
+from rl_verify.core.tracker import read_tracker, write_sanitised
 
 WANTED = ["response/rewards/mean", "time/step", "eval/accuracy"]
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
-from rl_verify import links, settings, views
-from rl_verify.remote import run_key
+from rl_verify import settings
+
+from rl_verify.orchestration import links
+
+from rl_verify.orchestration import views
+from rl_verify.core.names import run_key
 
 CAL = settings.CALIBRATION_DAG_ID
 RUN = "manual__2026-12-01T06:00:00.123456+00:00"

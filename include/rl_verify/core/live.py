@@ -1,0 +1,381 @@
+"""Live checking of a growing tracker: a FAIL as soon as it is certain, never a false one.
+
+A suite is judged while it trains by its engine's live check (a :class:`LiveCheck`, built in the
+worker by ``Engine.live`` with the final comparison's own rule code and threshold data, and handed
+to the triggerer in serialised form), which returns the breaches that make the final verdict FAIL
+whatever the remaining steps bring (``Certain``) and a status per checked metric (within / breached
+/ warning / waiting). The kinds of certain breach:
+
+* ``every-step``: a metric checked step by step breaks its bound at some step (GRPO
+  ``mismatch/mismatch_k3_kl``, ``time/step``); a NaN or infinite value breaks it too.
+* ``percentile``: a metric judged by the p80 of per-step errors has as many breaching steps as
+  :func:`grpo.percentile_fail_count` says decide it for the run's step count, or a NaN error (the
+  percentile of a series holding NaN is NaN, which never holds).
+* ``eval-point``: an OPD eval point breaks its golden value once its rows are in (reference-only
+  metrics never decide).
+* ``wall-time``: the run has used more than its wall-time budget.
+
+Anything less (a metric near its bound, breaching steps short of the count, a NaN at a step the
+final comparison does not judge) is a warning: reported, never acted on.
+
+:class:`LiveWatch` is what the trigger runs for one training: tracker bytes and log lines in,
+progress lines and the verdict out, from a JSON config (no engine, no record store, no SSH in it).
+No Airflow import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl_verify.core.model import FAIL, Check, SuiteResult, failure_class_of
+from rl_verify.core.nextsteps import EngineRules, suggest
+from rl_verify.core.plots import Panel, plot_panels
+from rl_verify.core.thresholds import Rule
+from rl_verify.core.tracker import EVAL_PREFIX, Tracker, TrackerFeed, read_tracker
+
+#: A metric whose latest error has used this share of its threshold is reported as a warning.
+NEAR_BOUND = 0.8
+WITHIN, BREACHED, WARNING, WAITING = "within", "breached", "warning", "waiting"
+
+
+@dataclass(frozen=True)
+class Certain:
+    """A breach no remaining step can undo: the suite's final verdict is FAIL."""
+
+    metric: str
+    step: int | None
+    rule: str
+    text: str
+    baseline: float | None = None
+    current: float | None = None
+    error: float | None = None
+    threshold: float | None = None
+    operator: str = "<"
+    method: str = "absolute"
+    #: How the metric left its bound, as far as the steps so far show (``shapes.KINDS``), or None.
+    shape: str | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Where one checked metric stands now."""
+
+    metric: str
+    state: str
+    text: str
+
+
+@dataclass
+class LiveResult:
+    """What one look at the growing tracker found."""
+
+    steps: int
+    certain: list[Certain] = field(default_factory=list)
+    status: list[Status] = field(default_factory=list)
+
+    @property
+    def doomed(self) -> bool:
+        return bool(self.certain)
+
+
+class LiveCheck(ABC):
+    """An engine's check of a growing tracker, serialisable: it is built in the worker and rebuilt in
+    the triggerer from ``serialize()`` (its class path and JSON-ready constructor arguments)."""
+
+    @abstractmethod
+    def check(self, cur: Tracker, elapsed_s: float | None = None) -> LiveResult:
+        """What the steps so far make certain, and where each checked metric stands."""
+
+    @abstractmethod
+    def kwargs(self) -> dict[str, Any]:
+        """The JSON-ready constructor arguments that rebuild this check."""
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
+
+
+#: Where the live checks a trigger may rebuild live: the engines.
+LIVE_CHECK_MODULES = "rl_verify.engines."
+
+
+def rebuild(serialized: tuple[str, dict[str, Any]] | list[Any]) -> LiveCheck:
+    """The live check ``serialize()`` described: only a :class:`LiveCheck` of an engine module is built
+    (the class path comes from the trigger's stored arguments)."""
+    classpath, kwargs = serialized
+    module, _, name = str(classpath).rpartition(".")
+    if not module.startswith(LIVE_CHECK_MODULES):
+        raise ValueError(f"not a live check of an engine: {classpath!r}")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and issubclass(cls, LiveCheck)):
+        raise ValueError(f"not a live check: {classpath!r}")
+    return cls(**kwargs)
+
+
+def tracker_from_text(text: str, label: str) -> Tracker:
+    """A tracker from its JSONL text (a baseline handed to a live check), read like a file."""
+    feed = TrackerFeed(label)
+    feed.feed(text.encode("utf-8") + (b"" if text.endswith("\n") else b"\n"))
+    return feed.tracker
+
+
+def compact_tracker(tracker: Tracker) -> str:
+    """The step-summary and eval values of ``tracker`` as JSONL (one row per step): what a live check
+    needs of a baseline, without the mini-batch rows a real tracker also holds."""
+    import json
+
+    rows: dict[int, dict[str, float]] = {}
+    for step, values in tracker.evals.items():
+        rows.setdefault(step, {}).update({k: p.value for k, p in values.items()})
+    for row in tracker.rows:
+        rows.setdefault(row.step, {}).update(row.values)
+    return "".join(json.dumps({"step": step, **values}) + "\n" for step, values in sorted(rows.items()))
+
+
+def near_bound(rule: Rule, error: float) -> bool:
+    """True when ``error`` has used ``NEAR_BOUND`` of the threshold: a warning, never acted on."""
+    return math.isfinite(error) and rule.threshold > 0 and error >= NEAR_BOUND * rule.threshold
+
+
+def wall_time_breach(elapsed_s: float | None, budget_s: float) -> Certain | None:
+    """The certain FAIL of a run that has used its whole wall-time budget, else None."""
+    if elapsed_s is not None and elapsed_s >= budget_s:
+        return Certain("e2e wall time", None, "wall-time",
+                       f"e2e wall time {elapsed_s:.0f} s has reached the budget of < {budget_s:.0f} s",
+                       None, float(elapsed_s), float(elapsed_s), float(budget_s), "<", "value")
+    return None
+
+
+def steps_text(steps: list[int]) -> str:
+    """Steps as a short list (the first 8, then a count)."""
+    shown = ", ".join(map(str, steps[:8]))
+    return shown + (f" (+{len(steps) - 8} more)" if len(steps) > 8 else "")
+
+
+def progress(result: LiveResult, expected_steps: int, elapsed_s: float | None) -> str:
+    """One task-log line: ``step N/M``, the ETA from the observed step time, every metric's status."""
+    eta = ""
+    if elapsed_s and result.steps:
+        per_step = elapsed_s / result.steps
+        eta = f", ETA {max(0, expected_steps - result.steps) * per_step / 60:.1f} min ({per_step:.1f} s/step observed)"
+    states = "; ".join(s.metric + " " + s.state + (f" ({s.text})" if s.state in (BREACHED, WARNING) else "")
+                       for s in result.status)
+    return f"step {result.steps}/{expected_steps}{eta} | {states}"
+
+
+def aborted_checks(certain: list[Certain]) -> list[Check]:
+    """The comparison rows of an early abort: one failing row per certain breach."""
+    return [Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
+                  threshold=c.threshold, operator=c.operator,
+                  method=c.method, passed=False, first_breach_step=c.step, source="live",
+                  shape=c.shape, shape_text=_shape_text(c), breach_steps=str(c.step),
+                  note=f"early abort ({c.rule}): {c.text}") for c in certain]
+
+
+def _shape_text(c: Certain) -> str:
+    if c.shape == "from-start":
+        return f"outside its bound from the first compared step {c.step} (the run was stopped there)"
+    if c.shape == "non-finite":
+        return f"NaN/Infinity at step {c.step}"
+    return ""
+
+
+def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:
+    """The suite's FAIL after an early abort, from what the live check recorded (``abort.json``).
+
+    One failing row per certain breach (its rule and the step where it became certain in the note),
+    the class those rows call for, "aborted at step N of M" first among the findings, and the
+    runbook's next steps for the breached metrics.
+    """
+    certain = [Certain(**{k: _number(v) if k in _FLOATS else v for k, v in c.items()}) for c in abort["certain"]]
+    checks = aborted_checks(certain)
+    failure_class = failure_class_of(checks, FAIL)
+    rules_named = "; ".join(f"{c.metric} ({c.rule}, step {c.step})" for c in certain)
+    abnormal = [f"Aborted at step {abort['step']} of {abort['expected_steps']}: the final verdict could no longer "
+                f"be PASS ({rules_named}); the job was stopped early (early_abort on). "
+                + "; ".join(c.text for c in certain)]
+    abnormal += [f"Live warning: {w}" for w in abort.get("warnings") or []]
+    result = SuiteResult(suite=suite, verdict=FAIL, failure_class=failure_class, checks=checks, abnormal=abnormal,
+                         details={"early_abort": {k: v for k, v in abort.items() if k != "certain"}})
+    result.next_steps = suggest(rules, checks, FAIL, failure_class)
+    return result
+
+
+_FLOATS = {"baseline", "current", "error", "threshold"}
+
+
+def _number(value: object) -> float | None:
+    """A float back from its JSON form ("nan"/"inf" were written as text)."""
+    return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+
+
+def partial_plot(suite: str, certain: list[dict], current: Path, baseline: Path | None,
+                 reference: Any, out: Path) -> Path | None:
+    """PNG of the breached metrics' partial curves (what the run wrote before it was stopped)."""
+    metrics = list(dict.fromkeys(c["metric"] for c in certain if c["metric"] != "e2e wall time"))
+    if not metrics or not current.is_file():
+        return None
+    cur = read_tracker(current, metrics)
+    base = read_tracker(baseline, metrics) if baseline is not None and baseline.is_file() else None
+    panels = []
+    for metric in metrics:
+        def series(t: Tracker) -> list[tuple[float, float]]:
+            if metric.startswith(EVAL_PREFIX):
+                return [(s, v[metric].value) for s, v in sorted(t.evals.items()) if metric in v]
+            return [(p.step, p.value) for p in t.series(metric)]
+
+        reference_curve, label = (series(base), "baseline") if base is not None else ([], "baseline")
+        if not reference_curve and reference is not None and reference(metric):
+            reference_curve, label = reference(metric), "golden"
+        mine = [c for c in certain if c["metric"] == metric]
+        failing = [(c["step"], _number(c.get("current"))) for c in mine
+                   if c.get("step") is not None and _number(c.get("current")) is not None]
+        panels.append(Panel(metric, reference_curve, series(cur), mine[0].get("method", "absolute"),
+                            _number(mine[0].get("threshold")), failing, baseline_label=label,
+                            note=f"stopped at step {cur.steps}"))
+    return plot_panels(out / f"{suite}_metrics.png", f"{suite.upper()}: FAIL, aborted early (partial curves)", panels)
+
+
+def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
+    """NaN/Infinity as text: event payloads and XCom are JSON."""
+    return {k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+class LiveWatch:
+    """The live check of one training as the trigger runs it: tracker bytes and log lines in,
+    progress lines and the verdict out.
+
+    ``config`` (JSON, built in the worker by the training operator): ``suite``, ``work_dir`` and
+    ``tracker_glob`` (remote, expanded), ``expected_steps``, ``early_abort`` (end the job once its FAIL
+    is certain; off: only say where it would have), ``log_rules`` (the spec's: pattern, means, when),
+    ``check`` (a serialised :class:`LiveCheck`, or None when nothing can be judged live) and ``note``
+    (why there is no check). A config without ``expected_steps`` comes from a trigger deferred by an
+    earlier version of rl-verify: the job is only watched (the final comparison still judges it).
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.suite = str(config.get("suite") or "?")
+        self.work_dir, self.tracker_glob = config.get("work_dir", ""), config.get("tracker_glob", "")
+        self.expected_steps = int(config.get("expected_steps") or 0)
+        self.early_abort = bool(config.get("early_abort", True))
+        self.log_rules = [dict(rule) for rule in config.get("log_rules") or []]
+        self._check_config = config.get("check")
+        self._note = config.get("note") or "nothing to compare against"
+        self.checker: LiveCheck | None = None
+        self.feed: TrackerFeed | None = None
+        self.tracker_path = ""
+        self.offset = 0
+        self.reported_steps = -1
+        self.doomed: LiveResult | None = None   # the first look with a certain FAIL
+        self.last: LiveResult | None = None
+        self.started = False
+        #: Switched off (an error of its own, or a config of an earlier version): the job is only watched.
+        self.off = "expected_steps" not in config
+        self.stopped = False  # the job was killed by the live check
+        self.log_hits: list[dict[str, Any]] = []
+        self._open_block: dict[str, Any] | None = None  # an ``exit`` rule's match awaiting its block's end
+
+    def start(self) -> str:
+        """Rebuild the engine's check; say in one line what the watch will do."""
+        self.started = True
+        if self._check_config is None:
+            return f"Live check off for {self.suite}: {self._note} (the final comparison reports it)"
+        try:
+            self.checker = rebuild(self._check_config)
+        except Exception as err:  # bad data must never stop a training: the final comparison judges it
+            return f"Live check off for {self.suite}: {err}"
+        mode = "aborts the run as soon as its FAIL is certain" if self.early_abort else \
+            "reports where it would abort (early_abort off)"
+        return f"Live check on for {self.suite}: every new step is checked with the final rules; {mode}"
+
+    def log_hit(self, text: str) -> dict[str, Any] | None:
+        """Scan new log lines: record every log-rule match; return the first of a ``seen`` rule.
+
+        A match of an ``exit`` rule waits for the end of its block (the first later line that is
+        not indented, possibly in a later chunk) and quotes that line; it is acted on at exit only.
+        """
+        first = None
+        for line in text.splitlines():
+            if self._open_block is not None and line.strip() and not line[0].isspace():
+                self._open_block["line"] = line.strip()[:500]
+                self._open_block = None
+            rule = next((r for r in self.log_rules if re.search(r["pattern"], line)), None)
+            if rule is None:
+                continue
+            when = rule.get("when", "seen")
+            hit = {"pattern": rule["pattern"], "means": rule["means"], "line": line.strip()[:500], "when": when}
+            self.log_hits.append(hit)
+            if when == "exit":
+                self._open_block = hit
+            elif first is None:
+                first = hit
+        return first
+
+    def ended_short(self) -> dict[str, Any] | None:
+        """At the job's exit: the first log-rule match when the tracker came up short of its steps.
+
+        None when no rule matched, the run has all its steps, or its step count is unknown (no
+        live check: fetch counts the steps).
+        """
+        if not self.log_hits:
+            return None
+        steps = self.feed.tracker.steps if self.feed is not None else 0 if self.checker is not None else None
+        if steps is None or steps >= self.expected_steps:
+            return None
+        return {**self.log_hits[0], "at_exit": True, "steps": steps}
+
+    def take(self, output: bytes) -> bool:
+        """Feed one ``tracker_poll`` output; True when the tracker has more bytes to read now."""
+        head, _, chunk = output.partition(b"\n")
+        fields = head.decode(errors="replace").split()
+        if len(fields) != 3 or fields[0] == "-":
+            return False
+        path, start, size = fields[0], int(fields[1]), int(fields[2])
+        if path != self.tracker_path or self.feed is None:
+            self.tracker_path, self.offset, self.feed = path, 0, TrackerFeed(path)
+            if start != 0:
+                return True  # a new file: read it from its start
+        self.feed.feed(chunk)
+        self.offset = start + len(chunk)
+        return self.offset < size
+
+    def report(self, elapsed_s: float | None) -> list[str]:
+        """Lines for the task log when a new step came in (and the verdict once it is certain)."""
+        if self.feed is None or self.checker is None:
+            return []
+        tracker = self.feed.tracker
+        if tracker.steps == self.reported_steps:
+            return []
+        self.reported_steps = tracker.steps
+        result = self.checker.check(tracker, elapsed_s)
+        self.last = result
+        lines = [progress(result, self.expected_steps, elapsed_s)]
+        if result.certain and self.doomed is None:
+            self.doomed = result
+            lines.append("FAIL is certain at step %d of %d: %s" % (
+                result.steps, self.expected_steps, "; ".join(f"[{c.rule}] {c.text}" for c in result.certain)))
+            if not self.early_abort:
+                lines.append("early_abort is off: the run goes on to its end; it would have been aborted here")
+        return lines
+
+    def abort_message(self) -> str:
+        assert self.doomed is not None
+        return f"aborted at step {self.doomed.steps} of {self.expected_steps}: " + "; ".join(
+            c.text for c in self.doomed.certain)
+
+    def summary(self) -> dict[str, Any]:
+        """What the live check saw, for the operator (JSON)."""
+        out: dict[str, Any] = {"expected_steps": self.expected_steps, "early_abort": self.early_abort,
+                               "checked": self.checker is not None}
+        if self.doomed is not None:
+            out.update(step=self.doomed.steps, certain=[_json_safe(asdict(c)) for c in self.doomed.certain])
+        if self.last is not None:
+            out["warnings"] = [f"{s.metric}: {s.text}" for s in self.last.status if s.state == "warning"]
+        if self.log_hits:
+            out["log_rule"] = self.log_hits[0]
+        return out

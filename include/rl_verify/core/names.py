@@ -1,0 +1,15 @@
+"""Names derived from a DAG run id: the same on the node, in the record store and in the UI plugin."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def run_key(dag_run_id: str) -> str:
+    """A remote-safe, deterministic folder name for a DAG run (same run id -> same key)."""
+    readable = _KEY_UNSAFE.sub("_", dag_run_id)[:80].strip("._-") or "run"
+    digest = hashlib.sha256(dag_run_id.encode()).hexdigest()[:8]
+    return f"{readable}-{digest}"

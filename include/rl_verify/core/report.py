@@ -1,0 +1,397 @@
+"""report.json / report.md / report.html for one or more suites (runbook section 4).
+
+Order of the human-readable reports: overall PASS/FAIL, abnormal findings (always at the top, so
+they are seen first), then per suite: verdict, metric table (baseline vs current vs error vs
+threshold per eval point/step, pass/fail, where each number comes from), plots; then tracker and
+log paths, the commit under test, and the suggested next steps (marked as inference).
+
+report.json is strict JSON (non-finite floats as the strings "NaN"/"Infinity"/"-Infinity", see
+``rl_verify.core.model``). It always has an overall "verdict" and a "suites" list; with exactly one
+suite it also carries that suite's keys at the top level (suite, checks, trackers, abnormal,
+next_steps, ...), which is what the CLI report is read by.
+
+No sentence is left empty: a section with nothing to say (no abnormal finding, no tracker, no next
+step) is left out, and the commit line is written only when there is a commit or ``commit_hint``.
+Steps are the tracker's own numbers; the table says which step its values come from (the eval
+point, or the worst step of a step-by-step metric) and, separately, the first breaching step.
+
+The HTML is self-contained (PNGs embedded as base64 data URIs) and every string that can come
+from a tracker or a path is passed through ``html.escape``. All files are written atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
+
+from rl_verify.core.files import write_atomic
+from rl_verify.core.model import FAIL, PASS, Check, SuiteResult, strict_json_value
+
+SCHEMA = 1
+
+
+@dataclass
+class ReportMeta:
+    """Run-level facts for the report (see docs/ARCHITECTURE.md)."""
+
+    commit: str | None = None
+    commit_ref: str | None = None
+    diff_stat: str | None = None
+    dag_run_id: str | None = None
+    node: str | None = None
+    paths: dict[str, dict[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    overall: str | None = None
+    #: What to say when ``commit`` is None, in the reader's terms (a CLI flag, or the failed task).
+    commit_hint: str | None = None
+    #: suite -> the baseline version it was judged against, as one line (``baselines.describe``).
+    baselines: dict[str, str] = field(default_factory=dict)
+
+
+def overall_verdict(suites: list[SuiteResult]) -> str:
+    """PASS only when at least one suite ran and every suite passed."""
+    if not suites:
+        return FAIL
+    return PASS if all(s.verdict == PASS for s in suites) else FAIL
+
+
+def _rel(path: str, out_dir: Path | None) -> str:
+    """``path`` relative to ``out_dir`` when it lies inside it (links that survive moving the folder)."""
+    if out_dir is None:
+        return path
+    try:
+        return str(Path(path).resolve().relative_to(out_dir.resolve()))
+    except ValueError:
+        return path
+
+
+def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | None = None) -> dict[str, Any]:
+    """The report.json content (strict-JSON-ready)."""
+    computed = overall_verdict(suites)
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    if not suites:
+        abnormal.insert(0, "No suite was evaluated.")
+    data: dict[str, Any] = {
+        "schema": SCHEMA,
+        "verdict": meta.overall or computed,
+        "computed_verdict": computed,
+        "commit": meta.commit,
+        "commit_ref": meta.commit_ref,
+        "diff_stat": meta.diff_stat,
+        "dag_run_id": meta.dag_run_id,
+        "node": meta.node,
+        "baselines": dict(meta.baselines),
+        "notes": list(meta.notes),
+        "paths": meta.paths,
+        "abnormal": abnormal,
+        "next_steps": [s for r in suites for s in r.next_steps],
+        "nan_encoding": "non-finite numbers are written as the strings 'NaN', 'Infinity', '-Infinity'",
+        "suites": [],
+    }
+    for suite in suites:
+        entry = suite.to_dict()
+        entry["plots_relative"] = [_rel(p, out_dir) for p in suite.plots]
+        data["suites"].append(entry)
+    if len(suites) == 1:
+        single = data["suites"][0]
+        for key in ("suite", "failure_class", "checks", "trackers", "plots", "plots_relative", "checker", "details"):
+            data[key] = single[key]
+        data["suite_verdict"] = single["verdict"]
+        data["abnormal"] = list(single["abnormal"])
+        data["next_steps"] = list(single["next_steps"])
+    return strict_json_value(data)
+
+
+# ----------------------------------------------------------------------------- formatting helpers
+
+def fmt_number(value: float | None) -> str:
+    """Compact display of a measurement; None -> "-" (no value), NaN/Infinity spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"{value:.6g}"
+    return str(value)
+
+
+def fmt_result(check: Check) -> str:
+    if check.missing:
+        return "missing"
+    return {True: "pass", False: "FAIL", None: "n/a"}[check.passed]
+
+
+def fmt_threshold(check: Check) -> str:
+    if check.threshold is None:
+        return "-"
+    return f"{check.operator} {fmt_number(check.threshold)}"
+
+
+def fmt_step(check: Check) -> str:
+    return "all steps" if check.step is None else str(check.step)
+
+
+def fmt_first_breach(check: Check) -> str:
+    return "-" if check.first_breach_step is None or not check.breached else str(check.first_breach_step)
+
+
+def suites_summary(suites: list[SuiteResult]) -> str:
+    """"grpo FAIL (accuracy), opd PASS": each suite's verdict with its failure class."""
+    return ", ".join(f"{s.suite} {s.verdict}" + (f" ({s.failure_class})" if s.failure_class else "") for s in suites)
+
+
+def _md_cell(text: str) -> str:
+    """Markdown table cell: no pipes or newlines from tracker strings can break the table."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def _check_cells(check: Check) -> list[str]:
+    note = check.note + (f"; shape: {check.shape_text}" if check.shape_text else "")
+    return [check.metric, fmt_step(check), fmt_first_breach(check), fmt_number(check.baseline),
+            fmt_number(check.current), fmt_number(check.error), fmt_threshold(check), check.method,
+            fmt_result(check), check.source, note]
+
+
+HEADERS = ["metric", "values at step (eval point, or worst step)", "first breach at step", "baseline", "current",
+           "error", "threshold", "method", "result", "source", "note"]
+RESULT_COLUMN = HEADERS.index("result")
+
+
+def _sources_line(suite: SuiteResult) -> str | None:
+    """Where the table's numbers come from; None when no tracker was read (nothing to say)."""
+    parts = [f"{role}: {path}" for role, path in suite.trackers.items()]
+    if not parts:
+        return None
+    return ("Measurements: every baseline/current number comes from these files (line numbers in the note "
+            "column): " + "; ".join(parts) + "."
+            + (" The e2e wall time is the launch-to-end duration given by the caller (in a DAG run: the job's "
+               "start and end on the node)."
+               if any(c.metric == "e2e wall time" for c in suite.checks) else ""))
+
+
+def _checker_line(suite: SuiteResult) -> str | None:
+    """The checker's own words, with its step numbers translated into the tracker's."""
+    if suite.checker is None:
+        return None
+    reason = f" (reason: {suite.checker['reason']})" if suite.checker.get("reason") else ""
+    line = (f"Checker (checkout's check_rl_result): ok={suite.checker.get('ok')}{reason}: "
+            f"{suite.checker.get('message', '')}")
+    translations = suite.details.get("checker_step_translations") or []
+    if translations:
+        line += " [in tracker steps: " + "; ".join(translations) + "]"
+    return line
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, out_dir: Path | None = None) -> str:
+    """The Markdown report (also suitable for printing to a task log)."""
+    meta = meta or ReportMeta()
+    computed = overall_verdict(suites)
+    verdict = meta.overall or computed
+    lines = [f"# RL accuracy verification: {verdict}", ""]
+    summary = suites_summary(suites)
+    lines.append(f"**{verdict}**" + (f" (computed {computed})" if verdict != computed else "")
+                 + (f": {summary}" if summary else ": no suite evaluated"))
+    lines.append("")
+    for note in meta.notes:
+        lines.append(f"> {note}")
+    if meta.notes:
+        lines.append("")
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    if abnormal:
+        lines += ["## Abnormal findings", ""] + [f"- {a}" for a in abnormal] + [""]
+    for suite in suites:
+        lines += _suite_markdown(suite, out_dir)
+    paths = _path_items(suites, meta)
+    if paths:
+        lines += ["## Tracker and log paths", ""] + [f"- {label}: `{path}`" for label, path in paths] + [""]
+    commit = _commit_items(meta)
+    if commit:
+        lines += ["## Commit under test", ""]
+        for label, value in commit:
+            if label == "diff stat":
+                lines += ["- worktree was dirty; diff stat:", "", "```", value, "```"]
+            else:
+                lines.append(f"- {label}: `{value}`" if label != "commit hint" else f"- commit: {value}")
+        lines.append("")
+    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps]
+    if steps:
+        lines += ["## Suggested next steps (inference, not measurement)", ""] + [f"- {s}" for s in steps] + [""]
+    return "\n".join(lines)
+
+
+def _path_items(suites: list[SuiteResult], meta: ReportMeta) -> list[tuple[str, str]]:
+    items = []
+    for suite in suites:
+        items += [(f"{suite.suite} {role}", path) for role, path in suite.trackers.items()]
+        if suite.checker:
+            items += [(f"{suite.suite} checker {key}", str(suite.checker[key]))
+                      for key in ("workdir", "stdout", "stderr", "step_summary") if suite.checker.get(key)]
+    for suite_name, paths in meta.paths.items():
+        items += [(f"{suite_name} {role}", path) for role, path in paths.items()]
+    return items
+
+
+def _commit_items(meta: ReportMeta) -> list[tuple[str, str]]:
+    items: list[tuple[str, str]] = []
+    if meta.commit:
+        items.append(("commit", meta.commit))
+    elif meta.commit_hint:
+        items.append(("commit hint", meta.commit_hint))
+    for label, value in (("requested ref", meta.commit_ref), ("diff stat", meta.diff_stat),
+                         ("DAG run", meta.dag_run_id), ("node", meta.node)):
+        if value:
+            items.append((label, value))
+    items += [(f"baseline {suite}", label) for suite, label in meta.baselines.items()]
+    return items
+
+
+def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
+    lines = [f"## {suite.suite}: {suite.verdict}" + (f" ({suite.failure_class})" if suite.failure_class else ""), ""]
+    checker = _checker_line(suite)
+    if checker:
+        lines += [_md_cell(checker), ""]
+    if suite.checks:
+        lines.append("| " + " | ".join(HEADERS) + " |")
+        lines.append("|" + "---|" * len(HEADERS))
+        for check in suite.checks:
+            lines.append("| " + " | ".join(_md_cell(c) for c in _check_cells(check)) + " |")
+        lines.append("")
+    sources = _sources_line(suite)
+    if sources:
+        lines += [sources, ""]
+    for plot in suite.plots:
+        rel = _rel(plot, out_dir)
+        lines.append(f"![{Path(plot).name}]({rel})")
+    if suite.plots:
+        lines.append("")
+    return lines
+
+
+# ----------------------------------------------------------------------------- HTML
+
+def _data_uri(path: str) -> str | None:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
+
+
+def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> str:
+    """Self-contained HTML report: PNGs inlined, every tracker/path string escaped."""
+    meta = meta or ReportMeta()
+    e = html.escape
+    computed = overall_verdict(suites)
+    verdict = meta.overall or computed
+    color = "#1a7f37" if verdict == PASS else "#cf222e"
+    out = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
+           f"<title>RL accuracy verification: {e(verdict)}</title>",
+           "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.FAIL{color:#cf222e;font-weight:bold}"
+           ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
+           f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
+    summary = suites_summary(suites) or "no suite evaluated"
+    out.append(f"<p><b>{e(verdict)}</b>{e(f' (computed {computed})' if verdict != computed else '')}: {e(summary)}</p>")
+    for note in meta.notes:
+        out.append(f"<blockquote>{e(note)}</blockquote>")
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    if abnormal:
+        out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
+        out += [f"<li>{e(a)}</li>" for a in abnormal]
+        out.append("</ul></div>")
+    for suite in suites:
+        out.append(f"<h2>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
+                   f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h2>")
+        checker = _checker_line(suite)
+        if checker:
+            out.append(f"<p>{e(checker)}</p>")
+        if suite.checks:
+            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
+            for check in suite.checks:
+                cells = _check_cells(check)
+                out.append("<tr>" + "".join(
+                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else f"<td>{e(cell)}</td>"
+                    for i, cell in enumerate(cells)) + "</tr>")
+            out.append("</table>")
+        sources = _sources_line(suite)
+        if sources:
+            out.append(f"<p>{e(sources)}</p>")
+        for plot in suite.plots:
+            uri = _data_uri(plot)
+            if uri:
+                out.append(f"<p><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\"></p>")
+            else:
+                out.append(f"<p>plot missing: {e(plot)}</p>")
+    paths = _path_items(suites, meta)
+    if paths:
+        out.append("<h2>Tracker and log paths</h2><ul>")
+        out += [f"<li>{e(label)}: <code>{e(path)}</code></li>" for label, path in paths]
+        out.append("</ul>")
+    commit = _commit_items(meta)
+    if commit:
+        out.append("<h2>Commit under test</h2><ul>")
+        for label, value in commit:
+            if label == "diff stat":
+                out.append(f"<li>worktree was dirty; diff stat:<pre>{e(value)}</pre></li>")
+            elif label == "commit hint":
+                out.append(f"<li>commit: {e(value)}</li>")
+            else:
+                out.append(f"<li>{e(label)}: <code>{e(value)}</code></li>")
+        out.append("</ul>")
+    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps]
+    if steps:
+        out.append("<h2>Suggested next steps (inference, not measurement)</h2><ul>")
+        out += [f"<li>{e(step)}</li>" for step in steps]
+        out.append("</ul>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- writing
+
+def atomic_write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically; a failed write leaves neither half a file nor a temp file."""
+    return write_atomic(Path(path), text)
+
+
+def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None,
+                 shown_as: str | None = None) -> dict[str, Path]:
+    """Write report.json, report.md and report.html into ``out_dir`` (PNGs are already there).
+
+    ``shown_as``: where a reader finds ``out_dir`` (the record's location when ``out_dir`` is a task's
+    working copy): every path into ``out_dir`` the report names is shown there instead.
+    Returns {"json": path, "md": path, "html": path}.
+    """
+    out_dir = Path(out_dir)
+    meta = meta or ReportMeta()
+    data = build_report(suites, meta, out_dir)
+
+    def shown(text: str) -> str:
+        if shown_as is None:
+            return text
+        for form in dict.fromkeys((str(out_dir.resolve()), str(out_dir))):
+            text = text.replace(form, shown_as)
+        return text
+
+    return {
+        "json": atomic_write(out_dir / "report.json", shown(json.dumps(data, indent=2, allow_nan=False) + "\n")),
+        "md": atomic_write(out_dir / "report.md", shown(render_markdown(suites, meta, out_dir))),
+        "html": atomic_write(out_dir / "report.html", shown(render_html(suites, meta))),
+    }
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain text columns (two spaces apart); None and "" show as ``-`` (the CLI's tables)."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)

@@ -1,0 +1,312 @@
+"""Operations on a GPU node over one SSH connection: worktree, prerequisites, fetch, cleanup.
+
+Every function takes an open ``paramiko.SSHClient`` (from the SSH provider's ``SSHHook.get_conn()``
+in the DAG, or built directly by the CLI and the tests), so the same code serves both. Scripts are
+built by :mod:`rl_verify.node.remote` from validated, quoted values.
+"""
+
+from __future__ import annotations
+
+import base64
+import fnmatch
+import posixpath
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from rl_verify.node import remote
+from rl_verify.suites.spec import SuiteSpec
+
+if TYPE_CHECKING:
+    import paramiko
+
+_EXP_FOLDER = re.compile(r"\d{14}")
+
+
+class NodeError(RuntimeError):
+    """The node could not do what was asked; the message says what and how to fix it."""
+
+
+class PrerequisitesError(NodeError):
+    """One or more inputs are missing or the node is busy; the message lists every item."""
+
+
+def run_script(client: "paramiko.SSHClient", script: str, timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``script`` with ``bash -s`` on the node (script on stdin); return (status, out, err)."""
+    stdin, stdout, stderr = client.exec_command("bash -s", timeout=timeout)
+    stdin.write(script)
+    stdin.flush()
+    stdin.channel.shutdown_write()
+    out = stdout.read().decode("utf-8", errors="replace")
+    err = stderr.read().decode("utf-8", errors="replace")
+    return stdout.channel.recv_exit_status(), out, err
+
+
+def read_file(client: "paramiko.SSHClient", path: str, max_bytes: int, timeout: float = 120) -> tuple[int, bytes]:
+    """The bytes of the node's file ``path`` (at most ``max_bytes``) and the script's status (3: unreadable)."""
+    stdin, stdout, _ = client.exec_command("bash -s", timeout=timeout)
+    stdin.write(remote.read_file_script(path, max_bytes))
+    stdin.flush()
+    stdin.channel.shutdown_write()
+    data = stdout.read()
+    return stdout.channel.recv_exit_status(), data
+
+
+def _kv(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.isupper():
+            values[key] = value
+    return values
+
+
+def resolve_commit(client: "paramiko.SSHClient", checkout: str, runs_root: str, key: str,
+                   commit: str) -> dict[str, Any]:
+    """Create (or re-use) the run's clean worktree at ``commit``; return SHA, paths and state."""
+    script = remote.resolve_commit_script(checkout, runs_root, key, commit)
+    status, out, err = run_script(client, script)
+    if status != 0:
+        raise NodeError(f"resolve_commit failed for commit {commit!r} (exit {status}): {err.strip()}")
+    kv = _kv(out)
+    dirty = base64.b64decode(kv["DIRTY_STAT_B64"]).decode() if kv.get("DIRTY_STAT_B64") else None
+    return {
+        "commit_ref": commit,
+        "sha": kv["SHA"],
+        "subject": base64.b64decode(kv.get("SUBJECT_B64", "")).decode().strip(),
+        "run_dir": kv["RUN_DIR"],
+        "worktree": kv["WORKTREE"],
+        "dirty_stat": dirty,
+        "warnings": [line for line in err.splitlines() if line.strip()],
+    }
+
+
+@dataclass
+class Prerequisites:
+    ok: list[dict[str, str]] = field(default_factory=list)
+    missing: list[dict[str, str]] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "missing": self.missing, "busy": self.busy}
+
+    def problems(self) -> list[str]:
+        """Every reason not to launch, one line each (missing inputs first)."""
+        lines = [f"missing {m['kind']} for {m['suite']}: {m['path']}" for m in self.missing]
+        return lines + self.busy
+
+
+def parse_prerequisites(out: str) -> Prerequisites:
+    """Parse the output of :func:`remote.prerequisites_script`."""
+    result = Prerequisites()
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if parts[0] in ("OK", "MISSING") and len(parts) == 4:
+            item = {"suite": parts[1], "kind": parts[2], "path": parts[3]}
+            (result.ok if parts[0] == "OK" else result.missing).append(item)
+        elif parts[0] == "BUSY" and len(parts) == 4:
+            job_dir, pid, since = parts[1:]
+            run_dir, suite = posixpath.dirname(posixpath.dirname(job_dir)), posixpath.basename(job_dir)
+            result.busy.append(f"node busy: run {posixpath.basename(run_dir)}, suite {suite}, "
+                               f"since {_iso(since)} (pid {pid})")
+        elif parts[0] == "PROC" and len(parts) >= 3:
+            result.busy.append(f"node busy: a training not started by this run is running "
+                               f"(pid {parts[1]}: {parts[2][:160]})")
+    return result
+
+
+def _iso(epoch: str) -> str:
+    from datetime import datetime, timezone
+
+    try:
+        return datetime.fromtimestamp(int(epoch), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return epoch
+
+
+def input_checks(specs: Iterable[SuiteSpec]) -> list[tuple[str, str, str]]:
+    """(suite, kind, path) of every input of every suite, in spec order."""
+    return [(spec.name, item.kind, item.path) for spec in specs for item in spec.inputs]
+
+
+def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str,
+                        key: str) -> Prerequisites:
+    """Check all inputs of all ``specs`` and node business in ONE round trip.
+
+    Raises PrerequisitesError listing every missing item and every busy reason at once.
+    """
+    status, out, err = run_script(client, remote.prerequisites_script(input_checks(specs), runs_root, key))
+    if status != 0:
+        raise NodeError(f"prerequisite check could not run on the node (exit {status}): {err.strip()}")
+    result = parse_prerequisites(out)
+    if result.problems():
+        raise PrerequisitesError(
+            f"{len(result.problems())} prerequisite problem(s) on the node; nothing was launched:\n"
+            + "\n".join(f"  - {p}" for p in result.problems())
+            + "\nFix: provide the missing inputs (check CI_SHARE_MODEL/CI_SHARE_DATA/CI_SHARE_BASELINE) "
+              "or wait for the running training to finish.")
+    return result
+
+
+# --- fetching ------------------------------------------------------------------------------------
+
+def _listdir(sftp: "paramiko.SFTPClient", path: str) -> list["paramiko.SFTPAttributes"]:
+    try:
+        return sftp.listdir_attr(path)
+    except FileNotFoundError:
+        return []
+
+
+def _get(sftp: "paramiko.SFTPClient", remote_path: str, local: Path) -> dict[str, Any]:
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = local.with_name(local.name + ".part")
+    try:
+        sftp.get(remote_path, str(tmp))
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(local)
+    return {"remote": remote_path, "local": str(local), "bytes": local.stat().st_size}
+
+
+def _get_file(sftp: "paramiko.SFTPClient", remote_path: str, local: Path, what: str,
+              problems: list[str]) -> dict[str, Any] | None:
+    """Copy a regular file; a missing, non-regular or unreadable one becomes a listed problem."""
+    try:
+        if not stat.S_ISREG(sftp.stat(remote_path).st_mode or 0):
+            problems.append(f"{what} unreadable or missing (not a regular file): {remote_path}")
+            return None
+        return _get(sftp, remote_path, local)
+    except OSError as err:
+        problems.append(f"{what} unreadable or missing ({err.strerror or err}): {remote_path}")
+        return None
+
+
+def _mtime(sftp: "paramiko.SFTPClient", path: str) -> float | None:
+    try:
+        return float(sftp.stat(path).st_mtime)
+    except FileNotFoundError:
+        return None
+
+
+def experiment_folders(sftp: "paramiko.SFTPClient", work_dir: str, tracker_glob: str) -> list[str]:
+    """Remote tracker paths of every 14-digit experiment folder in ``work_dir``, oldest first
+    (whether or not the tracker exists yet)."""
+    first, _, rest = tracker_glob.partition("/")
+    names = sorted(a.filename for a in _listdir(sftp, work_dir)
+                   if stat.S_ISDIR(a.st_mode or 0) and fnmatch.fnmatch(a.filename, first)
+                   and _EXP_FOLDER.fullmatch(a.filename))
+    return [posixpath.join(work_dir, name, rest) for name in names]
+
+
+def _get_tree(sftp: "paramiko.SFTPClient", remote_dir: str, local_dir: Path) -> list[dict[str, Any]]:
+    files = []
+    for attr in _listdir(sftp, remote_dir):
+        if attr.filename in ("__pycache__",) or attr.filename.startswith("."):
+            continue
+        src = posixpath.join(remote_dir, attr.filename)
+        if stat.S_ISDIR(attr.st_mode or 0):
+            files += _get_tree(sftp, src, local_dir / attr.filename)
+        elif stat.S_ISREG(attr.st_mode or 0):
+            files.append(_get(sftp, src, local_dir / attr.filename))
+    return files
+
+
+def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.RunLayout,
+                dest: Path, with_baseline: bool = True) -> dict[str, Any]:
+    """Copy the suite's newest tracker, logs, baseline and (GRPO) checker into ``dest``.
+
+    Never raises for a missing file: what is absent is listed under ``problems`` so the caller
+    decides; everything that exists is archived (a record is never lost because a run failed).
+    ``with_baseline=False`` leaves out the suite's baseline tracker (a calibration makes its own).
+    """
+    sftp = client.open_sftp()
+    work_dir, job_dir = layout.work_dir(spec.name), layout.job_dir(spec.name)
+    meta: dict[str, Any] = {"suite": spec.name, "work_dir": work_dir, "job_dir": job_dir,
+                            "files": {}, "problems": [], "other_experiments": []}
+    try:
+        stalled = posixpath.join(work_dir, ".rl-verify-stalled")
+        if _mtime(sftp, stalled) is not None:
+            with sftp.open(stalled) as fh:
+                step = fh.read().decode(errors="replace").strip() or "?"
+            meta["problems"].append(f"stalled at step {step}: the tracker stopped growing and the "
+                                    "node-side watchdog killed the job")
+        trackers = experiment_folders(sftp, work_dir, spec.tracker)
+        if not trackers:
+            meta["problems"].append(f"no tracker: no experiment folder matches {work_dir}/{spec.tracker}")
+        else:
+            # The newest launch is the one under test: an older folder's tracker is never used
+            # in its place (that would evaluate a stale training as this run's).
+            meta["other_experiments"] = trackers[:-1]
+            if _mtime(sftp, trackers[-1]) is None:
+                meta["problems"].append(f"no tracker in the newest experiment folder: {trackers[-1]}")
+            else:
+                got = _get_file(sftp, trackers[-1], dest / "tracker.jsonl", "tracker", meta["problems"])
+                if got:
+                    meta["files"]["tracker"] = got
+        logs = []
+        for attr in _listdir(sftp, work_dir):
+            if stat.S_ISREG(attr.st_mode or 0) and any(fnmatch.fnmatch(attr.filename, p) for p in spec.logs):
+                logs.append(_get(sftp, posixpath.join(work_dir, attr.filename), dest / "logs" / attr.filename))
+        for name in ("stdout.log", "exit_code"):
+            if _mtime(sftp, posixpath.join(job_dir, name)) is not None:
+                logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
+        meta["files"]["logs"] = logs
+        if spec.baseline and with_baseline:
+            got = _get_file(sftp, spec.baseline, dest / "baseline.jsonl", "baseline tracker", meta["problems"])
+            if got:
+                meta["files"]["baseline"] = got
+        if spec.reference_baseline:
+            if _mtime(sftp, spec.reference_baseline) is None:
+                meta["reference_baseline_missing"] = spec.reference_baseline
+            else:
+                got = _get_file(sftp, spec.reference_baseline, dest / "baseline.jsonl", "reference baseline",
+                                meta.setdefault("notes", []))
+                if got:
+                    meta["files"]["baseline"] = got
+        if spec.checker_dir:
+            utils = posixpath.join(spec.checker_dir, "utils")
+            got = _get_tree(sftp, utils, dest / "checker" / "autotest" / "utils")
+            meta["files"]["checker"] = got
+            if not got:
+                meta["problems"].append(f"checker missing: {utils}/check_metric.py")
+        started = _mtime(sftp, posixpath.join(job_dir, "pid"))
+        ended = _mtime(sftp, posixpath.join(job_dir, "exit_code"))
+        meta["wall_time_s"] = (ended - started) if started and ended else None
+        exit_code = dest / "logs" / "job_exit_code"
+        meta["exit_code"] = int(exit_code.read_text().strip() or -1) if exit_code.exists() else None
+    finally:
+        sftp.close()
+    return meta
+
+
+def reap(client: "paramiko.SSHClient", runs_root: str, checkout: str, keep_key: str,
+         max_age_days: int) -> list[str]:
+    """Remove run folders older than ``max_age_days`` with no live job; return what was removed."""
+    status, out, err = run_script(client, remote.reap_script(runs_root, checkout, keep_key, max_age_days))
+    if status != 0:
+        raise NodeError(f"reaping old run folders failed (exit {status}): {err.strip()}")
+    return [line[len("REAPED "):] for line in out.splitlines() if line.startswith("REAPED ")]
+
+
+def cleanup(client: "paramiko.SSHClient", run_dir: str, key: str) -> list[str]:
+    """Stop every process of the run and Ray; return what was done (one line per action)."""
+    status, out, err = run_script(client, remote.cleanup_script(run_dir, key), timeout=180)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    if status != 0:
+        raise NodeError(f"cleanup failed (exit {status}): {err.strip()}")
+    return lines
+
+
+def hardware(client: "paramiko.SSHClient") -> str | None:
+    """The node's GPUs in one line (``8x NVIDIA H200``) from ``nvidia-smi -L``; None when it cannot say."""
+    from collections import Counter
+
+    status, out, _ = run_script(client, "nvidia-smi -L 2>/dev/null\n", timeout=60)
+    names = [line.split(": ", 1)[1].split(" (UUID")[0] for line in out.splitlines()
+             if line.startswith("GPU ") and ": " in line]
+    if status != 0 or not names:
+        return None
+    return ", ".join(f"{n}x {name}" for name, n in Counter(names).items())

@@ -1,0 +1,118 @@
+"""Airflow's public REST API, read through the official ``apache-airflow-client``.
+
+Used where a task must read Airflow's own records beyond its own run (the Task SDK only reaches the
+running task's own): the human response that granted a standing approval, the scheduled runs
+before this one, the node pools a run needs. The API is reached through an Airflow connection
+(``settings.AIRFLOW_API_CONN_ID``): ``host`` is the API server's base URL (``http://airflow-api:8080``,
+or host + port + schema), and either ``password`` holds a bearer token (extra ``{"token": true}``) or
+``login``/``password`` are exchanged for one at ``/auth/token`` (the simple and FAB auth managers both serve it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from rl_verify.orchestration.standing import ApprovalRecord
+
+
+class ApiUnavailable(RuntimeError):
+    """The API connection is missing or the API cannot be reached/authenticated."""
+
+
+def _base_url(conn: Any) -> str:
+    host = (conn.host or "").rstrip("/")
+    if "://" in host:
+        return host
+    if not host:
+        raise ApiUnavailable(f"connection {conn.conn_id!r} has no host (the API server's base URL)")
+    return f"{conn.schema or 'http'}://{host}" + (f":{conn.port}" if conn.port else "")
+
+
+def _token(base: str, conn: Any) -> str:
+    import httpx
+
+    extra = conn.extra_dejson or {}
+    if extra.get("token"):
+        return conn.password or ""
+    try:
+        r = httpx.post(f"{base}/auth/token", json={"username": conn.login, "password": conn.password}, timeout=20)
+    except httpx.HTTPError as err:
+        raise ApiUnavailable(f"cannot reach the Airflow API at {base}: {err}") from err
+    if r.status_code not in (200, 201):
+        raise ApiUnavailable(f"login to the Airflow API at {base} as {conn.login!r} failed: HTTP {r.status_code}")
+    return str(r.json()["access_token"])
+
+
+@contextmanager
+def api_client(conn_id: str) -> Iterator[Any]:
+    """An authenticated ``airflow_client.client.ApiClient`` for the connection ``conn_id``."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    import airflow_client.client as ac
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException as err:
+        raise ApiUnavailable(f"no Airflow connection {conn_id!r} (the API server's URL and a user allowed to "
+                             "read DAG runs)") from err
+    base = _base_url(conn)
+    config = ac.Configuration(host=base, access_token=_token(base, conn))
+    with ac.ApiClient(config) as client:
+        yield client
+
+
+def approval_record(conn_id: str, dag_id: str, dag_run_id: str, task_id: str) -> ApprovalRecord | None:
+    """Airflow's record of the human response at ``task_id`` of a run; None when there is none."""
+    import airflow_client.client as ac
+    from airflow_client.client.exceptions import NotFoundException
+
+    with api_client(conn_id) as client:
+        try:
+            run = ac.DagRunApi(client).get_dag_run(dag_id, dag_run_id)
+            detail = ac.TaskInstanceApi(client).get_hitl_detail(dag_id, dag_run_id, task_id, -1)
+        except NotFoundException:
+            return None
+    user = detail.responded_by_user
+    return ApprovalRecord(run_type=str(getattr(run.run_type, "value", run.run_type)),
+                          responded_by=user.name if user else None, responded_at=detail.responded_at,
+                          chosen_options=list(detail.chosen_options or []),
+                          params_input=dict(detail.params_input or {}), body=detail.body or "")
+
+
+def previous_scheduled_run(conn_id: str, dag_id: str, before: datetime) -> datetime | None:
+    """Logical date of the newest scheduled run of ``dag_id`` before ``before`` (None if none)."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        runs = ac.DagRunApi(client).get_dag_runs(dag_id, run_type=["scheduled"], logical_date_lt=before,
+                                                 order_by=["-logical_date"], limit=1)
+    for run in runs.dag_runs:
+        if run.logical_date is not None:
+            return run.logical_date
+    return None
+
+
+def set_run_note(conn_id: str, dag_id: str, dag_run_id: str, note: str) -> None:
+    """Set the DAG run's note (shown on the run page); the API caps a note at 1000 characters."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        ac.DagRunApi(client).patch_dag_run(dag_id, dag_run_id, ac.DAGRunPatchBody(note=note[:1000]),
+                                           update_mask=["note"])
+
+
+def pool(conn_id: str, name: str) -> dict[str, Any] | None:
+    """The pool ``name`` (``slots``, ``include_deferred``), or None when it does not exist."""
+    import airflow_client.client as ac
+    from airflow_client.client.exceptions import NotFoundException
+
+    with api_client(conn_id) as client:
+        try:
+            found = ac.PoolApi(client).get_pool(name)
+        except NotFoundException:
+            return None
+    return {"slots": found.slots, "include_deferred": bool(found.include_deferred)}

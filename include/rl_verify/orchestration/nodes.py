@@ -1,0 +1,202 @@
+"""What every DAG's tasks need of a GPU node: its settings, an SSH client, whether it can be used.
+
+Shared by the task bodies of the verification DAG (``verification``), of the calibration DAG
+(``calibration``) and by the training operator. Settings are read at run time (connection extras >
+Airflow Variables > environment), never at parse time; every problem of every node is listed before
+anything fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from rl_verify import settings
+from rl_verify.engines import engine_of, load_suite
+from rl_verify.node import ops as node
+from rl_verify.node import placement, remote
+from rl_verify.orchestration import airflow_api
+from rl_verify.orchestration.contract import NodeFolders, Resolved
+from rl_verify.store.baselines import RECORD_FOLDER, VERSION_FILE
+from rl_verify.suites.spec import SuiteSpec
+
+log = logging.getLogger(__name__)
+
+
+def node_settings(conn_id: str) -> dict[str, str]:
+    """Share roots, checkout and runs dir for a node: connection extras > Variables > environment.
+
+    Raises ValueError listing every setting that is missing, with where to set it.
+    """
+    from airflow.sdk import BaseHook, Variable  # the Task SDK: kept out of the module's import (policy, CLI)
+
+    extras = BaseHook.get_connection(conn_id).extra_dejson or {}
+    wanted = {**{v: None for v in settings.SHARE_ROOT_VARS},
+              "RL_VERIFY_NODE_CHECKOUT": settings.NODE_CHECKOUT,
+              "RL_VERIFY_REMOTE_RUNS_DIR": settings.REMOTE_RUNS_DIR}
+    values: dict[str, str] = {}
+    for name, default in wanted.items():
+        value = extras.get(name.lower()) or extras.get(name) or Variable.get(name, default=None) \
+            or os.environ.get(name) or default
+        if value:
+            values[name] = str(value)
+    missing = [n for n in wanted if n not in values]
+    if missing:
+        raise ValueError(f"node {conn_id!r}: {', '.join(missing)} not set; set them in the connection's "
+                         f"extras (lower-case keys), as Airflow Variables, or in the environment")
+    for name, value in values.items():
+        remote.validate_path(value, name)
+    return values
+
+
+def _unpinned(conn_id: str) -> str:
+    return (f"connection {conn_id!r} has no pinned host key: set the extra 'host_key' to the node's public host "
+            "key (ssh-keyscan -t ed25519 HOST) and 'no_host_key_check' to false")
+
+
+def _ssh_hook(conn_id: str) -> Any:
+    """The SSH provider's hook for the node (reads the connection; no network)."""
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    return SSHHook(ssh_conn_id=conn_id, conn_timeout=20, conn_retry_attempts=2)
+
+
+@contextmanager
+def ssh_client(conn_id: str) -> Iterator[Any]:
+    """An SSH client for the node from the SSH provider's hook (host key pinned by the connection)."""
+    import paramiko
+
+    hook = _ssh_hook(conn_id)
+    if hook.no_host_key_check or hook.host_key is None:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(_unpinned(conn_id))
+    with no_retry_on(paramiko.BadHostKeyException):  # a changed host key is never transient
+        client = hook.get_conn()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str,
+                   versions: Mapping[str, Mapping[str, Any]] | None = None) -> list[SuiteSpec]:
+    """The selected suites with share roots and ``${CHECKOUT}`` (the run's worktree) filled in.
+
+    ``versions`` (``Resolved["baselines"]``): a suite whose baseline version holds its own baseline
+    tracker does not read the one on the node's share (not checked, not fetched).
+    """
+    specs = [load_suite(s).expanded({**values, "CHECKOUT": worktree}) for s in suites]
+    return [spec_in_use(spec, (versions or {}).get(spec.name)) for spec in specs]
+
+
+def spec_in_use(spec: SuiteSpec, version: Mapping[str, Any] | None) -> SuiteSpec:
+    """``spec`` as judged against ``version``: without the share's baseline tracker when the version
+    holds the tracker itself."""
+    engine = engine_of(spec)
+    if version is None or engine.baseline_is_data or engine.baseline_file not in version.get("files", ()):
+        return spec
+    return spec.model_copy(update={"baseline": None,
+                                   "inputs": [i for i in spec.inputs if i.path != spec.baseline]})
+
+
+def version_files(suite_dir: Path) -> dict[str, Path]:
+    """The files of the baseline version a suite is judged against, in a pulled record (name -> path)."""
+    folder = suite_dir / RECORD_FOLDER
+    return {p.name: p for p in sorted(folder.iterdir()) if p.name != VERSION_FILE} if folder.is_dir() else {}
+
+
+def node_problems(conn_id: str) -> list[str]:
+    """What keeps the node of ``conn_id`` from being used, without connecting to it: no such
+    connection, no pinned host key, missing share roots. [] when it can be used."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        hook = _ssh_hook(conn_id)
+    except AirflowNotFoundException:
+        return [f"node {conn_id!r}: there is no Airflow connection with this id: add the node's SSH connection "
+                "(Admin > Connections, host key pinned) or fix the param 'node'"]
+    problems = [_unpinned(conn_id)] if hook.no_host_key_check or hook.host_key is None else []
+    try:
+        node_settings(conn_id)
+    except ValueError as err:
+        problems.append(str(err))
+    return problems
+
+
+def pool_problems(conn_ids: list[str]) -> list[str]:
+    """Nodes whose one-slot pool is missing (their training would never be scheduled), read through the
+    Airflow API connection; [] when the API cannot be asked (logged)."""
+    problems = []
+    for conn_id in conn_ids:
+        name = placement.node_pool(conn_id)
+        try:
+            pool = airflow_api.pool(settings.AIRFLOW_API_CONN_ID, name)
+        except airflow_api.ApiUnavailable as err:
+            log.warning("Cannot check that the node pools exist (%s); a missing pool leaves its training queued", err)
+            return []
+        if pool is None:
+            problems.append(f"node {conn_id!r}: pool {name!r} does not exist, so its training would never start: "
+                            f"create it with `airflow pools set {name} 1 'one training at a time on {conn_id}' "
+                            "--include-deferred`")
+        elif pool["slots"] != 1 or not pool["include_deferred"]:
+            log.warning("Pool %s has %s slot(s), deferred tasks %scounted: give it 1 slot counting deferred tasks, "
+                        "or two trainings may share node %s", name, pool["slots"],
+                        "" if pool["include_deferred"] else "not ", conn_id)
+    return problems
+
+
+def suite_node(resolved: Resolved, suite: str) -> tuple[str, NodeFolders]:
+    """(connection id, the run's folders) of the node ``suite`` trains on in this run."""
+    conn = (resolved.get("suite_nodes") or {}).get(suite, resolved["node"])
+    folders = (resolved.get("nodes") or {}).get(conn) or {"run_dir": resolved["run_dir"],
+                                                          "worktree": resolved["worktree"]}
+    return conn, folders
+
+
+def suites_by_node(resolved: Resolved) -> dict[str, list[str]]:
+    """The run's suites grouped by the node they train on (nodes in suite order)."""
+    out: dict[str, list[str]] = {}
+    for suite in resolved["suites"]:
+        out.setdefault(suite_node(resolved, suite)[0], []).append(suite)
+    return out
+
+
+@contextmanager
+def no_retry_on(*errors: type[BaseException]) -> Iterator[None]:
+    """Turn ``errors`` (bad input, missing files: retrying cannot help) into a failure without retry."""
+    try:
+        yield
+    except errors as err:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(err)) from err
+
+
+def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
+                baselines: Mapping[str, Any] | None = None) -> list[Any]:
+    """For each node (connection id -> its suites and the worktree they run from), every input of
+    every suite present and no other training running; returns the inputs found. Every problem of
+    every node is listed in one ``AirflowFailException``."""
+    ok: list[Any] = []
+    failed: list[tuple[str, node.PrerequisitesError]] = []
+    for conn, (suites, worktree) in groups.items():
+        values = node_settings(conn)
+        specs = expanded_specs(suites, values, worktree, baselines)
+        with ssh_client(conn) as client:
+            try:
+                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], run_key)
+            except node.PrerequisitesError as err:
+                failed.append((conn, err))
+                continue
+        ok += result.ok
+        log.info("All %d inputs of %s present on %s; the node is free", len(result.ok), ", ".join(suites), conn)
+    if failed:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(str(failed[0][1]) if len(groups) == 1 else
+                                   "\n".join(f"node {conn}: {err}" for conn, err in failed))
+    return ok

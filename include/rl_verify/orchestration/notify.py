@@ -1,0 +1,122 @@
+"""Telling people: the card waiting for approval, the verdict, an infrastructure failure.
+
+Messages are plain text built by small pure functions; ``send`` posts one through the Apprise
+provider's notifier, whose single Airflow connection (``settings.NOTIFY_CONN_ID``, type ``apprise``)
+holds the target URL(s): Feishu/Lark, DingTalk, WeCom, Slack, e-mail... No connection = nothing
+sent, said once per task in its log. A failed delivery is logged, never fails the task: the
+verdict stands in the UI whatever the chat says.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from rl_verify import settings
+from rl_verify.orchestration import links
+from rl_verify.orchestration.contract import Breach, ReportSummary, SuiteSummary
+
+log = logging.getLogger(__name__)
+
+
+def _ui(path: str) -> str:
+    return links.absolute(links.ui_base_url(), path)
+
+
+def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: str | None) -> tuple[str, str]:
+    """(title, body) of "a card waits for approval"."""
+    where = _ui(links.run_page_path(settings.DAG_ID, dag_run_id) + "/required_actions")
+    body = [f"Commit: {commit}", f"Suites: {', '.join(suites)}", f"Approve or reject: {where}"]
+    if deadline:
+        body.append(f"Unanswered by {deadline}, the run ends NOT APPROVED.")
+    return f"rl-verify: {commit}: experiment card waiting for approval", "\n".join(body)
+
+
+def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: str | None) -> tuple[str, str]:
+    """(title, body) of the run's verdict: class, what breached, the next step, the report link."""
+    report = _ui(links.report_view_path(settings.DAG_ID, dag_run_id))
+    if summary["verdict"] == "PASS":
+        suites = ", ".join(s["suite"] for s in summary.get("suites") or [])
+        return (f"rl-verify PASS: {commit}",
+                f"Every checked metric of {suites} is within its threshold.\nReport: {report}")
+    classes = " + ".join(summary.get("failure_classes") or ["unknown"])
+    lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
+             if s["verdict"] != "PASS"]
+    if next_step:
+        lines.append(f"Next step: {next_step}")
+    lines.append(f"Report: {report}")
+    return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanup_lines: list[str],
+                   node_clean: bool) -> tuple[str, str]:
+    """(title, body) of an infrastructure failure: which tasks failed and whether the node is clean."""
+    run = _ui(links.run_page_path(settings.DAG_ID, dag_run_id))
+    state = ("the node is clean: no process of this run is left, Ray stopped if this run started it"
+             if node_clean else "the node is NOT clean: " + "; ".join(line for line in cleanup_lines
+                                                                     if line.startswith("LEFT")))
+    body = [f"Failed task(s): {', '.join(failed_tasks) or 'unknown'}", f"Cleanup: {state}", f"Run: {run}"]
+    return f"rl-verify: infrastructure failure in the run of {commit}", "\n".join(body)
+
+
+def suite_summary(result: Any) -> SuiteSummary:
+    """Verdict, class, breached and unmeasured metrics of one suite (small: it travels through XCom)."""
+    breached: dict[str, Breach] = {}
+    for c in result.checks:
+        if c.breached and c.metric not in breached:
+            breached[c.metric] = {"metric": c.metric, "first_breach_step": c.first_breach_step,
+                                  "steps": c.breach_steps}
+    return {"suite": result.suite, "verdict": result.verdict, "failure_class": result.failure_class,
+            "breached": list(breached.values()),
+            "missing": sorted({c.metric for c in result.checks if c.missing})}
+
+def suite_line(suite: SuiteSummary) -> str:
+    """What failed in one suite, in a few words: "grpo mismatch/mismatch_k3_kl breached at steps 1-45"."""
+    said = []
+    for b in suite.get("breached", []):
+        steps = b.get("steps") or (str(b["first_breach_step"]) if b.get("first_breach_step") is not None else "")
+        where = f" at step{'s' if any(c in steps for c in '-,') else ''} {steps}" if steps else ""
+        said.append(f"{b['metric']} breached{where}")
+    if suite.get("missing"):
+        said.append("not measured: " + ", ".join(suite["missing"]))
+    return f"{suite['suite']} " + ("; ".join(said) if said else "did not reach a measured verdict (see its tasks)")
+
+def verdict_message(summary: ReportSummary, report_link: str | None = None) -> str:
+    """One line: "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: <link>".
+
+    With several failure classes, each suite names its own. ``report_link`` defaults to the record.
+    """
+    classes = summary.get("failure_classes") or ["unknown"]
+    failed = [s for s in summary.get("suites") or [] if s["verdict"] != "PASS"]
+    parts = [suite_line(s) + (f" ({s.get('failure_class') or 'unknown'})" if len(classes) > 1 else "")
+             for s in failed] or [f"suite(s) {', '.join(summary.get('failed_suites', []))}"]
+    return f"FAIL ({' + '.join(classes)}): {'; '.join(parts)}; report: {report_link or summary['record']}"
+
+
+def send(title: str, body: str, failure: bool = False) -> bool:
+    """Post one message through the Apprise connection; True when it was handed to Apprise.
+
+    Without the connection nothing is sent (logged); a delivery error is logged, not raised.
+    """
+    try:
+        BaseHook.get_connection(settings.NOTIFY_CONN_ID)
+    except AirflowNotFoundException:
+        log.info("No notification target (Airflow connection %r of type apprise): nothing sent. To post the "
+                 "card, the verdict and infrastructure failures to a chat, add it with the chat's Apprise URL.",
+                 settings.NOTIFY_CONN_ID)
+        return False
+    # The provider and Apprise (dozens of notification plugins): imported only when a message is sent.
+    from airflow.providers.apprise.notifications.apprise import AppriseNotifier
+    from apprise import NotifyType
+
+    try:
+        AppriseNotifier(title=title, body=body, apprise_conn_id=settings.NOTIFY_CONN_ID,
+                        notify_type=NotifyType.FAILURE if failure else NotifyType.INFO).notify({})
+    except Exception as err:  # the verdict stands in the UI whatever the chat says
+        log.warning("Notification %r could not be sent through %r: %s", title, settings.NOTIFY_CONN_ID, err)
+        return False
+    log.info("Notification sent through %r: %s", settings.NOTIFY_CONN_ID, title)
+    return True

@@ -1,0 +1,332 @@
+"""The trigger that watches one training job on the node while its task is deferred.
+
+It only watches: it polls the job, tails its log, reconnects after a drop and kills the job when the
+live check (a ``core.live.LiveWatch`` built from the JSON the operator hands it, with the engine's
+check in serialised form) says its FAIL is certain or a log rule matched. It reads nothing but the
+node: no record store, no suite spec, no engine module by name.
+
+Owned outright on the SSH provider's public async hook (``SSHHookAsync.get_conn``) and Airflow's
+public ``BaseTrigger`` interface: no provider class is subclassed, no private member is used
+(``tests/unit/test_provider_contract.py`` pins what is relied on). Imported by the triggerer and
+by the DAG file at parse time, so only Airflow and the package's pure modules are imported at module
+level. Its serialised class path ``rl_verify.triggers.RLJobTrigger`` (what earlier versions stored for
+a deferred task) stays importable: ``rl_verify/triggers.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from rl_verify.core.live import LiveWatch
+from rl_verify.node import remote
+
+#: The task states after which a user's "kill" really means stop the job (a cleared task comes back).
+ENDED_STATES = ("failed", "success", "skipped", "upstream_failed", "removed")
+
+
+def reconnect_delay(attempt: int) -> float:
+    """Seconds before reconnect ``attempt`` (1-based): 1, 2, 4, 8, then 10, plus up to 1 s of jitter.
+
+    Capped at 10 s so the monitor is back within ~10 s of the node after an outage; the outage a
+    job survives is set by the number of attempts (``settings.SSH_RECONNECT_ATTEMPTS``).
+    """
+    return min(2 ** (attempt - 1), 10) + random.uniform(0, 1)
+
+
+def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
+    """Split the output of the ``job_poll`` script: (exit code, start offset, log size, text, new offset).
+
+    The first line is ``<exit code or -> <start offset> <log size> [<seconds since start>]``; the rest
+    is the log's bytes from the start offset (see :func:`poll_elapsed` for the fourth field). While
+    the job runs only whole lines are taken (a partial last line, or a UTF-8 character cut by the
+    chunk limit, waits for the next poll); once it has exited, all.
+    """
+    head, _, chunk = output.partition(b"\n")
+    fields = head.decode(errors="replace").split()
+    if len(fields) not in (3, 4) or not (fields[1].isdigit() and fields[2].isdigit()):
+        raise ValueError(f"unexpected job poll output: {head[:200]!r}")
+    exit_code = None if fields[0] == "-" else int(fields[0])
+    start, size = int(fields[1]), int(fields[2])
+    if exit_code is None or start + len(chunk) < size:
+        whole_lines = chunk[: chunk.rfind(b"\n") + 1]
+        # A line longer than a whole chunk is passed on in pieces (never cutting a character).
+        chunk = whole_lines or (_utf8_prefix(chunk) if start + len(chunk) < size else b"")
+    return exit_code, start, size, chunk.decode("utf-8", errors="replace"), start + len(chunk)
+
+
+def poll_elapsed(output: bytes) -> float | None:
+    """Seconds since the job started, from the ``job_poll`` header (None when absent)."""
+    fields = output.partition(b"\n")[0].split()
+    return float(fields[3]) if len(fields) == 4 and fields[3].lstrip(b"-").isdigit() else None
+
+
+def _utf8_prefix(data: bytes) -> bytes:
+    """``data`` without a UTF-8 character cut at its end."""
+    for cut in range(min(4, len(data)) + 1):
+        try:
+            (data[: len(data) - cut]).decode("utf-8")
+            return data[: len(data) - cut]
+        except UnicodeDecodeError:
+            continue
+    return data
+
+
+class RLJobTrigger(BaseTrigger):
+    """Poll a detached training job: stream its log, end with its exit code, kill it on a user's kill.
+
+    One SSH connection is held for the whole watch and re-opened after a drop, with at most
+    ``max_reconnect_attempts`` failures in a row: the job itself runs on the node, so an outage
+    shorter than that budget costs nothing. The streamed offset is recorded beside the job, so a
+    retried task or a restarted triggerer resumes the log where the last monitor stopped.
+    """
+
+    def __init__(self, *, ssh_conn_id: str, job_dir: str, job_marker: str, poll_interval: float = 5,
+                 log_chunk_size: int = 65536, log_offset: int = 0, command_timeout: float = 30.0,
+                 max_reconnect_attempts: int = 12, live: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.ssh_conn_id = ssh_conn_id
+        self.job_dir = job_dir
+        self.job_marker = job_marker
+        self.poll_interval = poll_interval
+        self.log_chunk_size = log_chunk_size
+        self.log_offset = log_offset
+        self.command_timeout = command_timeout
+        self.max_reconnect_attempts = max_reconnect_attempts
+        #: The live check of the training (``core.live.LiveWatch``'s config, built by the operator).
+        #: None: the job is only watched.
+        self.live = live
+        self._watch: LiveWatch | None = None
+        self._elapsed: float | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {
+            "ssh_conn_id": self.ssh_conn_id, "job_dir": self.job_dir, "job_marker": self.job_marker,
+            "poll_interval": self.poll_interval, "log_chunk_size": self.log_chunk_size,
+            "log_offset": self.log_offset, "command_timeout": self.command_timeout,
+            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live})
+
+    def _event(self, exit_code: int | None, chunk: str, message: str) -> TriggerEvent:
+        status = "error" if exit_code is None else "success" if exit_code == 0 else "failed"
+        return TriggerEvent({"status": status, "done": True, "exit_code": exit_code, "log_chunk": chunk,
+                             "log_offset": self.log_offset, "job_dir": self.job_dir, "job_marker": self.job_marker,
+                             "message": message})
+
+    async def _connect(self) -> Any:
+        import asyncssh
+
+        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+        # The library logs every channel it opens at INFO; in a task log that is most of the lines.
+        asyncssh.set_log_level("WARNING")
+        return await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
+
+    async def _script(self, conn: Any, script: str) -> tuple[int, bytes]:
+        """Run ``script`` with ``bash -s`` (script on stdin); return (exit status, raw stdout)."""
+        result = await conn.run("bash -s", input=script.encode(), encoding=None, check=False,
+                                timeout=self.command_timeout)
+        out = result.stdout or b""
+        return result.exit_status or 0, out if isinstance(out, bytes) else out.encode()
+
+    async def _poll(self, conn: Any) -> tuple[int | None, str, bool]:
+        """One look at the job: (exit code, new log text, whether the log has been read to its end).
+
+        Sets ``self._elapsed`` to the seconds since the job started (node clock).
+        """
+        status, out = await self._script(conn, remote.job_poll_script(self.job_dir, self.log_offset,
+                                                                      self.log_chunk_size))
+        if status != 0:
+            raise ValueError(f"job poll exited {status}: {out[-300:]!r}")
+        exit_code, start, size, text, offset = parse_poll(out)
+        self._elapsed = poll_elapsed(out)
+        if self.log_offset == 0 and start > 0:
+            self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)", start)
+        self.log_offset = offset
+        return exit_code, text, offset >= size
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        import asyncssh
+
+        connection_errors = (OSError, asyncssh.Error, TimeoutError)
+        conn: Any = None
+        failures = 0
+        try:
+            while True:
+                try:
+                    if conn is None:
+                        conn = await self._connect()
+                    exit_code, text, read_all = await self._poll(conn)
+                except connection_errors as err:
+                    failures += 1
+                    if conn is not None:
+                        conn.close()
+                        conn = None
+                    if failures > self.max_reconnect_attempts:
+                        yield self._event(None, "", f"the node was unreachable for {failures} attempts in a row "
+                                                    f"(reconnect budget {self.max_reconnect_attempts}): {err}")
+                        return
+                    delay = reconnect_delay(failures)
+                    self.log.warning("SSH to the node failed (%s); reconnect attempt %d/%d in %.1f s",
+                                     err, failures, self.max_reconnect_attempts, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                done = exit_code is not None and read_all
+                if text and not done:
+                    self.log.info("%s", text.rstrip("\n"))  # the last chunk goes with the event instead
+                try:
+                    ended = await self._live(conn, exit_code, text) if self.live else None
+                except connection_errors:
+                    continue  # the next poll reconnects (and counts the failure)
+                if ended is not None:
+                    yield ended
+                    return
+                if done:
+                    event = self._event(exit_code, text, f"job exited {exit_code}")
+                    if self._watch is not None:
+                        event.payload["live"] = self._watch.summary()
+                        hit = self._watch.ended_short()
+                        if hit is not None:
+                            # The job ended by itself short of its steps after a log rule matched:
+                            # an infrastructure failure quoting the line, whatever its exit code.
+                            event.payload["live"]["log_rule"] = hit
+                            event.payload.update(status="log_rule", message=(
+                                f"ended at step {hit['steps']} of {self._watch.expected_steps} "
+                                f"(exit code {exit_code}) after {hit['means']}: {hit['line']}"))
+                    yield event
+                    return
+                if exit_code is None:
+                    await asyncio.sleep(self.poll_interval)
+        except Exception as err:  # anything else ends the watch with a readable event, not a silent hang
+            self.log.exception("Watching job %s failed", self.job_marker)
+            yield self._event(None, "", f"watching the job failed: {err}")
+        finally:
+            if conn is not None:
+                conn.close()
+
+    async def _live(self, conn: Any, exit_code: int | None, text: str) -> TriggerEvent | None:
+        """The live check of one poll: log rules on the new lines, then the tracker's new rows.
+
+        Returns the event that ends the watch (the job was stopped), else None. Anything but a lost
+        connection switches the live check off with a warning: it must never end a healthy training.
+        """
+        import asyncssh
+
+        watch = self._live_watch()
+        if watch.off:
+            if not watch.started:  # said once
+                watch.started = True
+                self.log.warning("Live check off: this job was deferred by an earlier version of rl-verify, whose "
+                                 "live check config this version does not read; the job is watched to its end and "
+                                 "the final comparison judges it")
+            return None
+        try:
+            if exit_code is None and text:
+                stopped = await self._check_log(conn, text)
+                if stopped is not None:
+                    return stopped
+            elif text:
+                watch.log_hit(text)  # the job has ended: nothing to stop, the hits classify its end
+            aborted = await self._watch_training(conn)
+            return aborted if exit_code is None else None
+        except (OSError, TimeoutError, asyncssh.Error):
+            raise  # a lost connection: the caller's reconnect path
+        except Exception as err:
+            watch.off = True
+            self.log.warning("Live check switched off for this run (the final comparison still judges it): %s", err)
+            return None
+
+    def _live_watch(self) -> "LiveWatch":
+        if self._watch is None:
+            self._watch = LiveWatch(self.live or {})
+        return self._watch
+
+    async def _check_log(self, conn: Any, text: str) -> TriggerEvent | None:
+        """Apply the suite's log rules to new log lines; end the job on a match (early_abort on)."""
+        watch = self._live_watch()
+        hit = watch.log_hit(text)
+        if hit is None:
+            return None
+        self.log.warning("Log rule matched: %s: %s", hit["means"], hit["line"])
+        if not watch.early_abort:
+            self.log.warning("early_abort is off: the run goes on (it would have been stopped here)")
+            return None
+        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        self.log.warning("Stopped job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
+        event = self._event(None, "", f"stopped: {hit['means']}: {hit['line']}")
+        event.payload.update(status="log_rule", live=watch.summary())
+        return event
+
+    async def _watch_training(self, conn: Any) -> TriggerEvent | None:
+        """Read the tracker's new bytes, log progress, and end the job when its FAIL is certain.
+
+        Returns the event that ends the watch after an early abort, else None. A live check that
+        cannot run (no baseline, unreadable data) is said once and the job is only watched.
+        """
+        watch = self._live_watch()
+        if not watch.started:
+            # Rebuilding the engine's check imports its module: in a thread, so the triggerer's event
+            # loop (every other watch) is not held up by the imports.
+            self.log.info("%s", await asyncio.to_thread(watch.start))
+            if watch.off:
+                return None
+        if watch.checker is None:
+            return None
+        while True:
+            status, out = await self._script(conn, remote.tracker_poll_script(
+                watch.work_dir, watch.tracker_glob, watch.tracker_path, watch.offset, 1 << 20))
+            if status != 0:
+                raise ValueError(f"tracker poll exited {status}")
+            more = watch.take(out)
+            if not more:
+                break
+        for line in watch.report(self._elapsed):
+            self.log.info("%s", line)
+        if watch.doomed is None or not watch.early_abort or watch.stopped:
+            return None
+        watch.stopped = True
+        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        self.log.warning("Early abort: killed job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
+        event = self._event(None, "", watch.abort_message())
+        event.payload.update(status="aborted", live=watch.summary())
+        return event
+
+    async def _task_state(self) -> str | None:
+        """The task's state as Airflow now records it, or None when it cannot be read."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        try:
+            from asgiref.sync import sync_to_async
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            states = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=ti.dag_id, task_ids=[ti.task_id], run_ids=[ti.run_id])
+        except Exception as err:  # a state we cannot read must not kill a training
+            self.log.warning("Could not read the task state: %s", err)
+            return None
+        by_task = states.get(ti.run_id, states)
+        state = by_task.get(ti.task_id) if isinstance(by_task, dict) else None
+        return str(getattr(state, "value", state)) if state is not None else None
+
+    async def on_kill(self) -> None:
+        """Stop every process of the job (group, teachers, Ray) when a user ended the task.
+
+        Airflow calls this for "clear" as well as "mark failed/success". A cleared task comes back
+        and re-attaches to the live job, so only a task that ended is killed; when the state cannot
+        be read, the DAG's cleanup task (``one_failed``) does the kill.
+        """
+        state = await self._task_state()
+        if state not in ENDED_STATES:
+            self.log.info("Task state is %s (cleared or rescheduled): the job keeps running for re-attach", state)
+            return
+        conn = await self._connect()
+        try:
+            _, out = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+            self.log.warning("Killed job %s on user request: %s", self.job_marker, out.decode(errors="replace").strip())
+        finally:
+            conn.close()

@@ -1,0 +1,466 @@
+"""The task bodies of the verification DAG (``dags/rl_accuracy_verification.py``).
+
+Each function takes plain values (params, the typed XCom values of ``orchestration.contract``, the DAG
+run id) and returns JSON-ready typed dicts; the DAG's ``@task`` functions only call them. Heavy
+modules (paramiko, the providers, pandas, matplotlib) are imported only where they are used, so the
+DAG file parses fast and without touching the network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from rl_verify import engines, settings
+from rl_verify.core.errors import InputError
+from rl_verify.core.live import aborted_result, partial_plot
+from rl_verify.core.model import SuiteResult
+from rl_verify.core.names import run_key
+from rl_verify.core.report import ReportMeta, render_markdown, write_report
+from rl_verify.core.tracker import read_tracker
+from rl_verify.engines import engine_of, load_suite
+from rl_verify.node import ops as node
+from rl_verify.node import placement, remote
+from rl_verify.orchestration import airflow_api, links, notify
+from rl_verify.orchestration.notify import suite_line, suite_summary, verdict_message
+from rl_verify.orchestration.contract import (Card, Decision, Fetched, NodeFolders, Prerequisites, ReportSummary,
+                                              Resolved)
+from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
+                                           pool_problems, ssh_client, suite_node, suites_by_node, version_files)
+from rl_verify.store import baselines, record
+from rl_verify.suites import card
+from rl_verify.suites.spec import SuiteSpec
+
+log = logging.getLogger(__name__)
+
+
+# --- configuration (read at run time, never at parse time) ----------------------------------------
+
+def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """commit, suites, where each suite trains (``suite_nodes``) and early_abort from the run's params,
+    validated before anything reaches a shell."""
+    suites = remote.validate_suites(params.get("suites"))
+    return {"commit": remote.validate_commit(params.get("commit")), "suites": suites,
+            "suite_nodes": placement.suite_nodes(params.get("node"), suites),
+            "early_abort": _validate_flag(params.get("early_abort", True), "early_abort"),
+            "baseline_pins": baselines.parse_pins(params.get("baseline_versions", ""), suites)}
+
+
+def _validate_flag(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise remote.BadInput(f"param {name!r} must be true or false, got {value!r}")
+    return value
+
+
+# --- tasks --------------------------------------------------------------------------------------
+
+def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
+    """Validate params, nodes and record store, then create the run's clean worktree at the commit on
+    every node the run uses (the same commit on each)."""
+    with no_retry_on(remote.BadInput, ValueError):
+        p = validated_params(params)
+        nodes = placement.nodes_in_order(p["suite_nodes"])
+        per_node = {conn: node_problems(conn) for conn in nodes}
+        problems = [line for lines in per_node.values() for line in lines]
+        problems += pool_problems([conn for conn, lines in per_node.items() if not lines])
+        if problems:
+            raise ValueError(f"{len(problems)} problem(s) with the node(s) of this run; nothing was launched:\n"
+                             + "\n".join(f"  - {line}" for line in problems))
+    with no_retry_on(OSError):
+        # A run whose record cannot be kept must not touch a node at all.
+        where = record.ensure_store_writable(dag_run_id)
+    with no_retry_on(InputError):
+        versions = _baselines_in_use(p["suites"], p["baseline_pins"], dag_run_id)
+    key = run_key(dag_run_id)
+    found: dict[str, dict[str, Any]] = {}
+    for conn in nodes:
+        values = node_settings(conn)
+        with ssh_client(conn) as client:
+            reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],
+                               key, settings.REAP_AFTER_DAYS)
+            for folder in reaped:
+                log.info("Reaped run folder older than %d days on %s: %s", settings.REAP_AFTER_DAYS, conn, folder)
+            with no_retry_on(node.NodeError):
+                found[conn] = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
+                                                  values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
+    if len({r["sha"] for r in found.values()}) > 1:
+        raise AirflowFailException(
+            f"commit {p['commit']!r} is not the same commit on every node ("
+            + ", ".join(f"{conn}: {r['sha'][:12]}" for conn, r in found.items())
+            + "): give a full SHA, or update the nodes' checkouts so that they agree")
+    resolved: Resolved = {**found[nodes[0]], "run_key": key, "suites": p["suites"],  # type: ignore[typeddict-item]
+                          "node": nodes[0], "suite_nodes": p["suite_nodes"],
+                          "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
+                          "early_abort": p["early_abort"], "record": where, "baselines": versions}
+    record.put_json(dag_run_id, "commit.json", resolved)
+    log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
+             "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
+    log.info("Where the suites train: %s; record: %s", placement.describe(p["suite_nodes"]), where)
+    for suite, version in versions.items():
+        log.info("Baseline of %s: %s%s", suite, version["label"], "" if version["current"] else " (pinned)")
+    if resolved["dirty_stat"]:
+        log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
+    return resolved
+
+
+def _baselines_in_use(suites: list[str], pins: Mapping[str, int], dag_run_id: str) -> dict[str, Any]:
+    """Choose each suite's baseline version and copy its files into the run's record
+    (``<suite>/baseline-version/``): what the run is judged against stays with its verdict."""
+    versions = baselines.in_use(suites, pins)
+    with record.workspace(dag_run_id, parts=[]) as run_dir:
+        for suite, version in versions.items():
+            for name, data in baselines.version_files(suite, version["version"]).items():
+                record.write_atomic(run_dir / suite / baselines.RECORD_FOLDER / name, data)
+    return versions
+
+
+def check_prerequisites(resolved: Resolved) -> Prerequisites:
+    """Check every input of every selected suite and whether each node is busy: one SSH round trip
+    per node; every problem of every node is listed before failing."""
+    groups = {conn: (suites, suite_node(resolved, suites[0])[1]["worktree"])
+              for conn, suites in suites_by_node(resolved).items()}
+    ok = check_nodes(groups, resolved["run_key"], resolved.get("baselines"))
+    return {"ok": ok, "missing": [], "busy": []}
+
+
+def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
+                    notes: list[str] | None = None) -> Card:
+    """Render the card (Markdown) the approver sees, and its experiment fingerprint.
+
+    ``notes`` are shown on the card above the fingerprint (e.g. schedule ticks that never started).
+    """
+    specs = []
+    for conn, suites in suites_by_node(resolved).items():
+        specs += expanded_specs(suites, node_settings(conn), suite_node(resolved, suites[0])[1]["worktree"],
+                                resolved.get("baselines"))
+    specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
+    versions = resolved.get("baselines") or {}
+    with record.workspace(dag_run_id, parts=[f"{s}/{baselines.RECORD_FOLDER}" for s in versions]) as run_dir:
+        def data_path(spec: SuiteSpec) -> Path:
+            return engine_of(spec).data_in_use(spec, version_files(run_dir / spec.name))
+
+        sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"],
+                                      engines.criteria(specs, data_path), {s: v["label"] for s, v in versions.items()})
+        fingerprint = card.experiment_fingerprint(specs, lambda spec: json.loads(data_path(spec).read_text()),
+                                                  {s: v["version"] for s, v in versions.items()})
+        markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
+        record.write_atomic(run_dir / "card.md", markdown)
+    log.info("Experiment card:\n%s", markdown)
+    return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
+
+
+def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
+    """Archive the suite's tracker, logs, baseline and checker; fail on a wrong step count.
+
+    The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
+    the run completed. What was fetched stays in the record even when this task fails.
+    """
+    conn, folders = suite_node(resolved, suite)
+    spec = expanded_specs([suite], node_settings(conn), folders["worktree"], resolved.get("baselines"))[0]
+    with record.workspace(dag_run_id, parts=[suite]) as run_dir:
+        return _fetch_into(run_dir / suite, suite, spec, conn, folders)
+
+
+def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders) -> Fetched:
+    with ssh_client(conn) as client:
+        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+    meta["expected_steps"] = spec.expected_steps
+    abort = record.read_json(dest / "abort.json") or {}
+    hit = abort.get("log_rule") if abort.get("applied") and not abort.get("certain") else None
+    # Stopped on a log rule: the short tracker is its consequence, not news. Ended by itself
+    # after a rule matched: the line says why, the step count says how far it came.
+    stopped_by_rule = bool(hit and not hit.get("at_exit"))
+    if abort.get("applied") and abort.get("certain"):
+        meta["early_abort"] = abort
+    elif hit:
+        happened = "the job ended after a log line" if hit.get("at_exit") else "stopped on a log rule"
+        meta["problems"].append(f"{happened}: {hit['means']} (log line: {hit['line']})")
+    tracker = meta["files"].get("tracker")
+    if tracker:
+        try:
+            meta["steps"] = read_tracker(tracker["local"], metrics=[]).steps
+        except InputError as err:
+            meta["problems"].append(f"tracker unreadable: {err}")
+            meta["steps"] = 0
+        if meta["steps"] != spec.expected_steps and "early_abort" in meta:
+            log.info("%s was stopped early at step %d of %d (its FAIL was certain): partial tracker kept",
+                     suite, meta["early_abort"]["step"], spec.expected_steps)
+        elif meta["steps"] != spec.expected_steps and not stopped_by_rule:
+            meta["problems"].append(f"wrong step count: the tracker has {meta['steps']} step-summary rows, "
+                                    f"expected {spec.expected_steps} (launch script exit code "
+                                    f"{meta.get('exit_code')}, not trusted)")
+    if meta["other_experiments"]:
+        log.warning("Several experiment folders in %s; using the newest, ignoring: %s",
+                    meta["work_dir"], ", ".join(meta["other_experiments"]))
+    record.write_json(dest / "fetch.json", meta)
+    if meta["problems"]:
+        # Not retried: the files on the node will not change by asking again.
+        raise AirflowFailException(f"{suite}: " + "; ".join(meta["problems"]))
+    return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
+
+
+def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
+    """Run the engine on the archived files; an unusable fetch becomes an infrastructure FAIL."""
+
+    with record.workspace(dag_run_id, parts=[suite, "commit.json"]) as run_dir:
+        return _compare_in(run_dir, suite)
+
+
+def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
+    suite_dir = run_dir / suite
+    meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir)
+    out = suite_dir / "compare"
+    spec = load_suite(suite)
+    if meta is None:
+        result = SuiteResult.infrastructure(suite, "nothing was fetched from the node (see fetch task log)")
+    elif meta["problems"]:
+        result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
+                                            remote_work_dir=meta["work_dir"])
+    elif meta.get("early_abort"):
+        engine = engine_of(spec)
+        result = aborted_result(suite, meta["early_abort"], engine.rules)
+        data = engine.load_data(engine.data_in_use(spec, version_files(suite_dir)))
+        png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
+                           suite_dir / "baseline.jsonl", lambda metric: engine.reference_points(data, metric), out)
+        if png is not None:
+            result.plots.append(str(png))
+    else:
+        commit = record.read_json(run_dir / "commit.json") or {}
+        node_name = (commit.get("suite_nodes") or {}).get(suite, commit.get("node"))
+        try:
+            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name, version_files(suite_dir))
+        except InputError as err:
+            result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
+    if meta is not None:
+        result.abnormal += fetch_findings(meta)
+    watched = record.read_json(suite_dir / "abort.json")
+    if watched and not watched.get("applied") and watched.get("certain"):
+        result.abnormal.append(
+            f"Live check: this run would have been aborted at step {watched['step']} of {watched['expected_steps']} "
+            "(early_abort off): " + "; ".join(c["text"] for c in watched["certain"]))
+    if watched and not watched.get("applied") and watched.get("log_rule"):
+        hit = watched["log_rule"]
+        result.abnormal.append(f"Live check: a log rule matched ({hit['means']}: {hit['line']}); early_abort was "
+                               "off, so the run went on")
+    record.write_json(suite_dir / "result.json", result.to_dict())
+    log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
+    if not result.passed:
+        # Marked failed so the grid shows which suite failed; the report and verdict still run (all_done).
+        raise AirflowFailException(f"FAIL ({result.failure_class}): {suite_line(suite_summary(result))}")
+    return result.to_dict()
+
+
+def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
+    """What the fetch step noticed that the report must show (notes, ignored experiment folders)."""
+    out = [f"fetch: {note}" for note in meta.get("notes") or []]
+    if meta.get("other_experiments"):
+        out.append(f"fetch: several experiment folders in {meta['work_dir']}; the newest was evaluated, not used: "
+                   + ", ".join(meta["other_experiments"]))
+    return out
+
+
+def report(dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
+           gaps: list[str] | None = None) -> ReportSummary:
+    """Combine the suites into one report in the record store, with the manifest of the whole record;
+    print it; return a summary."""
+    with record.workspace(dag_run_id) as run_dir:
+        return _report_in(run_dir, dag_run_id, params, decision, gaps)
+
+
+def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decision: Decision | None,
+               gaps: list[str] | None) -> ReportSummary:
+    resolved = record.read_json(run_dir / "commit.json") or {}
+    suites = resolved.get("suites") or _safe_suites(params)
+    notes: list[str] = []
+    overall = None
+    decision = approval_decision(decision)
+    if decision["timed_out"]:
+        overall = "NOT APPROVED"
+        notes.append(f"NOT APPROVED (timed out): nobody answered the experiment card by {decision['at']}; "
+                     "nothing was launched and the node was not touched.")
+    elif decision["rejected"]:
+        overall = "REJECTED"
+        notes.append(f"Rejected by {decision['by']} at {decision['at']}: nothing was launched.")
+    elif decision["by"]:
+        notes.append(f"Approved by {decision['by']} at {decision['at']}"
+                     + (f" (standing approval granted in scheduled run {decision['granted_in']}, verified against "
+                        "its approval record)" if decision["standing"] else "") + ".")
+    notes += gaps or []
+    results = []
+    for suite in suites if overall is None else []:
+        data = record.relocate(record.read_json(run_dir / suite / "result.json"), run_dir)
+        results.append(SuiteResult.from_dict(data) if data else SuiteResult.infrastructure(
+            suite, "the suite did not reach comparison (an earlier task failed: see its log)"))
+    if not resolved:
+        notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
+    paths = {s: _paths(run_dir / s, run_dir) for s in suites}
+    nodes = resolved.get("suite_nodes")
+    meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),
+                      diff_stat=resolved.get("dirty_stat"), dag_run_id=dag_run_id,
+                      node=placement.describe(nodes) if nodes else resolved.get("node") or params.get("node"),
+                      paths=paths, notes=notes, overall=overall,
+                      baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()})
+    where = record.location(dag_run_id)
+    written = write_report(run_dir, results, meta, shown_as=where)
+    record.write_manifest(run_dir, shown_as=where)
+    shown = render_markdown(results, meta).replace(str(run_dir), where)
+    log.info("Report written to %s\n\n%s", where, shown)
+    verdict = overall or ("PASS" if results and all(r.passed for r in results) else "FAIL")
+    classes = sorted({r.failure_class for r in results if r.failure_class})
+    return {"verdict": verdict, "failure_classes": classes, "record": where,
+            "report": {k: f"{where}/{Path(v).name}" for k, v in written.items()},
+            "failed_suites": [r.suite for r in results if not r.passed],
+            "suites": [suite_summary(r) for r in results]}
+
+
+def _safe_suites(params: Mapping[str, Any]) -> list[str]:
+    try:
+        return remote.validate_suites(params.get("suites"))
+    except remote.BadInput:
+        return []
+
+
+def _paths(suite_dir: Path, run_dir: Path) -> dict[str, str]:
+    meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir) or {}
+    files = meta.get("files", {})
+    out = {}
+    if files.get("tracker"):
+        out["remote tracker"] = files["tracker"]["remote"]
+        out["archived tracker"] = files["tracker"]["local"]
+    for log_file in files.get("logs", []):
+        out[f"remote log {Path(log_file['remote']).name}"] = log_file["remote"]
+        out[f"archived log {Path(log_file['local']).name}"] = log_file["local"]
+    return out
+
+
+def approval_decision(decision: Decision | None) -> dict[str, Any]:
+    """Who approved or rejected, when, whether by standing approval (and granted in which run) or
+    whether nobody answered in time (from approve's XCom)."""
+    if not decision:
+        return {"rejected": False, "timed_out": False, "by": None, "at": None, "standing": False, "granted_in": None}
+    return {"rejected": "Reject" in (decision.get("chosen_options") or []),
+            "timed_out": bool(decision.get("timed_out")), "by": decision.get("by"), "at": decision.get("at"),
+            "standing": bool(decision.get("standing")), "granted_in": decision.get("granted_in")}
+
+
+def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_ID) -> list[str]:
+    """For a scheduled run: a note naming the schedule ticks since the previous scheduled run that
+    never started (a run waited or ran past them); [] when none or not a scheduled run."""
+    if run_type != "scheduled" or logical_date is None or settings.SCHEDULE is None:
+        return []
+    try:
+        previous = airflow_api.previous_scheduled_run(settings.AIRFLOW_API_CONN_ID, dag_id, logical_date)
+    except airflow_api.ApiUnavailable as err:
+        log.warning("Cannot list earlier scheduled runs to find missed schedule ticks: %s", err)
+        return []
+    if previous is None:
+        return []
+    missed = settings.missed_ticks(previous, logical_date)
+    if not missed:
+        return []
+    shown = ", ".join(t.isoformat(timespec="minutes") for t in missed[:20])
+    more = f" and {len(missed) - 20} more" if len(missed) > 20 else ""
+    since = previous.isoformat(timespec="minutes")
+    return [f"{len(missed)} schedule tick(s) since the previous scheduled run ({since}) "
+            f"never started, because an earlier run was still waiting or running: {shown}{more}."]
+
+
+def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
+    """Fail the DAG run when the verdict is FAIL (after the report exists), in one line with the report's link."""
+    if not summary:
+        raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
+    if summary["verdict"] in ("REJECTED", "NOT APPROVED"):
+        raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
+    view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id))
+    _notify_verdict(summary, dag_run_id)
+    line = verdict_message(summary, view) if summary["verdict"] != "PASS" else f"PASS; report: {view}"
+    _note_run(dag_run_id, line)
+    if summary["verdict"] != "PASS":
+        log.error("%s", line)
+        raise AirflowFailException(line)  # not retried: the verdict will not change
+    log.info("PASS: every checked metric of %s is within its threshold; report: %s",
+             ", ".join(s["suite"] for s in summary.get("suites") or []), view)
+    return "PASS"
+
+
+def _note_run(dag_run_id: str, note: str) -> None:
+    """The verdict line as the DAG run's note (through the REST API; the Task SDK cannot write notes)."""
+    try:
+        airflow_api.set_run_note(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, dag_run_id, note)
+    except Exception as err:  # the verdict task's own message says the same
+        log.warning("Could not set the run's note through %r (%s): the verdict is in this log and the report",
+                    settings.AIRFLOW_API_CONN_ID, err)
+
+
+def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:
+    """Post the verdict with the commit and the first suggested next step of a failing suite."""
+    report = record.get_json(dag_run_id, "report.json") or {}
+    commit = f"{report.get('commit_ref') or '?'} ({(report.get('commit') or '')[:10] or 'unresolved'})"
+    failing = [s for s in report.get("suites") or [] if s.get("verdict") != "PASS" and s.get("next_steps")]
+    step = failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
+    notify.send(*notify.verdict(summary, commit, dag_run_id, step), failure=summary["verdict"] != "PASS")
+
+
+def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] | None = None) -> list[str]:
+    """Stop the run's processes and Ray on the node, archive whatever trackers/logs exist, and tell
+    people about an infrastructure failure (``failed_tasks`` minus suites stopped by the live check)."""
+    if not resolved:
+        log.info("The run never got a worktree on the node: nothing to clean up; the node was not touched")
+        _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, [], True)
+        return []
+    log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
+             if failed_tasks else "No task failed: checking that no process of this run is left on the node")
+    lines: list[str] = []
+    fetched = [f"{suite}/fetch.json" for suite in resolved["suites"]]
+    with record.workspace(dag_run_id, parts=fetched) as run_dir:
+        for conn, suites in suites_by_node(resolved).items():
+            folders = suite_node(resolved, suites[0])[1]
+            with ssh_client(conn) as client:
+                lines += node.cleanup(client, folders["run_dir"], resolved["run_key"])
+                for suite in suites if failed_tasks else []:  # archive what a failed suite left
+                    dest = run_dir / suite
+                    if (dest / "fetch.json").exists():
+                        continue
+                    spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
+                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+                    record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
+                                                            ["collected by cleanup after a failure"]})
+    for line in lines:
+        log.info("cleanup: %s", line)
+    left = [line for line in lines if line.startswith("LEFT")]
+    log.info("cleanup: the node is %s", "clean: no process of this run is left" if not left else
+             f"NOT clean: {len(left)} process(es) of this run still run: " + "; ".join(left))
+    _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, lines, not left)
+    return lines
+
+
+def failed_tasks(ti: Any) -> list[str]:
+    """The upstream tasks of ``ti`` (the tasks that touch the node) that failed or could not run
+    because of a failure, as Airflow records them."""
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
+    except Exception as err:  # the message then names no task; the cleanup itself must go on
+        log.warning("Could not read the run's task states: %s", err)
+        return []
+    by_task = states.get(ti.run_id, states)
+    watched = set(ti.task.upstream_task_ids)
+    return sorted(t for t, s in by_task.items()
+                  if t in watched and str(getattr(s, "value", s)) in ("failed", "upstream_failed"))
+
+
+def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, dag_run_id: str,
+                           lines: list[str], clean: bool) -> None:
+    """An infrastructure message unless the only failures are suites the live check stopped (accuracy)."""
+    stopped = {settings.training_task(s) for s in (resolved or {}).get("suites", [])
+               if (record.get_json(dag_run_id, f"{s}/abort.json") or {}).get("certain")}
+    infra = [t for t in failed_tasks if t not in stopped]
+    if not infra:
+        log.info("No infrastructure failure to report (%s)", "the failing suites were stopped by the live check"
+                 if failed_tasks else "no failed task was named")
+        return
+    commit = (resolved or {}).get("commit_ref") or "?"
+    notify.send(*notify.infrastructure(infra, commit, dag_run_id, lines, clean), failure=True)

@@ -1,0 +1,179 @@
+"""The UI plugin's web app: a run's verification report, the DAG's verification history, and the
+plots of a calibration's proposal (linked from its approval card).
+
+Mounted by ``plugins/rl_verify_views.py`` in the Airflow API server (``fastapi_apps``) at
+``links.APP_PREFIX``. Every route depends on Airflow's own auth: the auth manager must allow the
+caller to read the runs of the DAG named in the path (``requires_access_dag("GET", RUN)``), so an
+anonymous request gets 401/403 and a user without access to that DAG 403. A run id that does not
+name a record folder of that DAG (``..``, encoded or not, a slash, a made-up id) is 404; no path
+from the request ever reaches the filesystem but a folder name chosen from a listing.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import logging
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.responses import HTMLResponse, Response
+
+from rl_verify import settings
+from rl_verify.core import history
+from rl_verify.core.names import run_key
+from rl_verify.orchestration import links
+from rl_verify.store import record
+
+log = logging.getLogger(__name__)
+
+
+def _dag_access():
+    """Airflow's own dependency: the caller may read the runs of the path's ``dag_id`` (401/403 otherwise)."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return Depends(requires_access_dag("GET", DagAccessEntity.RUN))
+
+
+def dag_records(dag_id: str) -> Any:
+    """The records of a DAG rl-verify knows, in the record store (404 for any other DAG id)."""
+    if dag_id != settings.DAG_ID:
+        raise HTTPException(404, f"no verification records for DAG {dag_id!r}")
+    return record.store_root() / settings.DAG_ID
+
+
+def _listed(folder: Any, name: str) -> Any | None:
+    """The entry of ``folder`` called ``name``, chosen from a listing (None when there is none)."""
+    entries = {p.name: p for p in folder.iterdir()} if folder.exists() else {}
+    return entries.get(name)
+
+
+def _record_folder(records: Any, run_id: str) -> Any | None:
+    """The record folder of ``run_id`` in a DAG's ``records``: its name is computed from the id, then
+    looked up in a listing."""
+    try:
+        name = run_key(run_id)
+    except Exception as err:  # an id run_key refuses cannot name a run
+        raise HTTPException(404, "no such run") from err
+    return _listed(records, name)
+
+
+def run_folder(dag_id: str, run_id: str) -> Any:
+    """The record folder of the verification run ``run_id`` (404 unless it has a report)."""
+    folder = _record_folder(dag_records(dag_id), run_id)
+    if folder is None or not (folder / "report.html").is_file():
+        raise HTTPException(404, f"no verification report for run {run_id!r} (yet)")
+    return folder
+
+
+def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
+    """The plot of calibration run ``run_id``'s proposal for ``suite`` (404 for anything else)."""
+    if dag_id != settings.CALIBRATION_DAG_ID:
+        raise HTTPException(404, f"no calibration records for DAG {dag_id!r}")
+    folder = _record_folder(record.store_root() / settings.CALIBRATION_DAG_ID, run_id)
+    suite_folder = _listed(folder / settings.CALIBRATION_RECORD_FOLDER, suite) if folder is not None else None
+    png = suite_folder / "proposal" / "runs.png" if suite_folder is not None else None
+    if png is None or not png.is_file():
+        raise HTTPException(404, f"no proposal plot for suite {suite!r} of calibration run {run_id!r} (yet)")
+    return png
+
+
+def history_page(dag_id: str, limit: int = 30) -> str:
+    """HTML of the history view: a chart per suite and the runs with verdict, commit and report link."""
+    import base64
+
+    frame = history.table(history.rows(dag_records(dag_id), limit))
+    esc = html.escape
+    parts = [f"<h1>Verification history — {esc(dag_id)}</h1>"]
+    if frame.empty:
+        parts.append("<p>No verification report yet: trigger a run of the DAG; its report appears here when it "
+                     "ends.</p>")
+    for suite in sorted(set(frame["suite"])) if not frame.empty else []:
+        buf = io.BytesIO()
+        png = history.chart(frame, suite, buf)
+        if png is not None:
+            data = base64.b64encode(buf.getvalue()).decode()
+            parts.append(f'<h2>{esc(suite)}</h2><img alt="{esc(suite)} trend" src="data:image/png;base64,{data}">')
+    runs = history.runs(frame)
+    if runs:
+        parts.append("<h2>Runs</h2><table><tr><th>started (UTC)</th><th>type</th><th>commit</th><th>verdict</th>"
+                     "<th>baselines</th><th>report</th></tr>")
+        for r in runs:
+            cls = "pass" if r["verdict"] == "PASS" else "fail"
+            href = links.report_view_path(dag_id, r["run"])  # the run page in the UI, report view open
+            parts.append(f"<tr><td>{esc(r['started'].replace('T', ' '))}</td><td>{esc(r['type'])}</td>"
+                         f"<td><code>{esc(r['commit_ref'])}</code> {esc(r['commit'])}</td>"
+                         f'<td class="{cls}">{esc(r["verdict"])}</td>'
+                         + (f'<td class="changed">{esc(r["baselines"])} (changed)</td>' if r["baselines_changed"]
+                            else f'<td>{esc(r["baselines"])}</td>')
+                         + f'<td><a href="{esc(href)}" target="_top">report</a></td></tr>')
+        parts.append("</table>")
+    style = ("body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}.pass{background:#e8f5e9}"
+             ".fail{background:#ffebee;font-weight:bold}.changed{background:#fff8e1;font-weight:bold}"
+             "img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Verification history</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+def create_app() -> FastAPI:
+    """The plugin's FastAPI app (routes relative to its mount point ``links.APP_PREFIX``)."""
+    app = FastAPI(title="rl-verify views", description="Verification report and history of rl-verify runs")
+    access = _dag_access()
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/report", response_class=HTMLResponse, dependencies=[access])
+    def report(dag_id: str, run_id: str) -> Response:
+        """The run's HTML report (self-contained: its plots are embedded)."""
+        return HTMLResponse((run_folder(dag_id, run_id) / "report.html").read_bytes().decode("utf-8"))
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/report.json", dependencies=[access])
+    def report_json(dag_id: str, run_id: str) -> Response:
+        """The run's machine-readable report."""
+        data = (run_folder(dag_id, run_id) / "report.json").read_bytes()
+        return Response(data, media_type="application/json")
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/proposal/{suite}.png", dependencies=[access])
+    def proposal_png(dag_id: str, run_id: str, suite: str) -> Response:
+        """The plot on a calibration's approval card: the N runs, their band and the current baseline."""
+        return Response(proposal_plot(dag_id, run_id, suite).read_bytes(), media_type="image/png")
+
+    @app.get("/dags/{dag_id}/history", response_class=HTMLResponse, dependencies=[access])
+    def history_view(dag_id: str, limit: int = 30) -> Response:
+        """Per suite and checked metric, the trend over the last runs, and the runs with their verdicts."""
+        return HTMLResponse(history_page(dag_id, max(1, min(limit, 200))))
+
+    return app
+
+
+def plugin_views() -> list[dict[str, Any]]:
+    """``external_views`` of the plugin: the report on a DAG run's page, the history on the DAG's."""
+    return [
+        {"name": "Verification report", "href": links.APP_PREFIX + "/dags/{DAG_ID}/runs/{RUN_ID}/report",
+         "destination": "dag_run", "url_route": links.REPORT_VIEW_ROUTE, "category": "rl-verify"},
+        {"name": "Verification history", "href": links.APP_PREFIX + "/dags/{DAG_ID}/history",
+         "destination": "dag", "url_route": links.HISTORY_VIEW_ROUTE, "category": "rl-verify"},
+    ]
+
+
+def _report_link_class():
+    from airflow.sdk import BaseOperatorLink
+
+    class ReportLink(BaseOperatorLink):
+        """"Verification report" on the ``report`` task of the verification DAG (no link elsewhere).
+
+        A global link computed by the API server: it needs no XCom from the worker, so runs that
+        ended before the plugin was installed get it too.
+        """
+
+        name = "Verification report"
+
+        def get_link(self, operator: Any, *, ti_key: Any) -> str | None:  # type: ignore[override]
+            if ti_key.dag_id != settings.DAG_ID or ti_key.task_id != settings.REPORT_TASK:
+                return None  # the UI hides a link without a URL
+            return links.absolute(links.ui_base_url(), links.report_view_path(ti_key.dag_id, ti_key.run_id))
+
+    return ReportLink
+
+
+ReportLink = _report_link_class()

@@ -1,0 +1,201 @@
+"""Declarative suite specs: one JSON file per suite in the suites folder, its data files in ``data/``.
+
+The suites folder is the package's ``rl_verify/suites`` (``settings.SUITES_DIR`` names another one:
+a deployment's copy with a suite of its own). A spec names its comparison engine (``engine``) and
+its threshold/golden data file (``data``, under ``<suites folder>/data``). Adding a suite that reuses
+an engine means adding its spec and its data file; nothing branches on a suite's name.
+
+This module reads and validates a spec's own shape (:func:`read_spec`); whether its engine exists
+and its data file fits that engine is checked one layer up, by ``rl_verify.engines.load_suite``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rl_verify import settings
+from rl_verify.core.thresholds import field_errors
+
+_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Input(_Spec):
+    """A file the suite needs on the node; checked before the card is shown."""
+
+    kind: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+
+class LogRule(_Spec):
+    """A line of the training log that ends the suite as an infrastructure failure, quoted.
+
+    ``when``: ``seen`` stops the job as soon as the line appears (a run that logged it cannot
+    finish: out of memory, NCCL); ``exit`` acts only when the job then ends short of its steps (a
+    traceback a healthy run logs and survives is no failure), and quotes the end of the block the
+    line opens: the first later line that is not indented (a traceback's exception line).
+    """
+
+    pattern: str = Field(min_length=1)
+    means: str = Field(min_length=1)
+    when: Literal["seen", "exit"] = "seen"
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise ValueError(f"not a regular expression ({err})") from err
+        return value
+
+    def match(self, line: str) -> bool:
+        return re.search(self.pattern, line) is not None
+
+
+class Launch(_Spec):
+    """The launch script (relative to the checkout), its arguments and environment."""
+
+    script: str = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+
+
+class SuiteSpec(_Spec):
+    """One suite's launch command, inputs, tracker location, baseline, scale and budget.
+
+    The single source of the suite's step count, eval points and wall-time budget: its data file
+    holds thresholds and provenance only. ``${VAR}`` in paths and the launch environment are filled
+    in by :meth:`expanded`; ``${EXPECTED_STEPS}`` is the spec's own step count.
+    """
+
+    name: str = Field(pattern=r"^[a-z0-9_]{1,40}$")
+    title: str = Field(min_length=1)
+    source: str = ""
+    launch: Launch
+    inputs: tuple[Input, ...] = ()
+    tracker: str = Field(min_length=1)
+    logs: tuple[str, ...] = ()
+    baseline: str | None = None
+    #: Optional tracker giving baseline values the golden table lacks; absent is not an error.
+    reference_baseline: str | None = None
+    reference_baseline_note: str | None = None
+    checker_dir: str | None = None
+    expected_steps: int = Field(ge=1)
+    eval_points: tuple[int, ...] = ()
+    wall_time_budget_s: int = Field(gt=0)
+    engine: str
+    data: str = Field(min_length=1)
+    #: Lines of the training log that mean the run cannot finish (acted on live, with early_abort).
+    log_rules: tuple[LogRule, ...] = ()
+    #: The spec file as written (the experiment fingerprint hashes it).
+    raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @property
+    def script(self) -> str:
+        return self.launch.script
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return self.launch.args
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        return self.launch.env
+
+    def expanded(self, values: Mapping[str, str]) -> "SuiteSpec":
+        """Return a copy with every ``${VAR}`` replaced from ``values`` (and ``EXPECTED_STEPS``).
+
+        Raises KeyError naming the variable and the suite when a value is missing, so that a
+        deployment without e.g. ``CI_SHARE_MODEL`` fails before anything reaches the node.
+        """
+        values = {**values, "EXPECTED_STEPS": str(self.expected_steps)}
+        env = {k: expand(v, values, self.name) for k, v in self.env.items()}
+        merged = {**values, **env}
+
+        def opt(text: str | None) -> str | None:
+            return expand(text, merged, self.name) if text else None
+
+        launch = self.launch.model_copy(update={"env": env,
+                                                "args": tuple(expand(a, merged, self.name) for a in self.args)})
+        inputs = tuple(Input(kind=i.kind, path=expand(i.path, merged, self.name)) for i in self.inputs)
+        return self.model_copy(update={"launch": launch, "inputs": inputs, "baseline": opt(self.baseline),
+                                       "checker_dir": opt(self.checker_dir),
+                                       "reference_baseline": opt(self.reference_baseline)})
+
+
+def expand(text: str, values: Mapping[str, str], suite: str = "?") -> str:
+    """Replace ``${VAR}`` in ``text``; a missing variable raises KeyError with a fix."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in values or values[name] in (None, ""):
+            raise KeyError(f"suite {suite!r}: ${{{name}}} is not set; export {name} "
+                           f"(or set it in the node connection's extras) and retry")
+        return str(values[name])
+
+    return _VAR.sub(sub, text)
+
+
+class SpecError(ValueError):
+    """A suite spec that cannot be used; the message names the file, the field and the fix."""
+
+
+def spec_from_dict(raw: Mapping[str, Any], path: str = "") -> SuiteSpec:
+    """The spec's own shape validated; every problem names ``path`` and the field."""
+    try:
+        spec = SuiteSpec.model_validate({**raw, "raw": dict(raw)})
+    except ValidationError as exc:
+        raise SpecError(f"{path}: {field_errors(exc)}") from exc
+    if not data_file(spec.data).is_file():
+        raise SpecError(f"{path}: field 'data': data file {spec.data!r} not found under {suites_dir() / 'data'}; "
+                        "add it there or name an existing one")
+    contradictions = _launch_contradictions(spec)
+    if contradictions:
+        raise SpecError(f"{path}: contradicts itself: " + "; ".join(contradictions))
+    return spec
+
+
+def _launch_contradictions(spec: SuiteSpec) -> list[str]:
+    steps = spec.env.get("TOTAL_TRAIN_STEPS")
+    if steps is not None and steps != "${EXPECTED_STEPS}" and steps != str(spec.expected_steps):
+        return [f"launch.env.TOTAL_TRAIN_STEPS is {steps} but expected_steps is {spec.expected_steps} (write "
+                "\"${EXPECTED_STEPS}\" to use the spec's step count)"]
+    return []
+
+
+def suites_dir() -> Path:
+    """The folder of the suite specs (``<name>.json``) and their data files (``data/``)."""
+    return Path(settings.SUITES_DIR).expanduser() if settings.SUITES_DIR else Path(__file__).resolve().parent
+
+
+def available_suites() -> list[str]:
+    """Names of the suite specs in the suites folder, sorted."""
+    return sorted(p.name[:-5] for p in suites_dir().iterdir() if p.name.endswith(".json") and p.is_file())
+
+
+def read_spec(name: str) -> SuiteSpec:
+    """The spec of suite ``name``, its own shape validated (SpecError naming the file and every bad field);
+    an unknown name raises ValueError listing the known ones."""
+    known = available_suites()
+    if name not in known:
+        raise ValueError(f"unknown suite {name!r}; known suites: {', '.join(known)}")
+    path = suites_dir() / f"{name}.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise SpecError(f"{path}: not valid JSON ({exc})") from exc
+    return spec_from_dict(raw, str(path))
+
+
+def data_file(name: str) -> Path:
+    """Path of a versioned data file of the suites folder (``<suites folder>/data/<name>``)."""
+    return suites_dir() / "data" / name
