@@ -9,8 +9,9 @@
 #   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
 #                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
 #   make gallery         report headline, class and first next step for every simulated regression
-#   make lint            byte-compile + ruff + shellcheck (pinned in requirements-dev.txt; ruff config in
-#                        pyproject.toml); shellcheck: sh templates, scripts, .ci/run, tracked .sh files
+#   make lint            byte-compile + ruff + the layer contract (lint-imports) + shellcheck (pinned in
+#                        requirements-dev.txt; ruff and import-linter config in pyproject.toml); shellcheck:
+#                        sh templates, scripts, .ci/run, tracked .sh files
 #                        except simulator/xtuner_checkout (test doubles mimicking XTuner's scripts, traps included)
 #   make clean           remove .venv, .state, caches
 
@@ -71,6 +72,7 @@ bench: venv
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests
 	$(PY) -m ruff check include dags harness scripts simulator tests
+	.venv/bin/lint-imports --config pyproject.toml
 	.venv/bin/shellcheck $(sort $(wildcard include/rl_verify/node/sh/*.sh scripts/*.sh) .ci/run \
 	  $(filter-out simulator/xtuner_checkout/% .venv/%,$(shell git ls-files '*.sh' 2>/dev/null)))
 
