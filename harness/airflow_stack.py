@@ -35,7 +35,7 @@ Celery mode (a distributed Airflow; harness/services.py runs PostgreSQL, Redis a
     ``celery-<name>``, log STATE/logs/celery-<name>.log) with its own ``--celery-hostname`` (Celery node
     ``celery@<name>``), working directory (STATE/workers/<name> unless given), extra env and concurrency;
     start() returns once every worker answers a Celery ping. A worker's task instances record
-    ``hostname`` = the WorkerSpec's hostname (default its name; harness.services.worker_hostname), not the
+    ``hostname`` = the WorkerSpec's hostname (default its name; harness.celery_hostname.worker_hostname), not the
     machine's FQDN that two workers on one machine would share. Worker logs are not served over HTTP
     (``--skip-serve-logs``): all task logs are in the one local STATE/airflow_home/logs.
 
@@ -56,8 +56,6 @@ import json
 import os
 import re
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -72,7 +70,8 @@ from airflow_client.client.exceptions import ApiException, UnauthorizedException
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
-from harness.services import WORKER_HOSTNAME_ENV
+from harness.celery_hostname import WORKER_HOSTNAME_CALLABLE, WORKER_HOSTNAME_ENV
+from harness.processes import alive, descendants, free_port, kill_tree, tail, write_private
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "demo"
@@ -86,8 +85,6 @@ HEALTH_KEYS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
 TERMINAL_RUN_STATES = {"success", "failed"}
 TERMINAL_TI_STATES = {"success", "failed", "skipped", "upstream_failed", "removed"}
 EXECUTORS = ("LocalExecutor", "CeleryExecutor")
-#: What a Celery worker's task processes call for the task instance's hostname (cheap to import).
-WORKER_HOSTNAME_CALLABLE = "harness.services.worker_hostname"
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -137,85 +134,9 @@ class StackError(RuntimeError):
         self.body = body
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def finished_task_instances(scheduler_log: str) -> set[tuple[str, int]]:
     """(ti_id, try_number) of every "TaskInstance Finished" line in a piece of scheduler log."""
     return {(m.group(1), int(m.group(2))) for m in SCHEDULER_TI_FINISHED.finditer(scheduler_log)}
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _descendants(pid: int) -> list[int]:
-    """All descendant pids of pid (psutil ships with Airflow; fall back to nothing)."""
-    try:
-        import psutil
-
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except Exception:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
-def _kill_tree(leaders: Iterable[int], others: Iterable[int], timeout: float) -> None:
-    """Stop process trees: SIGTERM the leaders only (each shuts its own children down gracefully;
-    signalling the whole group at once makes e.g. the triggerer wait 10 s for its runner), then
-    SIGTERM and finally SIGKILL the leaders' process groups and every remaining listed descendant."""
-    leaders, everyone = set(leaders), set(leaders) | set(others)
-
-    def wait(pids: set[int], seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if not any(_alive(p) for p in pids):
-                return True
-            time.sleep(0.1)
-        return not any(_alive(p) for p in pids)
-
-    for pid in leaders:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    # The triggerer gives its trigger runner a 10 s escalation delay (even a second SIGTERM costs 5 s);
-    # for a local stack all state is in the DB, so after `timeout` the rest is simply killed.
-    wait(leaders, timeout)
-    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-        for pg in leaders:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pg, sig)
-        for pid in everyone:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-        if wait(everyone, grace):
-            return
 
 
 def plain(value: Any) -> Any:
@@ -684,7 +605,7 @@ class AirflowStack:
             "jwt_secret": secrets.token_urlsafe(48),
             "api_secret_key": secrets.token_urlsafe(32),
         }
-        _write_private(path, json.dumps(values))
+        write_private(path, json.dumps(values))
         return values
 
     def ensure_password(self) -> None:
@@ -697,7 +618,7 @@ class AirflowStack:
         for user in missing:
             existing[user] = secrets.token_urlsafe(18)
         if missing:
-            _write_private(self.password_file, json.dumps(existing) + "\n")
+            write_private(self.password_file, json.dumps(existing) + "\n")
 
     def build_env(self, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The full environment of every component: inherited env, minus foreign AIRFLOW__ config, plus ours."""
@@ -765,7 +686,7 @@ class AirflowStack:
                 stdin=subprocess.DEVNULL, timeout=timeout, cwd=self.state_dir,
             )
         if r.returncode != 0:
-            raise StackError(f"airflow {' '.join(args)} failed ({r.returncode}):\n{_tail(log)}")
+            raise StackError(f"airflow {' '.join(args)} failed ({r.returncode}):\n{tail(log, 40)}")
 
     def start(self, extra_env: Mapping[str, str] | None = None, timeout: float = 240.0) -> AirflowStack:
         """Migrate the DB, start the four components, wait until /monitor/health is all healthy."""
@@ -885,7 +806,7 @@ class AirflowStack:
         t0 = time.monotonic()
         deadline = t0 + timeout
         old = self.procs[name]
-        _kill_tree([old.pid], _descendants(old.pid), stop_timeout)
+        kill_tree([old.pid], descendants(old.pid), stop_timeout)
         with contextlib.suppress(subprocess.TimeoutExpired):
             old.wait(timeout=5)
         since = time.time()
@@ -914,7 +835,7 @@ class AirflowStack:
         return time.monotonic() - t0
 
     def log_tail(self, component: str, lines: int = 40) -> str:
-        return _tail(self.log_dir / f"{component}.log", lines)
+        return tail(self.log_dir / f"{component}.log", lines)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate every component, its process group and all descendants (task processes included)."""
@@ -923,10 +844,10 @@ class AirflowStack:
             self._client = None
         if not self.procs:
             return
-        descendants: set[int] = set()
+        children: set[int] = set()
         for p in self.procs.values():
-            descendants.update(_descendants(p.pid))
-        _kill_tree([p.pid for p in self.procs.values()], descendants, timeout)
+            children.update(descendants(p.pid))
+        kill_tree([p.pid for p in self.procs.values()], children, timeout)
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
@@ -978,13 +899,13 @@ def stop_from_state(state_dir: str | os.PathLike[str], timeout: float = 5.0) -> 
     if not path.exists():
         return False
     pids = list(json.loads(path.read_text())["pids"].values())
-    alive = [p for p in pids if _alive(p)]
-    descendants: set[int] = set()
-    for p in alive:
-        descendants.update(_descendants(p))
-    _kill_tree(alive, descendants, timeout)
+    running = [p for p in pids if alive(p)]
+    children: set[int] = set()
+    for p in running:
+        children.update(descendants(p))
+    kill_tree(running, children, timeout)
     path.unlink()
-    return bool(alive)
+    return bool(running)
 
 
 def main(argv: list[str] | None = None) -> int:
