@@ -1,7 +1,12 @@
-"""Start and stop a REAL local Apache Airflow 3.3 (SQLite + LocalExecutor) and talk to its REST API
-through the official ``apache-airflow-client`` (``AirflowClient``).
+"""Start and stop a REAL local Apache Airflow 3.3 (SQLite + LocalExecutor, or Celery): the process lifecycle.
 
-Used by the end-to-end tests and the demo. Everything lives in one state directory:
+Used by the end-to-end tests and the demo. This module owns the components' configuration (all of it
+environment variables), their processes and logs, and the wait until they are healthy. Talking to the
+running Airflow is ``harness.airflow_api.AirflowClient`` (``stack.client()`` gives one logged in as
+the demo user); ``AirflowClient`` and ``StackError`` are importable from here too, where the tests and
+scripts have always imported them. Process helpers come from the leaf ``harness.processes``.
+
+Everything lives in one state directory:
 
     STATE/airflow_home/        AIRFLOW_HOME (airflow.cfg is never written; config is all env vars)
     STATE/airflow.db           SQLite metadata database
@@ -35,7 +40,7 @@ Celery mode (a distributed Airflow; harness/services.py runs PostgreSQL, Redis a
     ``celery-<name>``, log STATE/logs/celery-<name>.log) with its own ``--celery-hostname`` (Celery node
     ``celery@<name>``), working directory (STATE/workers/<name> unless given), extra env and concurrency;
     start() returns once every worker answers a Celery ping. A worker's task instances record
-    ``hostname`` = the WorkerSpec's hostname (default its name; harness.services.worker_hostname), not the
+    ``hostname`` = the WorkerSpec's hostname (default its name; harness.celery_hostname.worker_hostname), not the
     machine's FQDN that two workers on one machine would share. Worker logs are not served over HTTP
     (``--skip-serve-logs``): all task logs are in the one local STATE/airflow_home/logs.
 
@@ -56,23 +61,16 @@ import json
 import os
 import re
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import airflow_client.client as ac
-import urllib3
-from airflow_client.client.exceptions import ApiException, UnauthorizedException
-from pydantic import BaseModel
-from pydantic_core import to_jsonable_python
-
-from harness.services import WORKER_HOSTNAME_ENV
+from harness.airflow_api import AirflowClient, StackError, probe_health
+from harness.celery_hostname import WORKER_HOSTNAME_CALLABLE, WORKER_HOSTNAME_ENV
+from harness.processes import alive, descendants, free_port, kill_tree, tail, write_private
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "demo"
@@ -83,11 +81,7 @@ ROLE = "admin"
 OUTSIDER = "outsider"
 COMPONENTS = ("api-server", "scheduler", "triggerer", "dag-processor")
 HEALTH_KEYS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
-TERMINAL_RUN_STATES = {"success", "failed"}
-TERMINAL_TI_STATES = {"success", "failed", "skipped", "upstream_failed", "removed"}
 EXECUTORS = ("LocalExecutor", "CeleryExecutor")
-#: What a Celery worker's task processes call for the task instance's hostname (cheap to import).
-WORKER_HOSTNAME_CALLABLE = "harness.services.worker_hostname"
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -116,6 +110,7 @@ class WorkerSpec:
     def node_name(self) -> str:
         return f"celery@{self.name}"
 
+
 # The scheduler's log line once it has processed a worker's executor event, e.g.
 #   ... [info     ] TaskInstance Finished: dag_id=d, task_id=t, run_id=r, map_index=-1, ti_id=<uuid>, ...,
 #   try_number=1, max_tries=2, ...
@@ -125,480 +120,9 @@ class WorkerSpec:
 SCHEDULER_TI_FINISHED = re.compile(r"TaskInstance Finished: .*?ti_id=([0-9a-fA-F-]+),.*?try_number=(\d+),")
 
 
-class StackError(RuntimeError):
-    """The local Airflow could not be started, or an API call did not give the expected result.
-
-    For a failed API call ``status`` is the HTTP status and ``body`` the API's answer (else None and "").
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, body: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def finished_task_instances(scheduler_log: str) -> set[tuple[str, int]]:
     """(ti_id, try_number) of every "TaskInstance Finished" line in a piece of scheduler log."""
     return {(m.group(1), int(m.group(2))) for m in SCHEDULER_TI_FINISHED.finditer(scheduler_log)}
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def _tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _descendants(pid: int) -> list[int]:
-    """All descendant pids of pid (psutil ships with Airflow; fall back to nothing)."""
-    try:
-        import psutil
-
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except Exception:
-        return []
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive for our purposes
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
-
-
-def _kill_tree(leaders: Iterable[int], others: Iterable[int], timeout: float) -> None:
-    """Stop process trees: SIGTERM the leaders only (each shuts its own children down gracefully;
-    signalling the whole group at once makes e.g. the triggerer wait 10 s for its runner), then
-    SIGTERM and finally SIGKILL the leaders' process groups and every remaining listed descendant."""
-    leaders, everyone = set(leaders), set(leaders) | set(others)
-
-    def wait(pids: set[int], seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if not any(_alive(p) for p in pids):
-                return True
-            time.sleep(0.1)
-        return not any(_alive(p) for p in pids)
-
-    for pid in leaders:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    # The triggerer gives its trigger runner a 10 s escalation delay (even a second SIGTERM costs 5 s);
-    # for a local stack all state is in the DB, so after `timeout` the rest is simply killed.
-    wait(leaders, timeout)
-    for sig, grace in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
-        for pg in leaders:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pg, sig)
-        for pid in everyone:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-        if wait(everyone, grace):
-            return
-
-
-def plain(value: Any) -> Any:
-    """A generated API model (or a list/dict of them) as the plain JSON-shaped data the API sent.
-
-    Unlike the models' ``to_dict()`` this keeps fields whose value is None (callers read ``ti["state"]`` of a
-    task instance that has none yet), renders datetimes as ISO strings and enums as their values, merges
-    additional properties (of the models that keep them) and unwraps anyOf/oneOf wrappers.
-    """
-    if isinstance(value, BaseModel):
-        fields = type(value).model_fields
-        if "actual_instance" in fields:  # anyOf/oneOf wrapper (log content, XCom entry)
-            return plain(value.actual_instance)
-        out = {(f.alias or name): plain(getattr(value, name)) for name, f in fields.items()
-               if name != "additional_properties"}
-        out.update(plain(getattr(value, "additional_properties", None) or {}))
-        return out
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return to_jsonable_python(value)
-
-
-def render_log_line(item: Any) -> str:
-    """One task-log event as "[timestamp level] event {extra keys as JSON}" (plain strings pass through)."""
-    if isinstance(item, str):
-        return item
-    head = " ".join(str(item[k]) for k in ("timestamp", "level") if item.get(k))
-    extra = {k: v for k, v in item.items() if k not in ("timestamp", "level", "event", "logger")}
-    text = f"[{head}] {item.get('event', '')}" if head else str(item.get("event", ""))
-    if extra and item.get("event") not in ("::group::", "::endgroup::"):
-        text += " " + json.dumps(extra, default=str)
-    return text
-
-
-def probe_health(base_url: str, timeout: float = 5.0) -> dict[str, Any] | str:
-    """GET /api/v2/monitor/health (MonitorApi, no auth): the health dict, or why it could not be read
-    (while Airflow starts: connection refused, HTTP 5xx, an incomplete answer)."""
-    api = ac.ApiClient(ac.Configuration(host=base_url.rstrip("/"), retries=0))  # the callers poll
-    try:
-        return plain(ac.MonitorApi(api).get_health(_request_timeout=timeout))
-    except ApiException as e:
-        return f"HTTP {e.status}"
-    except (urllib3.exceptions.HTTPError, ValueError) as e:
-        return repr(e)
-    finally:
-        api.rest_client.pool_manager.clear()
-
-
-class _ApiClient(ac.ApiClient):
-    """The generated ApiClient, remembering its last request so that errors can name the method and URL."""
-
-    last_request: tuple[str, str] = ("?", "?")
-
-    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        self.last_request = (method, url)
-        return super().call_api(method, url, *args, **kwargs)
-
-
-def api_error(err: ApiException, method: str, url: str) -> StackError:
-    """StackError naming the method, the path (host left out) and the HTTP status of a failed API call."""
-    path = "/" + url.split("://", 1)[-1].split("/", 1)[-1] if "://" in url else url
-    body = err.body.decode(errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
-    return StackError(f"{method} {path} -> HTTP {err.status}: {body[:2000]}", status=err.status, body=body)
-
-
-class AirflowClient:
-    """The Airflow 3.3 public API (/api/v2) through the official ``apache-airflow-client``, logged in with a
-    simple-auth-manager token. Methods return plain dicts/lists/values (see ``plain``)."""
-
-    def __init__(self, base_url: str, username: str, password: str, timeout: float = 30.0,
-                 worker_released: Callable[[str, int], bool] | None = None) -> None:
-        """worker_released(ti_id, try_number): optional probe telling whether the scheduler has processed
-        the executor event of the worker that parked that task instance (see wait_for_hitl)."""
-        self.base_url = base_url.rstrip("/")
-        self.worker_released = worker_released
-        self.username = username
-        self._password = password
-        self.timeout = timeout
-        self._api = _ApiClient(ac.Configuration(host=self.base_url))
-        self._dags, self._tasks = ac.DAGApi(self._api), ac.TaskApi(self._api)
-        self._runs, self._tis = ac.DagRunApi(self._api), ac.TaskInstanceApi(self._api)
-        self._pools, self._variables = ac.PoolApi(self._api), ac.VariableApi(self._api)
-        self._import_errors, self._xcom = ac.ImportErrorApi(self._api), ac.XComApi(self._api)
-        self._monitor = ac.MonitorApi(self._api)
-
-    # -- plumbing -------------------------------------------------------------------------------
-    def close(self) -> None:
-        self._api.rest_client.pool_manager.clear()
-
-    def __enter__(self) -> AirflowClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def login(self) -> str:
-        """POST /auth/token {"username", "password"} -> {"access_token"} (HTTP 201).
-
-        /auth/token belongs to the auth manager, not to the public API, so the generated client has no
-        method for it: one raw call through the same ApiClient (same connection pool and timeout).
-        """
-        r = self._api.call_api("POST", f"{self.base_url}/auth/token",
-                               header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                               body={"username": self.username, "password": self._password},
-                               _request_timeout=self.timeout)
-        text = r.read().decode(errors="replace")
-        if r.status not in (200, 201):
-            raise StackError(f"POST /auth/token (login as {self.username!r}) -> HTTP {r.status}: {text[:300]}",
-                             status=r.status, body=text)
-        self._api.configuration.access_token = token = str(json.loads(text)["access_token"])
-        return token
-
-    def _call(self, fn: Callable[..., Any], *args: Any, allow: Iterable[int] = (), auth: bool = True,
-              **kw: Any) -> Any:
-        """fn(*args, **kw) (a generated API method); logs in first and once more on HTTP 401.
-
-        Returns None for a status in ``allow`` (e.g. 404); any other error raises StackError.
-        """
-        for attempt in (0, 1):
-            if auth and self._api.configuration.access_token is None:
-                self.login()
-            try:
-                return fn(*args, _request_timeout=self.timeout, **kw)
-            except UnauthorizedException as err:
-                if attempt or not auth:
-                    raise api_error(err, *self._api.last_request) from err
-                self._api.configuration.access_token = None  # expired: log in again and retry once
-            except ApiException as err:
-                if err.status in set(allow):
-                    return None
-                raise api_error(err, *self._api.last_request) from err
-
-    # -- health / pools / variables -------------------------------------------------------------
-    def health(self) -> dict[str, Any]:
-        """GET /api/v2/monitor/health (no auth needed)."""
-        return plain(self._call(self._monitor.get_health, auth=False))
-
-    def create_pool(self, name: str, slots: int, include_deferred: bool = True, description: str = "") -> dict:
-        """POST /api/v2/pools; if it exists (409), PATCH /api/v2/pools/{name}."""
-        pool = self._call(self._pools.post_pool, ac.PoolBody(
-            name=name, slots=slots, include_deferred=include_deferred, description=description), allow=(409,))
-        if pool is None:
-            pool = self._call(self._pools.patch_pool, name, ac.PoolPatchBody(
-                pool=name, slots=slots, include_deferred=include_deferred, description=description))
-        return plain(pool)
-
-    def pool(self, name: str) -> dict[str, Any]:
-        return plain(self._call(self._pools.get_pool, name))
-
-    def variable(self, key: str) -> Any:
-        """The value of Variable ``key`` (None if there is none)."""
-        var = self._call(self._variables.get_variable, key, allow=(404,))
-        return None if var is None else var.value
-
-    def set_variable(self, key: str, value: str) -> dict[str, Any]:
-        """PATCH /api/v2/variables/{key} (the variable must exist)."""
-        return plain(self._call(self._variables.patch_variable, key, ac.VariableBody(key=key, value=value)))
-
-    # -- DAGs -----------------------------------------------------------------------------------
-    def import_errors(self) -> list[dict[str, Any]]:
-        """GET /api/v2/importErrors -> [{"filename", "stack_trace", ...}]."""
-        return plain(self._call(self._import_errors.get_import_errors, limit=100).import_errors)
-
-    def wait_for_dag(self, dag_id: str, timeout: float = 120.0) -> dict[str, Any]:
-        """Wait until dag_id is parsed and serialised without import errors; returns GET /dags/{dag_id}.
-
-        Raises StackError naming every import error if the file fails to import (reported as soon
-        as the dag-processor records it), or if the DAG does not appear before the timeout.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            dag = self._call(self._dags.get_dag, dag_id, allow=(404,))
-            errors = self.import_errors()
-            if dag is not None and not dag.has_import_errors and not dag.is_stale:
-                # The DAG row exists; make sure the serialised DAG is readable too (tasks endpoint).
-                if self._call(self._tasks.get_tasks, dag_id, allow=(404,)) is not None:
-                    return plain(dag)
-            if errors and (dag is None or dag.has_import_errors):
-                raise StackError(
-                    f"DAG {dag_id!r} has import errors:\n"
-                    + "\n".join(f"--- {e.get('filename')}\n{e.get('stack_trace')}" for e in errors)
-                )
-            if time.monotonic() > deadline:
-                raise StackError(f"DAG {dag_id!r} not parsed within {timeout}s (import errors: {errors})")
-            time.sleep(1)
-
-    def unpause(self, dag_id: str) -> dict[str, Any]:
-        """PATCH /api/v2/dags/{dag_id}?update_mask=is_paused {"is_paused": false}."""
-        return plain(self._call(self._dags.patch_dag, dag_id, ac.DAGPatchBody(is_paused=False),
-                                update_mask=["is_paused"]))
-
-    def pause(self, dag_id: str) -> dict[str, Any]:
-        return plain(self._call(self._dags.patch_dag, dag_id, ac.DAGPatchBody(is_paused=True),
-                                update_mask=["is_paused"]))
-
-    # -- runs -----------------------------------------------------------------------------------
-    def trigger(self, dag_id: str, conf: Mapping[str, Any] | None = None, run_id: str | None = None,
-                note: str | None = None) -> str:
-        """POST /api/v2/dags/{dag_id}/dagRuns {"logical_date": null, "conf": {...}, "dag_run_id"?} -> run_id.
-
-        A refused trigger (e.g. conf failing the DAG's params, HTTP 400) raises StackError; its ``status``
-        and ``body`` carry the API's answer.
-        """
-        body = ac.TriggerDAGRunPostBody(logical_date=None, conf=dict(conf or {}), dag_run_id=run_id or None,
-                                        note=note or None)
-        return self._call(self._runs.trigger_dag_run, dag_id, body).dag_run_id
-
-    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
-        return plain(self._call(self._runs.get_dag_run, dag_id, run_id))
-
-    def dag_runs(self, dag_id: str, **filters: Any) -> list[dict[str, Any]]:
-        """GET /api/v2/dags/{dag_id}/dagRuns; filters are DagRunApi.get_dag_runs keywords
-        (e.g. run_type=["scheduled"], order_by=["logical_date"], limit=100)."""
-        return plain(self._call(self._runs.get_dag_runs, dag_id, **filters).dag_runs)
-
-    def set_run_state(self, dag_id: str, run_id: str, state: str) -> dict[str, Any]:
-        """PATCH /api/v2/dags/{dag_id}/dagRuns/{run_id} {"state": state} (queued, success or failed)."""
-        return plain(self._call(self._runs.patch_dag_run, dag_id, run_id, ac.DAGRunPatchBody(state=state)))
-
-    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600.0, poll: float = 1.0) -> str:
-        """Poll the DAG run until success/failed; returns the final state. Raises StackError on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.dag_run(dag_id, run_id)["state"]
-            if state in TERMINAL_RUN_STATES:
-                return state
-            if time.monotonic() > deadline:
-                raise StackError(
-                    f"run {dag_id}/{run_id} still {state!r} after {timeout}s; tasks: {self.task_states(dag_id, run_id)}"
-                )
-            time.sleep(poll)
-
-    # -- task instances -------------------------------------------------------------------------
-    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """GET /api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances."""
-        return plain(self._call(self._tis.get_task_instances, dag_id, run_id, limit=1000).task_instances)
-
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str | None]:
-        """{task_id: state}; mapped task instances appear as "task_id[map_index]"."""
-        out: dict[str, str | None] = {}
-        for ti in self.task_instances(dag_id, run_id):
-            key = ti["task_id"] if ti.get("map_index", -1) == -1 else f"{ti['task_id']}[{ti['map_index']}]"
-            out[key] = ti["state"]
-        return out
-
-    def task_instance(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
-        if map_index == -1:
-            return plain(self._call(self._tis.get_task_instance, dag_id, run_id, task_id))
-        return plain(self._call(self._tis.get_mapped_task_instance, dag_id, run_id, task_id, map_index))
-
-    def wait_for_task(self, dag_id: str, run_id: str, task_id: str, states: Iterable[str] = TERMINAL_TI_STATES,
-                      timeout: float = 300.0, poll: float = 1.0) -> str:
-        """Poll one task instance until its state is in states; returns that state."""
-        states = set(states)
-        deadline = time.monotonic() + timeout
-        while True:
-            state = self.task_instance(dag_id, run_id, task_id)["state"]
-            if state in states:
-                return state
-            if time.monotonic() > deadline:
-                raise StackError(f"{dag_id}/{run_id}/{task_id} still {state!r} after {timeout}s (wanted {states})")
-            time.sleep(poll)
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
-        """GET .../taskInstances/{task_id}/logs/{try_number}?full_content=true -> plain text.
-
-        The API returns structured events ({"event", "timestamp", "level", ...}); they are rendered one per
-        line by render_log_line; follows continuation tokens until the end of the log.
-
-        Read as raw JSON (get_log_without_preload_content: the generated request, our own parsing): the
-        generated ``Content`` model keeps only "event" and "timestamp" of each event and drops "level",
-        "error_detail" (the exception text) and every other key (pinned by tests/unit/test_harness.py).
-        """
-        def get_log(*args: Any, **kw: Any) -> Any:
-            resp = self._tis.get_log_without_preload_content(*args, **kw)
-            text = resp.data.decode(errors="replace")
-            if not 200 <= resp.status <= 299:
-                raise ApiException.from_response(http_resp=resp, body=text, data=None)
-            return json.loads(text)
-
-        lines: list[str] = []
-        kw: dict[str, Any] = {"full_content": True}
-        for _ in range(50):
-            page = self._call(get_log, dag_id, run_id, task_id, try_number, map_index=map_index,
-                              accept="application/json", **kw)
-            lines += [render_log_line(item) for item in page.get("content") or []]
-            token = page.get("continuation_token")
-            if not token:
-                break
-            kw = {"token": token}
-        return "\n".join(lines)
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value", map_index: int = -1) -> Any:
-        """GET .../taskInstances/{task_id}/xcomEntries/{key}?deserialize=true -> the value (None if absent)."""
-        entry = self._call(self._xcom.get_xcom_entry, dag_id, task_id, run_id, key, map_index=map_index,
-                           deserialize=True, allow=(404,))
-        return None if entry is None else plain(entry)["value"]
-
-    def mark_task_failed(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
-        """PATCH .../taskInstances/{task_id}[/{map_index}] {"new_state": "failed"}."""
-        return self.set_task_state(dag_id, run_id, task_id, "failed", map_index=map_index)
-
-    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str, map_index: int = -1,
-                       note: str | None = None) -> dict[str, Any]:
-        """PATCH .../taskInstances/{task_id}[/{map_index}] {"new_state", "note"?} -> {"task_instances": [...]}."""
-        body = ac.PatchTaskInstanceBody(new_state=state, note=note)
-        if map_index == -1:
-            return plain(self._call(self._tis.patch_task_instance, dag_id, run_id, task_id, body))
-        return plain(self._call(self._tis.patch_task_instance_by_map_index, dag_id, run_id, task_id, map_index,
-                                body))
-
-    def clear_task(self, dag_id: str, run_id: str, task_ids: str | Iterable[str], *, only_failed: bool = False,
-                   include_downstream: bool = False, reset_dag_runs: bool = True) -> list[dict[str, Any]]:
-        """POST /api/v2/dags/{dag_id}/clearTaskInstances {"dry_run": false, "dag_run_id", "task_ids", ...}."""
-        ids = [task_ids] if isinstance(task_ids, str) else list(task_ids)
-        body = ac.ClearTaskInstancesBody(
-            dry_run=False, dag_run_id=run_id, task_ids=[ac.ClearTaskInstancesBodyTaskIdsInner(i) for i in ids],
-            only_failed=only_failed, include_downstream=include_downstream, reset_dag_runs=reset_dag_runs,
-        )
-        return plain(self._call(self._tis.post_clear_task_instances, dag_id, body).task_instances)
-
-    # -- human in the loop ----------------------------------------------------------------------
-    def hitl_details(self, dag_id: str, run_id: str, task_id: str | None = None,
-                     response_received: bool | None = None) -> list[dict[str, Any]]:
-        """GET /api/v2/dags/{dag_id}/dagRuns/{run_id}/hitlDetails[?task_id=..&response_received=..]."""
-        return plain(self._call(self._tis.get_hitl_details, dag_id, run_id, limit=100, task_id=task_id,
-                                response_received=response_received).hitl_details)
-
-    def hitl_detail(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
-        """GET .../taskInstances/{task_id}/{map_index}/hitlDetails."""
-        return plain(self._call(self._tis.get_hitl_detail, dag_id, run_id, task_id, map_index))
-
-    def wait_for_hitl(self, dag_id: str, run_id: str, task_id: str | None = None,
-                      timeout: float = 300.0, poll: float = 1.0, settle: float | None = None) -> dict[str, Any]:
-        """Wait for a pending human-in-the-loop request (task parked in awaiting_input, no response yet).
-
-        Returns the HITLDetail ({"subject", "body", "options", "defaults", "params", "assigned_users",
-        "task_instance": {...}, ...}). Raises StackError if the run finishes first or on timeout.
-
-        Airflow 3.3.2 race (found by these tests): if the response arrives before the scheduler has
-        processed the executor's "success" event of the worker process that parked the task, the resumed
-        task (re-queued with the SAME try_number) is marked FAILED as "state changed externally". The
-        worker's supervisor may take up to [workers] min_heartbeat_interval to report after the task
-        process parked. A human never answers that fast; a script does. So this only returns once the
-        parking worker has been released: via the worker_released probe when given (AirflowStack reads
-        its scheduler log), else after the task has stayed parked for `settle` seconds (default 8).
-        """
-        deadline = time.monotonic() + timeout
-        parked_since: dict[str, float] = {}
-        settle_s = settle if settle is not None else (0.0 if self.worker_released else 8.0)
-        while True:
-            for d in self.hitl_details(dag_id, run_id, task_id=task_id, response_received=False):
-                ti = d["task_instance"]
-                if ti["state"] in ("awaiting_input", "deferred"):
-                    key = f"{ti['id']}/{ti.get('try_number')}"
-                    first = parked_since.setdefault(key, time.monotonic())
-                    released = self.worker_released is None or self.worker_released(ti["id"], ti["try_number"])
-                    if released and time.monotonic() - first >= settle_s:
-                        return d
-                    break
-            else:
-                parked_since.clear()
-            run_state = self.dag_run(dag_id, run_id)["state"]
-            if run_state in TERMINAL_RUN_STATES:
-                raise StackError(f"run {dag_id}/{run_id} ended ({run_state}) without a pending HITL request; "
-                                 f"tasks: {self.task_states(dag_id, run_id)}")
-            if time.monotonic() > deadline:
-                raise StackError(f"no pending HITL request in {dag_id}/{run_id} after {timeout}s; "
-                                 f"tasks: {self.task_states(dag_id, run_id)}")
-            time.sleep(poll)
-
-    def respond_hitl(self, dag_id: str, run_id: str, task_id: str, chosen_options: list[str],
-                     params_input: Mapping[str, Any] | None = None, map_index: int = -1) -> dict[str, Any]:
-        """PATCH .../taskInstances/{task_id}/{map_index}/hitlDetails {"chosen_options", "params_input"}.
-
-        Acts as the logged-in user; returns {"responded_by": {"id", "name"}, "responded_at",
-        "chosen_options", "params_input"}. StackError with status 409 if already answered, 400 for an
-        invalid option, 403 if the user is not a respondent.
-        """
-        body = ac.UpdateHITLDetailPayload(chosen_options=list(chosen_options), params_input=dict(params_input or {}))
-        return plain(self._call(self._tis.update_hitl_detail, dag_id, run_id, task_id, map_index, body))
 
 
 class AirflowStack:
@@ -684,7 +208,7 @@ class AirflowStack:
             "jwt_secret": secrets.token_urlsafe(48),
             "api_secret_key": secrets.token_urlsafe(32),
         }
-        _write_private(path, json.dumps(values))
+        write_private(path, json.dumps(values))
         return values
 
     def ensure_password(self) -> None:
@@ -697,7 +221,7 @@ class AirflowStack:
         for user in missing:
             existing[user] = secrets.token_urlsafe(18)
         if missing:
-            _write_private(self.password_file, json.dumps(existing) + "\n")
+            write_private(self.password_file, json.dumps(existing) + "\n")
 
     def build_env(self, extra_env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The full environment of every component: inherited env, minus foreign AIRFLOW__ config, plus ours."""
@@ -765,7 +289,7 @@ class AirflowStack:
                 stdin=subprocess.DEVNULL, timeout=timeout, cwd=self.state_dir,
             )
         if r.returncode != 0:
-            raise StackError(f"airflow {' '.join(args)} failed ({r.returncode}):\n{_tail(log)}")
+            raise StackError(f"airflow {' '.join(args)} failed ({r.returncode}):\n{tail(log, 40)}")
 
     def start(self, extra_env: Mapping[str, str] | None = None, timeout: float = 240.0) -> AirflowStack:
         """Migrate the DB, start the four components, wait until /monitor/health is all healthy."""
@@ -885,7 +409,7 @@ class AirflowStack:
         t0 = time.monotonic()
         deadline = t0 + timeout
         old = self.procs[name]
-        _kill_tree([old.pid], _descendants(old.pid), stop_timeout)
+        kill_tree([old.pid], descendants(old.pid), stop_timeout)
         with contextlib.suppress(subprocess.TimeoutExpired):
             old.wait(timeout=5)
         since = time.time()
@@ -914,7 +438,7 @@ class AirflowStack:
         return time.monotonic() - t0
 
     def log_tail(self, component: str, lines: int = 40) -> str:
-        return _tail(self.log_dir / f"{component}.log", lines)
+        return tail(self.log_dir / f"{component}.log", lines)
 
     def stop(self, timeout: float = 5.0) -> None:
         """Terminate every component, its process group and all descendants (task processes included)."""
@@ -923,10 +447,10 @@ class AirflowStack:
             self._client = None
         if not self.procs:
             return
-        descendants: set[int] = set()
+        children: set[int] = set()
         for p in self.procs.values():
-            descendants.update(_descendants(p.pid))
-        _kill_tree([p.pid for p in self.procs.values()], descendants, timeout)
+            children.update(descendants(p.pid))
+        kill_tree([p.pid for p in self.procs.values()], children, timeout)
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=5)
@@ -978,13 +502,13 @@ def stop_from_state(state_dir: str | os.PathLike[str], timeout: float = 5.0) -> 
     if not path.exists():
         return False
     pids = list(json.loads(path.read_text())["pids"].values())
-    alive = [p for p in pids if _alive(p)]
-    descendants: set[int] = set()
-    for p in alive:
-        descendants.update(_descendants(p))
-    _kill_tree(alive, descendants, timeout)
+    running = [p for p in pids if alive(p)]
+    children: set[int] = set()
+    for p in running:
+        children.update(descendants(p))
+    kill_tree(running, children, timeout)
     path.unlink()
-    return bool(alive)
+    return bool(running)
 
 
 def main(argv: list[str] | None = None) -> int:

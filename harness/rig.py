@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from harness.airflow_stack import AirflowClient, AirflowStack, free_port
+from harness.airflow_api import AirflowClient
+from harness.airflow_stack import AirflowStack, WorkerSpec
+from harness.processes import free_port
+from harness.services import Postgres, Redis, S3Server
 from simulator import node as sim
 
 DAG_ID = "rl_accuracy_verification"
@@ -151,9 +154,6 @@ class Rig:
 
     def _start_services(self) -> tuple[dict[str, Any], dict[str, str]]:
         """PostgreSQL, Redis and the S3 server; the Celery stack's arguments and the record store's env."""
-        from harness.airflow_stack import WorkerSpec
-        from harness.services import Postgres, Redis, S3Server
-
         t0 = time.monotonic()
         base = self.state_dir / "services"
         pg, redis, s3 = Postgres(base / "postgres"), Redis(base / "redis"), S3Server(base / "s3")

@@ -23,6 +23,9 @@ each is a context manager::
 Passwords and keys are generated per start, kept in memory (and in the 0600 ``s3.json`` that SeaweedFS
 reads) and never printed: ``repr()`` and error messages leave them out.
 ``scripts/ensure_services.sh`` installs Debian's postgresql and redis-server.
+
+Imports only the harness's leaf ``processes`` (never ``airflow_stack``): the stack is given these
+services' addresses, it does not import them, so the two modules have no import circle.
 """
 
 from __future__ import annotations
@@ -45,42 +48,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from harness.processes import end_process, free_port, tail
+
 ENSURE = "scripts/ensure_services.sh"
 #: Longest path of a Unix socket (sun_path is 108 bytes with the terminating NUL).
 MAX_SOCKET_PATH = 107
 _CONN_ID = re.compile(r"^[A-Za-z0-9_]+$")
 _T = TypeVar("_T", bound="_Service")
-#: The hostname a Celery worker's task instances record (see worker_hostname); set per worker by AirflowStack.
-WORKER_HOSTNAME_ENV = "RL_VERIFY_WORKER_HOSTNAME"
-
-
-def worker_hostname() -> str:
-    """Airflow's ``[core] hostname_callable`` for the harness's Celery workers: the worker's own name from
-    $RL_VERIFY_WORKER_HOSTNAME (else the machine's FQDN, Airflow's default), so that the API's task instance
-    ``hostname`` tells which of several workers on one machine ran a task.
-
-    Lives here because every task process imports it: this module imports only the standard library.
-    """
-    import socket
-
-    return os.environ.get(WORKER_HOSTNAME_ENV) or socket.getfqdn()
-
-
-def free_port() -> int:
-    from harness.airflow_stack import free_port as _free_port  # lazily: that module is heavy (API client)
-
-    return _free_port()
 
 
 class ServiceError(RuntimeError):
     """A service could not be found, started or reached (the message names the log to read)."""
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def _wait_for(ready: Callable[[], bool], *, timeout: float, what: str, alive: Callable[[], str | None],
@@ -96,18 +74,6 @@ def _wait_for(ready: Callable[[], bool], *, timeout: float, what: str, alive: Ca
         if time.monotonic() > deadline:
             raise ServiceError(f"{what}: not ready within {timeout:.0f}s")
         time.sleep(poll)
-
-
-def _end_process(proc: subprocess.Popen[bytes] | None, grace: float) -> None:
-    """SIGTERM the process's group (it was started in its own session), SIGKILL it after ``grace``."""
-    if proc is None or proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            return
 
 
 class _Service:
@@ -127,7 +93,7 @@ class _Service:
         raise NotImplementedError
 
     def log_tail(self, lines: int = 30) -> str:
-        return _tail(self.log_path, lines)
+        return tail(self.log_path, lines)
 
     def __enter__(self: _T) -> _T:
         return self.start()
@@ -375,7 +341,7 @@ class Redis(_Service):
             client.close()
 
     def stop(self, timeout: float = 5.0) -> None:
-        _end_process(self.proc, timeout)
+        end_process(self.proc, timeout)
 
 
 # ------------------------------------------------------------------------------------------ SeaweedFS
@@ -584,7 +550,7 @@ class S3Server(_Service):
 
     def stop(self, timeout: float = 3.0) -> None:
         """SIGTERM, SIGKILL after ``timeout`` (a graceful weed shutdown takes ~20 s; the data is throwaway)."""
-        _end_process(self.proc, timeout)
+        end_process(self.proc, timeout)
         for sock in self._grpc_sockets():
             with contextlib.suppress(OSError):
                 sock.unlink()

@@ -1,26 +1,24 @@
 """The local-Airflow harness's pure parts (no Airflow started): the scheduler-log pattern it depends on,
-the conversion of the official client's models to plain data, log rendering, errors and re-login."""
+the conversion of the official client's models to plain data, log rendering, errors and re-login, the
+Celery workers' hostname callable, and the harness's import graph (no circle, leaves stay leaves)."""
 
 from __future__ import annotations
 
+import ast
 import datetime
+import importlib
+from pathlib import Path
 
 import airflow_client.client as ac
 import pytest
 from airflow_client.client.exceptions import ApiException, NotFoundException, UnauthorizedException
 
-from harness.airflow_stack import (
-    SCHEDULER_TI_FINISHED,
-    AirflowClient,
-    AirflowStack,
-    StackError,
-    api_error,
-    finished_task_instances,
-    free_port,
-    plain,
-    probe_health,
-    render_log_line,
-)
+from harness.airflow_api import AirflowClient, StackError, api_error, plain, probe_health, render_log_line
+from harness.airflow_stack import SCHEDULER_TI_FINISHED, AirflowStack, finished_task_instances
+from harness.celery_hostname import WORKER_HOSTNAME_CALLABLE, WORKER_HOSTNAME_ENV
+from harness.processes import free_port
+
+HARNESS = Path(__file__).resolve().parents[2] / "harness"
 
 # A line of a real Airflow 3.3.2 scheduler log (SchedulerJobRunner.process_executor_events).
 FINISHED_LINE = (
@@ -186,3 +184,49 @@ def test_call_raises_stack_error_on_a_second_401_and_passes_allowed_statuses(cli
 def test_probe_health_says_why_when_nothing_answers():
     answer = probe_health(f"http://127.0.0.1:{free_port()}", timeout=2)
     assert isinstance(answer, str) and answer
+
+
+# ------------------------------------------------------------------ Celery workers' hostname
+
+def test_the_hostname_callable_airflow_is_given_is_the_workers_own_name(monkeypatch):
+    module, _, name = WORKER_HOSTNAME_CALLABLE.rpartition(".")
+    hostname = getattr(importlib.import_module(module), name)
+    monkeypatch.setenv(WORKER_HOSTNAME_ENV, "worker-a")
+    assert hostname() == "worker-a"
+    monkeypatch.delenv(WORKER_HOSTNAME_ENV)
+    assert hostname()  # Airflow's default then: the machine's FQDN
+
+
+# ------------------------------------------------------------------ import graph
+
+def _harness_imports() -> dict[str, set[str]]:
+    """{module: harness modules it imports}, counting every import statement (inside functions too)."""
+    names = {p.stem for p in HARNESS.glob("*.py") if p.stem != "__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in names:
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse((HARNESS / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                dotted = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                assert not node.level, f"harness/{name}.py: relative import"
+                dotted = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            imported |= {d.split(".")[1] for d in dotted if d.startswith("harness.") and d.split(".")[1] in names}
+        graph[name] = imported - {name}
+    return graph
+
+
+def test_the_harness_has_no_import_circle_and_its_leaves_import_no_harness_module():
+    graph = _harness_imports()
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            module = todo.pop()
+            assert module != start, f"import circle through harness.{start}"
+            if module not in seen:
+                seen.add(module)
+                todo += graph[module]
+    for leaf in ("processes", "celery_hostname", "airflow_api"):
+        assert graph[leaf] == set(), f"harness.{leaf} must import no harness module: {graph[leaf]}"
