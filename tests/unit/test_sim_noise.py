@@ -293,7 +293,7 @@ def test_repeats_share_the_baselines_error() -> None:
     """Two runs of one node deviate from the golden table together: corr = (1/N) / (1 + 1/N)."""
     kl, n = "distillation/reduced_distillation_kl", curves.BASELINE_RUNS["opd"]
     a, b = [], []
-    for i in range(1500):
+    for i in range(1000):
         first, second = (summaries(curves.run_rows("opd", f"{seed}-{i}", None, "realistic", baseline_error_seed=str(i)))
                          for seed in ("first", "repeat"))
         for step in (5, 10, 15, 20, 25):

@@ -411,9 +411,8 @@ EVAL_PROMPTS = {"eval/accuracy": 1319, "eval/gsm8k/acc": 1319, "eval/geo3k/acc":
 EVAL_TRIALS = {k: n * EVAL_SAMPLES_PER_PROMPT for k, n in EVAL_PROMPTS.items()}
 
 _EVAL_KEYS = {"grpo": ("eval/accuracy",), "opd": OPD_EVAL_KEYS}
-_KEYS = {"grpo": ("eval/accuracy", "mismatch/mismatch_k3_kl", "response/response_len/mean",
-                  "response/rewards/mean", "time/step"),
-         "opd": tuple(sorted(OPD_SIGMA))}
+#: Every metric of a suite, in the fixed order the truth's and the baselines' draws take.
+_KEYS = {"grpo": tuple(sorted(GRPO_SIGMA)), "opd": tuple(sorted(OPD_SIGMA))}
 _DEFAULT_STEPS = {"grpo": GRPO_STEPS, "opd": 25}
 _DEFAULT_EVAL_EVERY = {"grpo": 15, "opd": OPD_EVAL_EVERY}
 
