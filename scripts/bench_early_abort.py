@@ -49,12 +49,11 @@ def _curves():
     return module
 
 
-def run_rows(curves, suite: str, regression: str | None, seed: str, steps: int) -> list[dict]:
-    noise = curves.Noise(f"{suite}:{seed}")
-    rows = [curves.first_row(suite, noise, regression)]
-    rows += [{"step": i, **curves.summary_row(suite, i, noise, regression, EVAL_EVERY[suite])}
-             for i in range(1, steps + 1)]
-    return rows
+def run_rows(curves, suite: str, regression: str | None, seed: str, steps: int, mode: str = "bounded") -> list[dict]:
+    """The rows the simulated node's trainer writes for this run (``curves.run_rows``: the same
+    function), without its mini-batch rows (no step-summary marker; nothing here reads them)."""
+    rows = curves.run_rows(suite, seed, regression, mode, steps=steps, eval_every=EVAL_EVERY[suite])
+    return [r for r in rows if r["step"] == 0 or "response/rewards/mean" in r]
 
 
 def spiked(rows: list[dict], suite: str, seed: int) -> list[dict]:

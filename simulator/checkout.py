@@ -70,39 +70,42 @@ def _build_share(root: Path) -> None:
             (root / rel).write_text(json.dumps(items))
 
     curves = _load_curves()
+    # The node's noise mode decides what the baselines are (curves.baseline_rows): in the realistic
+    # modes one N-run mean of the node's true curve, not the reference curve itself.
+    sim = _read_json(root / "sim.json", {})
+    mode = curves.check_noise_mode(sim.get("noise", curves.DEFAULT_NOISE))
+    seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
     base = root / "share" / "baseline"
     if visible("share/baseline/" + GRPO_BASELINE):
         p = base / GRPO_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves)))
+        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves, mode, seed)))
     if visible("share/baseline/" + OPD_BASELINE):
         p = base / OPD_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves)))
+        p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves, mode=mode, seed=seed)))
+    # What the baselines were written for: the trainer warns when sim.json was changed behind it.
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    _write_json(root / "state" / "baseline_noise.json",
+                {"noise": mode, "baseline_error_seed": None if mode == "bounded" else seed})
 
 
-def grpo_baseline_rows(curves: ModuleType) -> list[dict[str, float]]:
-    """The GRPO baseline: 45 step-summary rows; eval/accuracy only on the final step (0.9007)."""
-    noise = curves.Noise("grpo-baseline")
-    rows = []
-    for step in range(1, curves.GRPO_STEPS + 1):
-        row = {"step": step, **curves.grpo_summary(step, noise, baseline=True)}
-        if step == curves.GRPO_STEPS:
-            row["eval/accuracy"] = curves.GRPO_FINAL_EVAL
-        rows.append(row)
-    return rows
+def grpo_baseline_rows(curves: ModuleType, mode: str = "bounded", seed: str | None = None) -> list[dict[str, float]]:
+    """The GRPO baseline: 45 step-summary rows; eval/accuracy only on the final step (0.9007).
+
+    ``mode`` is the node's noise mode and ``seed`` its baseline_error_seed (see curves.baseline_rows:
+    bounded = the reference curve with small noise, realistic = one 5-run mean of the node's truth).
+    """
+    seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
+    return curves.baseline_rows("grpo", mode, baseline_error_seed=seed)
 
 
-def opd_baseline_rows(curves: ModuleType, steps: int = 25) -> list[dict[str, float]]:
-    """An OPD baseline tracker around the golden table (step-0 eval row + 25 step-summary rows)."""
-    noise = curves.Noise("opd-baseline")
-    rows = [{"step": 0, **curves.opd_eval(0, noise, baseline=True)}]
-    for step in range(1, steps + 1):
-        row = {"step": step, **curves.opd_summary(step, noise, baseline=True)}
-        if step % curves.OPD_EVAL_EVERY == 0:
-            row.update(curves.opd_eval(step, noise, baseline=True))
-        rows.append(row)
-    return rows
+def opd_baseline_rows(curves: ModuleType, steps: int = 25, mode: str = "bounded",
+                      seed: str | None = None) -> list[dict[str, float]]:
+    """An OPD baseline tracker around the golden table (step-0 eval row + 25 step-summary rows), exactly
+    the golden table at its points; ``mode`` and ``seed`` as for :func:`grpo_baseline_rows` (3-run mean)."""
+    seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
+    return curves.baseline_rows("opd", mode, steps=steps, baseline_error_seed=seed)
 
 
 def _build_bin(root: Path) -> None:

@@ -16,7 +16,8 @@ is how ``stop_node`` and ``node_processes`` find them. Control side: standard li
 The code lives in one module per concern: ``common`` (constants, helpers), ``checkout`` (share,
 bin/, the XTuner checkout), ``sshd`` (keys, config, start/stop, outages, status), ``processes`` (find
 and kill the node's processes), ``faults`` (faults read by the replay trainer). This module is their
-public surface and the CLI: ``python -m simulator.node start|stop|status|fault|clear-faults --state DIR``.
+public surface and the CLI: ``python -m simulator.node start|stop|status|fault|clear-faults|noise --state DIR``
+(``noise``: the node's noise mode, module ``noise``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from simulator.checkout import build_checkout, grpo_baseline_rows, opd_baseline_rows  # noqa: F401
 from simulator.common import FAULT_KINDS, REGRESSION_BRANCHES, SSHD  # noqa: F401
 from simulator.faults import clear_faults, release, set_fault  # noqa: F401
+from simulator.noise import noise_settings, set_noise  # noqa: F401
 from simulator.processes import kill_node_processes, node_processes, ray_running  # noqa: F401
 from simulator.sshd import node_status, sshd_down, sshd_up, start_node, stop_node  # noqa: F401
 
@@ -42,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--state", required=True, type=Path)
     s.add_argument("--port", type=int)
     s.add_argument("--step-seconds", type=float, default=1.0)
+    s.add_argument("--noise", help="noise mode: bounded (default) | realistic | realistic-t (kept across restarts)")
+    s.add_argument("--baseline-error-seed", help="seed of the baseline's own error (realistic modes)")
     for name, hlp in (("stop", "stop sshd and kill every simulated process"), ("status", "print status")):
         sub.add_parser(name, help=hlp).add_argument("--state", required=True, type=Path)
     f = sub.add_parser("fault", help="switch a fault on for one suite")
@@ -55,10 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("clear-faults", help="switch faults off (restores hidden inputs)")
     c.add_argument("--state", required=True, type=Path)
     c.add_argument("--suite", choices=["grpo", "opd"])
+    n = sub.add_parser("noise", help="show or switch the noise mode (rewrites the share's baselines)")
+    n.add_argument("--state", required=True, type=Path)
+    n.add_argument("--mode", help="bounded | realistic | realistic-t (omit to show the settings)")
+    n.add_argument("--baseline-error-seed", help="seed of the baseline's own error (realistic modes)")
     a = p.parse_args(argv)
 
     if a.cmd == "start":
-        print(json.dumps(start_node(a.state, step_seconds=a.step_seconds, port=a.port), indent=2))
+        info = start_node(a.state, step_seconds=a.step_seconds, port=a.port)
+        if a.noise or a.baseline_error_seed:
+            set_noise(a.state, a.noise or noise_settings(a.state)["noise"], a.baseline_error_seed)
+        print(json.dumps(info, indent=2))
     elif a.cmd == "stop":
         stop_node(a.state)
         print(f"stopped node {a.state}")
@@ -70,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "clear-faults":
         clear_faults(a.state, a.suite)
         print("faults cleared")
+    elif a.cmd == "noise":
+        if a.mode or a.baseline_error_seed:
+            settings = set_noise(a.state, a.mode or noise_settings(a.state)["noise"], a.baseline_error_seed)
+        else:
+            settings = noise_settings(a.state)
+        print(json.dumps(settings))
     return 0
 
 

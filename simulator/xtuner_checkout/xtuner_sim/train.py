@@ -7,12 +7,14 @@ asynchronously through a queue by a writer thread that flushes every few steps a
 block-buffered writes, so a live tracker lags and can end in a partial line - as the real one does.
 
 Inputs it honours (all optional outside a simulated node):
-- ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed) and
-  ``faults.json`` (per-suite fault: crash | hang | truncated | nan | slow, with ``at_step``);
+- ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed, and the noise
+  mode ``noise`` with its ``baseline_error_seed``, see curves.py) and ``faults.json`` (per-suite
+  fault: crash | hang | truncated | nan | slow, with ``at_step``);
 - ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries;
 - ``RLSIM_SEED``, else ``RL_VERIFY_SEED`` (a calibration run's seed, as a launch config would read it):
-  fixes the noise (otherwise every launch draws its own bounded noise).
-Standard library only.
+  fixes the noise (otherwise every launch draws its own).
+The metric rows are ``curves.run_rows(...)``'s, exactly (a benchmark calling it gets the same rows);
+the trainer adds only what the node does to them (faults, step time). Standard library only.
 """
 from __future__ import annotations
 
@@ -142,6 +144,12 @@ class Node:
         self.flush_steps = float(sim.get("flush_steps", 3.0))
         #: A node-wide seed (tests): every launch without its own seed draws the same noise.
         self.seed = sim.get("seed")
+        #: The noise mode and the seed of the baseline's own error (curves.py); an unknown mode fails
+        #: the launch like a bad config would.
+        self.noise = curves.check_noise_mode(sim.get("noise", curves.DEFAULT_NOISE))
+        self.baseline_error_seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
+        #: What the share's baseline trackers were last written for (simulator/checkout.py).
+        self.share_noise = _read_json(self.root / "state" / "baseline_noise.json", {}) if self.root else {}
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
         self.fault = faults.get(suite) or {}
         self.ray_pid: int | None = None
@@ -240,14 +248,24 @@ def run(args: argparse.Namespace) -> int:
     tracker_dir.mkdir(parents=True)
     writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
     seed = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or exp.name
-    noise = curves.Noise(f"{suite}:{seed}")
+    rows = curves.run_rows(suite, seed, regression, node.noise, steps=total, eval_every=eval_every,
+                           baseline_error_seed=node.baseline_error_seed)
+    by_step: dict[int, list[dict]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], []).append(r)
     lmdeploy_log = open(args.lmdeploy_log, "a") if args.lmdeploy_log else None
     fault = node.fault
     kind, at_step = fault.get("kind"), int(fault.get("at_step") or 0)
-    _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}, fault={fault or None}")
+    _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}, fault={fault or None}, "
+         f"noise={node.noise}, seed={seed}")
+    wanted = {"noise": node.noise,
+              "baseline_error_seed": None if node.noise == "bounded" else node.baseline_error_seed}
+    if node.root is not None and node.share_noise and node.share_noise != wanted:
+        # A hand-edited sim.json: the runs and the share's baselines disagree (simulator.node.set_noise fixes it).
+        _log(f"WARNING: share baselines were written for {node.share_noise}, this run uses {wanted}")
 
     try:
-        first = curves.first_row(suite, noise, regression)
+        [first] = by_step[0]
         writer.log(first)
         _log(f"step 0 eval: {json.dumps(first)}")
         for step in range(1, total + 1):
@@ -266,10 +284,10 @@ def run(args: argparse.Namespace) -> int:
                       flush=True)
                 while True:  # the other ranks wait in a collective until NCCL times out
                     time.sleep(3600)
-            for mb in range(2):  # mini-batch rows: no step-summary marker
-                writer.log({"step": step, "train/mini_batch": mb, "loss/policy_loss": 0.02 * noise.u(1.0),
-                            "grad_norm": 0.3 + noise.u(0.05), "lr": 1e-6})
-            row = curves.summary_row(suite, step, noise, regression, eval_every)
+            *minibatch, summary = by_step[step]
+            for mb_row in minibatch:  # mini-batch rows: no step-summary marker
+                writer.log(mb_row)
+            row = {k: v for k, v in summary.items() if k != "step"}
             row["time/step"] *= slow
             if kind == "nan" and step >= max(at_step, 1):
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"

@@ -1,0 +1,46 @@
+"""The simulated node's noise mode (``sim.json`` keys ``noise`` and ``baseline_error_seed``).
+
+The mode decides how runs scatter around the node's true curve and what the share's baseline
+trackers hold (see ``xtuner_checkout/xtuner_sim/curves.py``): ``bounded`` (default, a healthy run
+always passes), ``realistic`` (unbounded normal noise with the runbook's measured spread and the
+baseline's own error) or ``realistic-t`` (the same, heavier-tailed). Switching it here rewrites the
+share's baselines with it, so runs and baselines always agree. Standard library only.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from simulator.checkout import _build_share
+from simulator.common import _load_curves, _read_json, _root, _write_json
+
+
+def noise_settings(state: Path) -> dict[str, Any]:
+    """The node's noise mode and baseline_error_seed (the defaults when sim.json does not set them)."""
+    curves = _load_curves()
+    sim = _read_json(_root(state) / "sim.json", {})
+    return {"noise": sim.get("noise", curves.DEFAULT_NOISE),
+            "baseline_error_seed": str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))}
+
+
+def set_noise(state: Path, mode: str = "realistic", baseline_error_seed: str | int | None = None) -> dict[str, Any]:
+    """Switch the node under ``state`` to noise ``mode`` (one of curves.NOISE_MODES), optionally with a
+    new ``baseline_error_seed`` (the draw of the baseline's own error: the node's true curve and its
+    share's baselines), and return the settings now in force.
+
+    Promises: sim.json holds the settings (they survive a restart of the node); the share's baseline
+    trackers are rewritten for them at once (a baseline hidden by a missing-input fault is left
+    alone); every later launch uses them, a training already running keeps its own. Raises
+    ValueError for an unknown mode and RuntimeError when no node was built under ``state``.
+    """
+    root = _root(state)
+    if not (root / "sim.json").exists():
+        raise RuntimeError(f"no simulated node under {state}: start_node first")
+    _load_curves().check_noise_mode(mode)
+    sim = _read_json(root / "sim.json", {})
+    sim["noise"] = mode
+    if baseline_error_seed is not None:
+        sim["baseline_error_seed"] = str(baseline_error_seed)
+    _write_json(root / "sim.json", sim)
+    _build_share(root)
+    return noise_settings(state)
