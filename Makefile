@@ -14,6 +14,13 @@
 #                        sh templates, scripts, .ci/run, tracked .sh files
 #                        except simulator/xtuner_checkout (test doubles mimicking XTuner's scripts, traps included)
 #   make clean           remove .venv, .state, caches
+# Variables (unset or empty = the default; a bad value is refused in one line naming it, nothing started):
+#   COMMIT=<branch|tag|sha>  demo, demo-distributed, demo-calibration (default main)
+#   KEEP=1                   demo: leave Airflow and the node running
+#   SEQUENTIAL=1             demo-distributed: also run both suites on one node
+#   STEP_SECONDS=<seconds>   simulated seconds per training step (demo, demo-distributed 1.0; demo-calibration 0.2)
+#   RUNS=<N>                 demo-calibration: calibration runs (default 3, from 2 to 20)
+#   PYTEST_ARGS=<args>       test: extra pytest arguments, e.g. PYTEST_ARGS="-k history"
 
 SHELL := /bin/bash
 PY := .venv/bin/python
@@ -21,7 +28,10 @@ COMMIT ?=
 KEEP ?=
 SEQUENTIAL ?=
 STEP_SECONDS ?=
+RUNS ?=
 PYTEST_ARGS ?=
+# $(call q,TEXT): TEXT as one single-quoted shell word, whatever it holds (the script judges the value).
+q = '$(subst ','\'',$(1))'
 
 .PHONY: venv test demo demo-distributed demo-calibration demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
 
@@ -46,15 +56,17 @@ test: venv ensure-sshd ensure-chromium ensure-services lint
 	exit $$rc
 
 demo: venv ensure-sshd
-	COMMIT="$(COMMIT)" KEEP="$(KEEP)" $(PY) -m scripts.demo
+	COMMIT=$(call q,$(COMMIT)) KEEP=$(call q,$(KEEP)) $(PY) -m scripts.demo
 
 # The distributed stack on this machine: PostgreSQL, Redis, two Celery workers, S3 (SeaweedFS), two nodes.
 demo-distributed: venv ensure-sshd ensure-services
-	COMMIT="$(COMMIT)" SEQUENTIAL="$(SEQUENTIAL)" STEP_SECONDS="$(STEP_SECONDS)" $(PY) -m scripts.demo --distributed
+	COMMIT=$(call q,$(COMMIT)) SEQUENTIAL=$(call q,$(SEQUENTIAL)) STEP_SECONDS=$(call q,$(STEP_SECONDS)) \
+	  $(PY) -m scripts.demo --distributed
 
 # The baseline calibration story: reject, approve on two nodes, verify main and a regression against it.
 demo-calibration: venv ensure-sshd
-	COMMIT="$(COMMIT)" RUNS="$(RUNS)" STEP_SECONDS="$(STEP_SECONDS)" $(PY) -m scripts.demo_calibration
+	COMMIT=$(call q,$(COMMIT)) RUNS=$(call q,$(RUNS)) STEP_SECONDS=$(call q,$(STEP_SECONDS)) \
+	  $(PY) -m scripts.demo_calibration
 
 demo-stop: venv
 	$(PY) -m scripts.demo --stop

@@ -19,10 +19,15 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.rig import DAG_ID, Rig
+from scripts import make_vars
 from simulator import node as sim
+
+if TYPE_CHECKING:
+    from harness.rig import Rig
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STATE = ROOT / ".state" / "demo"
 DISTRIBUTED_STATE = ROOT / ".state" / "demo-distributed"
+#: Seconds per simulated training step unless STEP_SECONDS says otherwise.
+STEP_SECONDS = 1.0
 
 
 def _say(text: str) -> None:
@@ -51,22 +58,67 @@ def stop_kept() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--commit", default=os.environ.get("COMMIT") or "main")
-    parser.add_argument("--suites", default=os.environ.get("SUITES") or "grpo,opd")
-    parser.add_argument("--keep", action="store_true", default=os.environ.get("KEEP", "") not in ("", "0"))
-    parser.add_argument("--step-seconds", type=float, default=float(os.environ.get("STEP_SECONDS", "1.0")))
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """The demo's settings from the command line, else the make variables in ``environ``.
+
+    Empty variables (the Makefile passes unset ones as ``""``) mean the default; a bad value raises
+    ``make_vars.UsageError`` naming the variable and the fix.
+    """
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--commit", help="branch, tag or SHA of the simulated checkout (make: COMMIT; default main)")
+    parser.add_argument("--suites", help="comma-separated suites (SUITES; default grpo,opd)")
+    parser.add_argument("--keep", action="store_true", default=None,
+                        help="leave Airflow and the node running (make: KEEP=1)")
+    parser.add_argument("--step-seconds", metavar="SECONDS",
+                        help=f"seconds per simulated training step (make: STEP_SECONDS; default {STEP_SECONDS:g})")
     parser.add_argument("--stop", action="store_true", help="stop a demo left running by KEEP=1")
-    parser.add_argument("--distributed", action="store_true",
-                        default=os.environ.get("DISTRIBUTED", "") not in ("", "0"))
-    parser.add_argument("--sequential", action="store_true", default=os.environ.get("SEQUENTIAL", "") not in ("", "0"),
-                        help="distributed: also run both suites on one node and print both wall times")
+    parser.add_argument("--distributed", action="store_true", default=None,
+                        help="the distributed stack (make demo-distributed)")
+    parser.add_argument("--sequential", action="store_true", default=None,
+                        help="distributed: also run both suites on one node and print both wall times (SEQUENTIAL=1)")
+    parser.add_argument("--check-args", action="store_true",
+                        help="print the settings as JSON and exit without starting anything")
     args = parser.parse_args(argv)
     if args.stop:
+        return args
+    given = {name: value for name, value in (("COMMIT", args.commit), ("SUITES", args.suites),
+                                             ("STEP_SECONDS", args.step_seconds)) if value is not None}
+    given.update({name: "1" for name, value in (("KEEP", args.keep), ("DISTRIBUTED", args.distributed),
+                                                ("SEQUENTIAL", args.sequential)) if value})
+    env = {**environ, **given}
+    args.distributed = make_vars.flag(env, "DISTRIBUTED", "demo-distributed")
+    target = "demo-distributed" if args.distributed else "demo"
+    args.commit = make_vars.commit(env, target)
+    args.suites = ",".join(make_vars.suites(env, target))
+    args.keep = make_vars.flag(env, "KEEP", target)
+    args.sequential = make_vars.flag(env, "SEQUENTIAL", target) if args.distributed else False
+    args.step_seconds = make_vars.number(env, "STEP_SECONDS", STEP_SECONDS, target, "seconds per simulated step")
+    if args.distributed and args.keep:
+        raise make_vars.UsageError("KEEP=1 is not supported by make demo-distributed (it starts PostgreSQL, Redis "
+                                   "and S3 too, and stops them all at the end): leave KEEP unset")
+    return args
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    try:
+        args = parse_args(argv, os.environ if environ is None else environ)
+    except make_vars.UsageError as err:
+        print(f"[demo] {err}", file=sys.stderr, flush=True)
+        return 2
+    if args.stop:
         return stop_kept()
+    if args.check_args:
+        print(json.dumps({k: getattr(args, k) for k in ("commit", "suites", "keep", "step_seconds", "distributed",
+                                                         "sequential")}))
+        return 0
     if args.distributed:
         return distributed(args)
+    return single(args)
+
+
+def single(args: argparse.Namespace) -> int:
+    """`make demo`: one simulated node and a local Airflow on SQLite."""
+    from harness.rig import DAG_ID, Rig  # the Airflow client: after the arguments are known good
 
     if STATE.exists():
         sim.stop_node(STATE / "node") if (STATE / "node" / "node.json").exists() else None
@@ -145,6 +197,8 @@ def _wall(rig: Rig, run_id: str) -> dict[str, float]:
     duration, and the orchestration overhead (wall minus the longest training)."""
     from datetime import datetime
 
+    from harness.rig import DAG_ID
+
     def at(text: str) -> datetime:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
@@ -160,9 +214,8 @@ def _wall(rig: Rig, run_id: str) -> dict[str, float]:
 
 def distributed(args: argparse.Namespace) -> int:
     """The distributed stack on this machine: two workers, S3 record store, two nodes in parallel."""
-    if args.keep:
-        _say("KEEP=1 is not supported with the distributed demo (it starts PostgreSQL, Redis and S3 too)")
-        return 2
+    from harness.rig import DAG_ID, Rig
+
     if DISTRIBUTED_STATE.exists():
         for folder in DISTRIBUTED_STATE.glob("node*"):
             if (folder / "node.json").exists():

@@ -13,22 +13,30 @@ the human-in-the-loop REST API as the demo user (in production a person answers 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.rig import CONN_ID, Rig
 from rl_verify import settings
 from rl_verify.store import baselines
+from scripts import make_vars
 from simulator import node as sim
+
+if TYPE_CHECKING:
+    from harness.rig import Rig
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".state" / "demo-calibration"
 CAL = settings.CALIBRATION_DAG_ID
-NODE_B = f"{CONN_ID}_2"
+TARGET = "demo-calibration"
+#: Seconds per simulated training step unless STEP_SECONDS says otherwise (N runs: shorter than `make demo`'s).
+STEP_SECONDS = 0.2
 
 
 def _say(text: str) -> None:
@@ -49,10 +57,37 @@ def calibrate(rig: Rig, conf: dict, decision: str) -> tuple[str, str, dict, floa
     return run_id, state, detail, wall
 
 
-def main() -> int:
-    commit = os.environ.get("COMMIT") or "main"
-    runs = int(os.environ.get("RUNS") or settings.CALIBRATION_RUNS["opd"])
-    step = float(os.environ.get("STEP_SECONDS") or "0.2")
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """COMMIT, RUNS and STEP_SECONDS from ``environ`` (the Makefile passes unset ones as ``""``: the default);
+    a bad value raises ``make_vars.UsageError`` naming the variable and the fix."""
+    from rl_verify.orchestration.calibration import MAX_RUNS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Settings: make variables COMMIT (default main), RUNS (N, default "
+                                     f"{settings.CALIBRATION_RUNS['opd']}), STEP_SECONDS (default {STEP_SECONDS:g}).")
+    parser.add_argument("--check-args", action="store_true",
+                        help="print the settings as JSON and exit without starting anything")
+    args = parser.parse_args(argv)
+    args.commit = make_vars.commit(environ, TARGET)
+    args.runs = make_vars.integer(environ, "RUNS", settings.CALIBRATION_RUNS["opd"], TARGET,
+                                  "calibration runs (N)", 2, MAX_RUNS)
+    args.step_seconds = make_vars.number(environ, "STEP_SECONDS", STEP_SECONDS, TARGET, "seconds per simulated step")
+    return args
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    try:
+        args = parse_args(argv, os.environ if environ is None else environ)
+    except make_vars.UsageError as err:
+        print(f"[demo-calibration] {err}", file=sys.stderr, flush=True)
+        return 2
+    if args.check_args:
+        print(json.dumps({"commit": args.commit, "runs": args.runs, "step_seconds": args.step_seconds}))
+        return 0
+    from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+
+    commit, runs, step = args.commit, args.runs, args.step_seconds
+    node_b = f"{CONN_ID}_2"
     if STATE.exists():
         for node in STATE.glob("node*"):
             if (node / "node.json").exists():
@@ -70,8 +105,8 @@ def main() -> int:
         run1, state1, detail, wall1 = calibrate(rig, conf, "Reject")
         print("\n" + detail["body"] + "\n")
         _say(f"   {run1}: {state1}; current opd baseline still v{baselines.current('opd', root).version}")
-        conf = {**conf, "nodes": f"{CONN_ID},{NODE_B}"}
-        _say(f"2. calibrating again on two nodes ({CONN_ID}, {NODE_B}); the proposal will be APPROVED")
+        conf = {**conf, "nodes": f"{CONN_ID},{node_b}"}
+        _say(f"2. calibrating again on two nodes ({CONN_ID}, {node_b}); the proposal will be APPROVED")
         run2, state2, detail, wall2 = calibrate(rig, conf, "Approve")
         used = baselines.in_use(["opd"], {}, root)["opd"]
         _say(f"   {run2}: {state2}; opd baseline in use: {used['label']}")
