@@ -60,16 +60,19 @@ def calibrate(rig: Rig, conf: dict, decision: str) -> tuple[str, str, dict, floa
 def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
     """COMMIT, RUNS and STEP_SECONDS from ``environ`` (the Makefile passes unset ones as ``""``: the default);
     a bad value raises ``make_vars.UsageError`` naming the variable and the fix."""
+    from rl_verify.engines import engine_of, load_suite
     from rl_verify.orchestration.calibration import MAX_RUNS
 
+    opd = load_suite("opd")
+    default_runs = engine_of(opd).calibration_runs(opd)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="Settings: make variables COMMIT (default main), RUNS (N, default "
-                                     f"{settings.CALIBRATION_RUNS['opd']}), STEP_SECONDS (default {STEP_SECONDS:g}).")
+                                     f"{default_runs}), STEP_SECONDS (default {STEP_SECONDS:g}).")
     parser.add_argument("--check-args", action="store_true",
                         help="print the settings as JSON and exit without starting anything")
     args = parser.parse_args(argv)
     args.commit = make_vars.commit(environ, TARGET)
-    args.runs = make_vars.integer(environ, "RUNS", settings.CALIBRATION_RUNS["opd"], TARGET,
+    args.runs = make_vars.integer(environ, "RUNS", default_runs, TARGET,
                                   "calibration runs (N)", 2, MAX_RUNS)
     args.step_seconds = make_vars.number(environ, "STEP_SECONDS", STEP_SECONDS, TARGET, "seconds per simulated step")
     return args

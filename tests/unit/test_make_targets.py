@@ -103,7 +103,7 @@ def test_the_table_covers_every_documented_target_and_variable():
     assert variables == {v for names in TARGET_VARS.values() for v in names}
     for name in variables:  # each declared, so an unset one is empty, never inherited by accident
         assert re.search(rf"^{name} \?=", MAKEFILE.read_text(), re.M), name
-    from rl_verify.calibrate import MAX_RUNS
+    from rl_verify.orchestration.calibration import MAX_RUNS
 
     demo_step, calibration_step, runs = (DEMO_DEFAULTS["step_seconds"], CALIBRATION_DEFAULTS["step_seconds"],
                                          CALIBRATION_DEFAULTS["runs"])

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_verify import links, settings
+from rl_verify import settings
+
+from rl_verify.orchestration import links
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()

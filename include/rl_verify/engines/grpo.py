@@ -102,7 +102,7 @@ class CheckerOutcome:
 def load_thresholds(path: str | Path) -> GrpoThresholds:
     """The versioned GRPO thresholds (assert_info, percentile metrics, final eval), validated."""
     return load_data(path, GrpoThresholds, "give a thresholds file in the format of the suite spec's data file "
-                                           "(include/rl_verify/data/, see the GRPO suite spec's 'data')")
+                                           "(the suites folder's data/, see the suite spec's 'data')")
 
 
 def _checker_file(checker_dir: Path) -> Path:
