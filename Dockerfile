@@ -11,7 +11,8 @@ RUN pip install --no-cache-dir -r /opt/rl-verify/requirements.txt
 COPY --chown=airflow:0 pyproject.toml /opt/rl-verify/pyproject.toml
 COPY --chown=airflow:0 include /opt/rl-verify/include
 RUN pip install --no-cache-dir --no-deps /opt/rl-verify \
-    && python -c "import rl_verify, rl_verify.settings"
+    && python -c "from rl_verify import engines; from rl_verify.node import remote; \
+[engines.load_suite(s) for s in engines.known_suites()]; remote.render('job_poll', job_dir='/j', offset=0, max_bytes=1)"
 
 # Installed as a wheel, rl_verify cannot locate a project folder: give the record store a real home
 # (override with an object storage URL in production, see .env.example).

@@ -5,7 +5,7 @@ Nothing here touches a GPU. ``start_node`` builds (idempotently) a node root und
     STATE/keys/          generated ed25519 host + client keys, authorized_keys (never in git)
     STATE/sshd_config    sshd of this node (127.0.0.1, free high port, pubkey only)
     STATE/sshd.pid, STATE/sshd.log
-    STATE/node.json      how to reach and use the node (see docs/ARCHITECTURE.md)
+    STATE/node.json      how to reach and use the node (see simulator/README.md)
     STATE/node/          ROOT of the node: bin/ (fake ray, nvidia-smi), share/{model,data,baseline},
                          xtuner/ (simulated XTuner git checkout), sim.json, faults.json, state/
 

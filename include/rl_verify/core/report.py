@@ -38,7 +38,10 @@ SCHEMA = 1
 
 @dataclass
 class ReportMeta:
-    """Run-level facts for the report (see docs/ARCHITECTURE.md)."""
+    """Run-level facts for the report: the commit under test (full SHA, what was asked for, the diff stat of
+    a dirty worktree), the DAG run and node(s), per suite the tracker and log paths (role -> path),
+    notes (approval, rejection, schedule gaps) and an ``overall`` verdict that overrides the suites'
+    (``REJECTED``, ``NOT APPROVED``)."""
 
     commit: str | None = None
     commit_ref: str | None = None

@@ -1,6 +1,6 @@
 """Streaming reader of XTuner RL trackers (``tracker.jsonl``).
 
-Promises (see docs/ARCHITECTURE.md and the XTuner contract):
+Promises (the tracker format is xtuner-contract.md's):
 
 * The file is read line by line in binary mode; only the metrics asked for are kept, so memory
   grows with (step-summary rows x wanted metrics), never with the file size.
