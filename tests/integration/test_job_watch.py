@@ -9,6 +9,7 @@ import pytest
 from sim_ssh import Node
 
 from rl_verify.node import remote
+from rl_verify.engines import live_config, load_suite
 from rl_verify.node.ops import run_script
 from rl_verify.orchestration.triggers import RLJobTrigger
 
@@ -136,8 +137,9 @@ def test_a_certain_fail_stops_the_job_early_and_says_where(node_conn: Node) -> N
     rows = [r for r in grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5) if r["step"] <= 10]
     job_dir, work_dir = f"{run}/jobs/grpo", f"{run}/work/grpo"
     _submit(node_conn, job_dir, _tracker_writer(node_conn, rows, work_dir, 0.2), {"RL_VERIFY_JOB": "live-1/grpo"})
-    live = {"suite": "grpo", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": baseline,
-            "early_abort": True}
+    # What the operator hands the trigger: the engine's check built in the worker from the baseline's bytes.
+    text = ("\n".join(json.dumps(r) for r in grpo_rows()) + "\n").encode()
+    live = {**live_config(load_suite("grpo"), work_dir, True, text, None, baseline), "tracker_glob": "*/t.jsonl"}
     event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-1/grpo", poll_interval=0.2,
                                 live=live))
     # The abort comes at the first step the watcher reads after the breach: step 3 on an idle machine,
@@ -156,7 +158,7 @@ def test_a_log_rule_line_stops_a_hung_job_as_an_infrastructure_failure_quoting_i
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     _submit(node_conn, job_dir, f"( echo step 1; echo {remote.shlex.quote(oom)} >&2; exec sleep 600 )",
             {"RL_VERIFY_JOB": "live-2/opd"})
-    live = {"suite": "opd", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": None, "early_abort": True}
+    live = {**live_config(load_suite("opd"), work_dir, True, None, None, None), "tracker_glob": "*/t.jsonl"}
     event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-2/opd", poll_interval=0.2,
                                 live=live))
     assert event["status"] == "log_rule" and oom in event["message"] and "ran out of memory" in event["message"]
@@ -174,10 +176,39 @@ def test_a_job_that_exits_zero_after_a_traceback_short_of_its_steps_ends_quoting
     # Like the real launch script: the trainer dies, `tee` exits 0, so does the script.
     job = _tracker_writer(node_conn, [r for r in opd_rows() if r["step"] <= 4], work_dir, 0.05, then=crash)
     _submit(node_conn, job_dir, f"( {job}; echo teachers stopped; exit 0 )", {"RL_VERIFY_JOB": "live-3/opd"})
-    live = {"suite": "opd", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": None, "early_abort": True}
+    live = {**live_config(load_suite("opd"), work_dir, True, None, None, None), "tracker_glob": "*/t.jsonl"}
     event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-3/opd", poll_interval=0.2,
                                 live=live))
     assert event["status"] == "log_rule" and event["exit_code"] == 0, event
     assert event["message"] == ("ended at step 4 of 25 (exit code 0) after the trainer raised an exception: "
                                 "RuntimeError: CUDA error: an illegal memory access was encountered")
     assert event["live"]["log_rule"]["at_exit"] is True
+
+
+def test_a_trigger_deferred_by_an_earlier_version_resumes_by_its_stored_class_path(node_conn: Node, monkeypatch):
+    """What an earlier rl-verify stored for a deferred training (its class path and its live config, which
+    named the suite and the baseline's path): the triggerer rebuilds it and watches the job to its end."""
+    from airflow.utils.module_loading import import_string
+
+    from tests.unit.conftest import opd_rows
+
+    run = f"{node_conn.root}/runs/legacy-1"
+    job_dir, work_dir = f"{run}/jobs/opd", f"{run}/work/opd"
+    rows = [r for r in opd_rows(steps=25) if r["step"] <= 3]
+    _submit(node_conn, job_dir, _tracker_writer(node_conn, rows, work_dir, 0.1, then="print('done')"),
+            {"RL_VERIFY_JOB": "legacy-1/opd"})
+    stored = ("rl_verify.triggers.RLJobTrigger", {
+        "ssh_conn_id": CONN_ID, "job_dir": job_dir, "job_marker": "legacy-1/opd", "poll_interval": 0.2,
+        "log_chunk_size": 65536, "log_offset": 0, "command_timeout": 30.0, "max_reconnect_attempts": 12,
+        "live": {"suite": "opd", "work_dir": work_dir, "tracker_glob": "*/t.jsonl", "baseline": None,
+                 "early_abort": True, "run_id": "manual__legacy", "dag_id": "rl_accuracy_verification",
+                 "version_files": ["golden.json"], "version_label": "v1: shipped"}})
+    log = Collected()
+    monkeypatch.setattr(RLJobTrigger, "log", log)
+    trigger = import_string(stored[0])(**stored[1])
+    event = _watch(trigger)
+    assert (event["status"], event["exit_code"]) == ("success", 0) and "done" in event["log_chunk"]
+    assert any("deferred by an earlier version" in msg for level, msg in log.records if level == "warning")
+    # It serialises under its current class path from now on, still importable by the old one.
+    assert trigger.serialize()[0] == "rl_verify.orchestration.triggers.RLJobTrigger"
+    assert import_string("rl_verify.triggers.RLJobTrigger") is RLJobTrigger
