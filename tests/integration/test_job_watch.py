@@ -188,7 +188,7 @@ def test_a_job_that_exits_zero_after_a_traceback_short_of_its_steps_ends_quoting
 def test_a_trigger_deferred_by_an_earlier_version_resumes_by_its_stored_class_path(node_conn: Node, monkeypatch):
     """What an earlier rl-verify stored for a deferred training (its class path and its live config, which
     named the suite and the baseline's path): the triggerer rebuilds it and watches the job to its end."""
-    from airflow.utils.module_loading import import_string
+    from airflow.sdk.module_loading import import_string  # what the triggerer does with the stored path
 
     from tests.unit.conftest import opd_rows
 
