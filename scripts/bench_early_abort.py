@@ -31,7 +31,7 @@ from rl_verify.engines import engine_of
 from rl_verify.engines.grpo import compare_grpo, percentile_fail_count
 from rl_verify.engines.opd import compare_opd
 from rl_verify.engines import load_suite
-from rl_verify.core.tracker import TrackerFeed, read_tracker
+from rl_verify.core.tracker import TrackerFeed
 from simulator import checkout as sim_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def spiked(rows: list[dict], suite: str, seed: int) -> list[dict]:
 def replay(suite: str, rows: list[dict], baseline) -> tuple[int | None, float, float, list[str]]:
     """(step of the certain FAIL or None, training seconds to it, whole run's seconds, metrics named)."""
     spec = load_suite(suite)
-    checker = engine_of(spec).live(spec, baseline)
+    checker = engine_of(spec).live(spec, baseline, None)
     feed, elapsed = TrackerFeed("tracker.jsonl"), 0.0
     total = sum(r.get("time/step", 0.0) for r in rows)
     for row in rows:
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         base_path = tmp / "grpo-baseline.jsonl"
         base_path.write_text("".join(json.dumps(r) + "\n" for r in sim_checkout.grpo_baseline_rows(curves)))
-        baselines = {"grpo": read_tracker(base_path), "opd": None}
+        # What the training operator hands the live check: the baseline tracker's bytes (OPD: none).
+        baselines = {"grpo": base_path.read_bytes(), "opd": None}
 
         print("| regression | suite | verdict at step | training time to verdict | whole run | ratio | "
               "final verdict | same metrics |")
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for suite in REGRESSIONS:
             spec = load_suite(suite)
-            checker = engine_of(spec).live(spec, baselines[suite])
+            checker = engine_of(spec).live(spec, baselines[suite], None)
             feed = TrackerFeed("tracker.jsonl")
             feed.feed("".join(json.dumps(r) + "\n" for r in run_rows(curves, suite, None, "cost",
                                                                     spec.expected_steps)).encode())
