@@ -72,6 +72,12 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                                          "uses the final comparison's rules). Off: train to the end; the report "
                                          "says where it would have stopped."),
         # Optional (null allowed): an empty required text field would keep the form's Trigger button disabled.
+        "repeats": Param(settings.DEFAULT_REPEATS, type="integer", minimum=0, maximum=settings.MAX_REPEATS,
+                         title="Extra runs to confirm a doubtful FAIL",
+                         description="A suite whose FAIL run-to-run noise could have produced is repeated at the same "
+                                     "commit with a new seed, up to this many times, and ends FAIL (reproduced), PASS "
+                                     "(not reproduced) or INCONCLUSIVE. 0: the first run's verdict is final. Scheduled "
+                                     "runs use RL_VERIFY_SCHEDULED_REPEATS."),
         "baseline_versions": Param(None, type=["null", "string"], title="Baseline versions",
                                    description="Empty: each suite is judged against its current baseline version "
                                                "(rl-verify baselines list). To pin other versions, give suite=version "
@@ -81,10 +87,10 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 )
 def rl_accuracy_verification():
     @task(**settings.SHORT_SSH_TASK_ARGS)
-    def resolve_commit(params=None, run_id=None):
+    def resolve_commit(params=None, run_id=None, dag_run=None):
         from rl_verify.orchestration import verification
 
-        return verification.resolve_commit(params, run_id)
+        return verification.resolve_commit(params, run_id, dag_run.run_type)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def check_prerequisites(resolved):
@@ -100,16 +106,30 @@ def rl_accuracy_verification():
         return verification.experiment_card(resolved, prereq, run_id, gaps)
 
     @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
-    def fetch(suite, resolved, run_id=None):
+    def fetch(suite, resolved, attempt=0, run_id=None):
         from rl_verify.orchestration import verification
 
-        return verification.fetch(suite, resolved, run_id)
+        return verification.fetch(suite, resolved, run_id, attempt)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
-    def compare(suite, run_id=None):
+    def compare(suite, attempt=0, run_id=None):
         from rl_verify.orchestration import verification
 
-        return verification.compare(suite, run_id)
+        return verification.compare(suite, run_id, attempt)
+
+    # all_done: a first run's FAIL fails its compare task; False skips the repeat's training (and, by their
+    # trigger rules, its fetch and compare); the later gates and the confirmation still run.
+    @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def repeat_gate(suite, attempt, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.repeat_gate(suite, attempt, run_id)
+
+    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def confirm(suite, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.confirm_outcome(suite, run_id)
 
     @task(task_id=settings.REPORT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def report(params=None, run_id=None, ti=None):
@@ -140,22 +160,34 @@ def rl_accuracy_verification():
     card = experiment_card(resolved, prereq)
     approve = CardApprovalOperator(task_id="approve", card=card)
 
-    compared = []
+    confirmed = []
     watched = [resolved, prereq]
     for suite in SUITES:
-        run = SuiteTrainingOperator(task_id=settings.training_task(suite), suite=suite, resolved=resolved, pool=POOL,
-                                    **settings.TRAINING_TASK_ARGS)
-        fetched = fetch.override(task_id=f"fetch_{suite}")(suite, resolved)
-        result = compare.override(task_id=f"compare_{suite}")(suite)
-        chain(approve, run, fetched, result)
-        compared.append(result)
-        watched += [run, fetched]
+        last = approve
+        # The suite's run, then the repeat slots its confirmation may use (settings.MAX_REPEATS; the run's
+        # 'repeats' says how many), then its outcome over all its runs.
+        for attempt in range(settings.MAX_REPEATS + 1):
+            run = SuiteTrainingOperator(task_id=settings.training_task(suite, attempt), suite=suite,
+                                        resolved=resolved, attempt=attempt, pool=POOL, **settings.TRAINING_TASK_ARGS)
+            fetched = fetch.override(task_id=settings.fetch_task(suite, attempt))(suite, resolved, attempt=attempt)
+            result = compare.override(task_id=settings.compare_task(suite, attempt))(suite, attempt=attempt)
+            if attempt:
+                chain(last, repeat_gate.override(task_id=settings.repeat_gate_task(suite, attempt))(suite, attempt),
+                      run)
+            else:
+                chain(last, run)
+            chain(run, fetched, result)
+            watched += [run, fetched]
+            last = result
+        outcome = confirm.override(task_id=settings.confirm_task(suite))(suite)
+        chain(last, outcome)
+        confirmed.append(outcome)
 
     summary = report()
     cleaned = cleanup()
     chain(watched, cleaned)
     # The report comes after the cleanup: it lists (and its manifest holds) what cleanup archived.
-    chain([*compared, cleaned], summary)
+    chain([*confirmed, cleaned], summary)
     chain(summary, verdict())
 
 

@@ -197,6 +197,54 @@ TRAINING_TASK_PREFIX = "run_"
 CALIBRATION_TRAINING_TASK = "train"
 
 
-def training_task(suite: str) -> str:
-    """The verification DAG's training task of ``suite``."""
-    return TRAINING_TASK_PREFIX + suite
+
+# --- confirming a FAIL that noise could have produced (rl_verify.core.confirm) ---
+#: Repeat slots per suite in the verification DAG: the most extra runs a verification may launch.
+MAX_REPEATS = 3
+#: Extra runs a manual run may launch to confirm a doubtful FAIL (its param ``repeats``' default).
+DEFAULT_REPEATS = 2
+#: The same for scheduled runs (RL_VERIFY_SCHEDULED_REPEATS, 0 turns the confirmation off).
+SCHEDULED_REPEATS = int(_number("RL_VERIFY_SCHEDULED_REPEATS", DEFAULT_REPEATS, int, 0))
+if SCHEDULED_REPEATS > MAX_REPEATS:
+    PROBLEMS.append(("RL_VERIFY_SCHEDULED_REPEATS", str(SCHEDULED_REPEATS), f"give 0..{MAX_REPEATS}"))
+    SCHEDULED_REPEATS = DEFAULT_REPEATS
+#: Separates a suite from its repeat number in task ids and folders (suite names cannot contain it).
+REPEAT_MARK = "-r"
+
+
+def attempt_name(suite: str, attempt: int = 0) -> str:
+    """``suite`` for a suite's first run, ``suite-r<k>`` for its k-th repeat: its record folder, job
+    folder and WORK_DIR on the node."""
+    return suite if attempt == 0 else f"{suite}{REPEAT_MARK}{attempt}"
+
+
+def training_task(suite: str, attempt: int = 0) -> str:
+    """The verification DAG's training task of ``suite`` (``attempt`` > 0: of its repeat)."""
+    return TRAINING_TASK_PREFIX + attempt_name(suite, attempt)
+
+
+def fetch_task(suite: str, attempt: int = 0) -> str:
+    return "fetch_" + attempt_name(suite, attempt)
+
+
+def compare_task(suite: str, attempt: int = 0) -> str:
+    return "compare_" + attempt_name(suite, attempt)
+
+
+def repeat_gate_task(suite: str, attempt: int) -> str:
+    """The task that decides whether repeat ``attempt`` of ``suite`` runs (skipped downstream if not)."""
+    return "repeat_" + attempt_name(suite, attempt)
+
+
+def confirm_task(suite: str) -> str:
+    """The task that gives ``suite``'s outcome over its runs."""
+    return "confirm_" + suite
+
+
+def suite_of_training_task(task_id: str) -> str | None:
+    """The suite a training task (first run or repeat) trains, or None for any other task."""
+    if not task_id.startswith(TRAINING_TASK_PREFIX):
+        return None
+    name = task_id[len(TRAINING_TASK_PREFIX):]
+    suite, mark, attempt = name.partition(REPEAT_MARK)
+    return suite if not mark or attempt.isdigit() else None

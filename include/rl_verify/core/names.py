@@ -13,3 +13,9 @@ def run_key(dag_run_id: str) -> str:
     readable = _KEY_UNSAFE.sub("_", dag_run_id)[:80].strip("._-") or "run"
     digest = hashlib.sha256(dag_run_id.encode()).hexdigest()[:8]
     return f"{readable}-{digest}"
+
+
+def repeat_seed(run_key: str, attempt: int) -> int:
+    """The seed of a suite's repeat (``RL_VERIFY_SEED`` in its job's environment): new for each repeat of
+    each run, the same for a retried task."""
+    return int(hashlib.sha256(f"{run_key}/repeat{attempt}".encode()).hexdigest()[:8], 16)

@@ -33,7 +33,10 @@ from typing import Any
 from rl_verify.core.files import write_atomic
 from rl_verify.core.model import FAIL, PASS, Check, SuiteResult, strict_json_value
 
-SCHEMA = 1
+#: report.json's schema: 2 added each suite's ``outcome`` over its runs (README: "report.json").
+SCHEMA = 2
+#: The outcomes of a repeated suite (``rl_verify.core.confirm``) a verdict can take beside PASS/FAIL.
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "FAIL (reproduced)", "PASS (not reproduced)", "INCONCLUSIVE"
 
 
 @dataclass
@@ -55,6 +58,8 @@ class ReportMeta:
     commit_hint: str | None = None
     #: suite -> the baseline version it was judged against, as one line (``baselines.describe``).
     baselines: dict[str, str] = field(default_factory=dict)
+    #: suite -> its outcome over its runs (``confirm_<suite>``'s outcome.json; each run's ``report`` a link).
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def overall_verdict(suites: list[SuiteResult]) -> str:
@@ -62,6 +67,22 @@ def overall_verdict(suites: list[SuiteResult]) -> str:
     if not suites:
         return FAIL
     return PASS if all(s.verdict == PASS for s in suites) else FAIL
+
+
+def suite_outcome(suite: SuiteResult, outcomes: dict[str, dict[str, Any]]) -> str:
+    """A suite's verdict over its runs: its outcome when it has one, else its (only) run's verdict."""
+    return (outcomes.get(suite.suite) or {}).get("outcome") or suite.verdict
+
+
+def verification_verdict(suites: list[SuiteResult], outcomes: dict[str, dict[str, Any]]) -> str:
+    """FAIL when a suite FAILs (reproduced, or at once), else INCONCLUSIVE when one is, else PASS (a
+    suite whose FAIL was not reproduced passes)."""
+    if not suites:
+        return FAIL
+    said = [suite_outcome(s, outcomes) for s in suites]
+    if any(v in (FAIL, REPRODUCED) for v in said):
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in said else PASS
 
 
 def _rel(path: str, out_dir: Path | None) -> str:
@@ -76,7 +97,7 @@ def _rel(path: str, out_dir: Path | None) -> str:
 
 def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | None = None) -> dict[str, Any]:
     """The report.json content (strict-JSON-ready)."""
-    computed = overall_verdict(suites)
+    computed = verification_verdict(suites, meta.outcomes)
     abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
     if not suites:
         abnormal.insert(0, "No suite was evaluated.")
@@ -84,6 +105,7 @@ def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | No
         "schema": SCHEMA,
         "verdict": meta.overall or computed,
         "computed_verdict": computed,
+        "first_run_verdict": overall_verdict(suites),
         "commit": meta.commit,
         "commit_ref": meta.commit_ref,
         "diff_stat": meta.diff_stat,
@@ -100,6 +122,7 @@ def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | No
     for suite in suites:
         entry = suite.to_dict()
         entry["plots_relative"] = [_rel(p, out_dir) for p in suite.plots]
+        entry["outcome"] = meta.outcomes.get(suite.suite) or _single_run_outcome(suite)
         data["suites"].append(entry)
     if len(suites) == 1:
         single = data["suites"][0]
@@ -146,9 +169,68 @@ def fmt_first_breach(check: Check) -> str:
     return "-" if check.first_breach_step is None or not check.breached else str(check.first_breach_step)
 
 
-def suites_summary(suites: list[SuiteResult]) -> str:
-    """"grpo FAIL (accuracy), opd PASS": each suite's verdict with its failure class."""
-    return ", ".join(f"{s.suite} {s.verdict}" + (f" ({s.failure_class})" if s.failure_class else "") for s in suites)
+def _single_run_outcome(suite: SuiteResult) -> dict[str, Any]:
+    """The outcome of a suite that has no confirmation record (the CLI, a run before the confirmation)."""
+    return {"suite": suite.suite, "outcome": suite.verdict, "reason": "one run, its runbook verdict", "runs": [
+        {"attempt": 0, "verdict": suite.verdict, "failure_class": suite.failure_class}]}
+
+
+def suites_summary(suites: list[SuiteResult], outcomes: dict[str, dict[str, Any]] | None = None) -> str:
+    """"grpo FAIL (accuracy), opd PASS": each suite's verdict with its failure class; a repeated suite says
+    its outcome and its runs' verdicts ("opd PASS (not reproduced): run 1 FAIL (accuracy), run 2 PASS")."""
+    parts = []
+    for s in suites:
+        outcome = (outcomes or {}).get(s.suite) or {}
+        runs = outcome.get("runs") or []
+        if len(runs) > 1:
+            said = ", ".join(f"run {r['attempt'] + 1} {r.get('verdict') or '?'}"
+                             + (f" ({r['failure_class']})" if r.get("failure_class") else "") for r in runs)
+            parts.append(f"{s.suite} {outcome['outcome']}: {said}")
+        else:
+            parts.append(f"{s.suite} {outcome.get('outcome') or s.verdict}"
+                         + (f" ({s.failure_class})" if s.failure_class else ""))
+    return ", ".join(parts)
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "< 0.1%" if 0 < value < 0.001 else f"{value:.1%}"
+
+
+def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
+    """How sure a suite's verdict is, in Markdown lines: the outcome and the rule that decided it, every
+    run with its own runbook verdict and report, and what the check can tell apart."""
+    lines = [f"**{outcome['outcome']}**: {outcome.get('reason', '')}", ""]
+    runs = outcome.get("runs") or []
+    if runs:
+        lines += ["| run | seed | runbook verdict | steps | report |", "|---|---|---|---|---|"]
+        for r in runs:
+            verdict = (r.get("verdict") or "-") + (f" ({r['failure_class']})" if r.get("failure_class") else "")
+            steps = f"{r['steps']} of {r['expected_steps']}" if r.get("steps") is not None else "-"
+            link = f"[report]({r['report']})" if r.get("report") else "-"
+            lines.append(f"| {r['attempt'] + 1}{' (first)' if r['attempt'] == 0 else ' (repeat)'} | "
+                         f"{r.get('seed') if r.get('seed') is not None else 'node default'} | {verdict} | {steps} | "
+                         f"{link} |")
+        lines.append("")
+    if outcome.get("rule"):
+        lines += [f"Rule (pre-registered): {outcome['rule']}.", ""]
+    est = outcome.get("estimates") or {}
+    if est.get("metrics"):
+        lines += [f"What the check tells apart (estimated: {est.get('simulated')}; spread: {est.get('spread')}): one "
+                  f"healthy run FAILs the runbook's thresholds {_pct(est.get('single_run_false_alarm'))} of the time; "
+                  f"after confirmation a healthy verification FAILs {_pct(est.get('false_alarm'))} of the time, ends "
+                  f"INCONCLUSIVE {_pct(est.get('inconclusive'))}, and takes {est.get('mean_runs', 0):.2f} runs on "
+                  "average.", "",
+                  "| metric | run-to-run sigma | threshold | a healthy run breaches it | smallest shift detected "
+                  "with 90% probability |", "|---|---|---|---|---|"]
+        for metric, m in est["metrics"].items():
+            lines.append(f"| {metric} | {fmt_number(m['sigma'])} | {fmt_number(m['threshold'])} | "
+                         f"{_pct(m['healthy_breach'])} | {fmt_number(m['min_detectable_shift'])} |")
+        lines.append("")
+    elif est.get("note"):
+        lines += [f"Error rates: {est['note']}.", ""]
+    return lines
 
 
 def _md_cell(text: str) -> str:
@@ -198,10 +280,10 @@ def _checker_line(suite: SuiteResult) -> str | None:
 def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, out_dir: Path | None = None) -> str:
     """The Markdown report (also suitable for printing to a task log)."""
     meta = meta or ReportMeta()
-    computed = overall_verdict(suites)
+    computed = verification_verdict(suites, meta.outcomes)
     verdict = meta.overall or computed
     lines = [f"# RL accuracy verification: {verdict}", ""]
-    summary = suites_summary(suites)
+    summary = suites_summary(suites, meta.outcomes)
     lines.append(f"**{verdict}**" + (f" (computed {computed})" if verdict != computed else "")
                  + (f": {summary}" if summary else ": no suite evaluated"))
     lines.append("")
@@ -212,6 +294,9 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
     abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
     if abnormal:
         lines += ["## Abnormal findings", ""] + [f"- {a}" for a in abnormal] + [""]
+    for suite in suites:
+        if suite.suite in meta.outcomes:
+            lines += [f"## {suite.suite}: how sure", ""] + confirmation_lines(meta.outcomes[suite.suite])
     for suite in suites:
         lines += _suite_markdown(suite, out_dir)
     paths = _path_items(suites, meta)
@@ -282,6 +367,44 @@ def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
 
 # ----------------------------------------------------------------------------- HTML
 
+def confirmation_html(outcome: dict[str, Any]) -> list[str]:
+    """:func:`confirmation_lines` as escaped HTML (each run's report a link in the same frame)."""
+    e = html.escape
+    out = [f"<p><b>{e(outcome['outcome'])}</b>: {e(outcome.get('reason', ''))}</p>"]
+    runs = outcome.get("runs") or []
+    if runs:
+        out.append("<table><tr><th>run</th><th>seed</th><th>runbook verdict</th><th>steps</th><th>report</th></tr>")
+        for r in runs:
+            verdict = (r.get("verdict") or "-") + (f" ({r['failure_class']})" if r.get("failure_class") else "")
+            steps = f"{r['steps']} of {r['expected_steps']}" if r.get("steps") is not None else "-"
+            link = f'<a href="{e(r["report"])}">report</a>' if r.get("report") else "-"
+            seed = r.get("seed") if r.get("seed") is not None else "node default"
+            css = "FAIL" if r.get("verdict") == FAIL else "pass"
+            out.append(f"<tr><td>{r['attempt'] + 1}{' (first)' if r['attempt'] == 0 else ' (repeat)'}</td>"
+                       f"<td>{e(str(seed))}</td><td class=\"{css}\">{e(verdict)}</td><td>{e(steps)}</td>"
+                       f"<td>{link}</td></tr>")
+        out.append("</table>")
+    if outcome.get("rule"):
+        out.append(f"<p>Rule (pre-registered): {e(outcome['rule'])}.</p>")
+    est = outcome.get("estimates") or {}
+    if est.get("metrics"):
+        out.append(f"<p>What the check tells apart (estimated: {e(str(est.get('simulated')))}; spread: "
+                   f"{e(str(est.get('spread')))}): one healthy run FAILs the runbook's thresholds "
+                   f"{e(_pct(est.get('single_run_false_alarm')))} of the time; after confirmation a healthy "
+                   f"verification FAILs {e(_pct(est.get('false_alarm')))} of the time, ends INCONCLUSIVE "
+                   f"{e(_pct(est.get('inconclusive')))}, and takes {est.get('mean_runs', 0):.2f} runs on average.</p>")
+        out.append("<table><tr><th>metric</th><th>run-to-run sigma</th><th>threshold</th><th>a healthy run "
+                   "breaches it</th><th>smallest shift detected with 90% probability</th></tr>")
+        for metric, m in est["metrics"].items():
+            out.append(f"<tr><td>{e(metric)}</td><td>{e(fmt_number(m['sigma']))}</td>"
+                       f"<td>{e(fmt_number(m['threshold']))}</td><td>{e(_pct(m['healthy_breach']))}</td>"
+                       f"<td>{e(fmt_number(m['min_detectable_shift']))}</td></tr>")
+        out.append("</table>")
+    elif est.get("note"):
+        out.append(f"<p>Error rates: {e(est['note'])}.</p>")
+    return out
+
+
 def _data_uri(path: str) -> str | None:
     try:
         raw = Path(path).read_bytes()
@@ -294,16 +417,16 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
     """Self-contained HTML report: PNGs inlined, every tracker/path string escaped."""
     meta = meta or ReportMeta()
     e = html.escape
-    computed = overall_verdict(suites)
+    computed = verification_verdict(suites, meta.outcomes)
     verdict = meta.overall or computed
-    color = "#1a7f37" if verdict == PASS else "#cf222e"
+    color = {PASS: "#1a7f37", INCONCLUSIVE: "#9a6700"}.get(verdict, "#cf222e")
     out = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
            f"<title>RL accuracy verification: {e(verdict)}</title>",
            "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.FAIL{color:#cf222e;font-weight:bold}"
            ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
            f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
-    summary = suites_summary(suites) or "no suite evaluated"
+    summary = suites_summary(suites, meta.outcomes) or "no suite evaluated"
     out.append(f"<p><b>{e(verdict)}</b>{e(f' (computed {computed})' if verdict != computed else '')}: {e(summary)}</p>")
     for note in meta.notes:
         out.append(f"<blockquote>{e(note)}</blockquote>")
@@ -312,6 +435,10 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
         out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
         out += [f"<li>{e(a)}</li>" for a in abnormal]
         out.append("</ul></div>")
+    for suite in suites:
+        if suite.suite in meta.outcomes:
+            out.append(f"<h2>{e(suite.suite)}: how sure</h2>")
+            out += confirmation_html(meta.outcomes[suite.suite])
     for suite in suites:
         out.append(f"<h2>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
                    f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h2>")

@@ -11,6 +11,7 @@ branches on an engine's or a suite's name.
 from __future__ import annotations
 
 import argparse
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from rl_verify.core.confirm import RunPoints, Spread
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import LiveCheck
 from rl_verify.core.model import SuiteResult
@@ -103,6 +105,29 @@ class Engine(ABC):
         """The live check of a training (serialisable: it travels to the triggerer), from the spec,
         the baseline tracker's bytes (None: there is none) and the data model in use; None when
         nothing can be judged live."""
+
+    # --- confirming a FAIL (core.confirm) ---------------------------------------------------------
+    def run_points(self, spec: SuiteSpec, suite_dir: Path, result: SuiteResult,
+                   version: Mapping[str, Path]) -> RunPoints:
+        """What the confirmation rule needs of one run (its verdict, class, judged points). This base
+        names the breached metrics with the direction of their breach and no points: the rule then
+        falls back to one repeat; an engine whose verdict is a set of point comparisons gives them."""
+        breached: dict[str, int] = {}
+        not_repeatable = []
+        for c in result.checks:
+            if not c.breached:
+                continue
+            if c.current is not None and not math.isfinite(c.current):
+                not_repeatable.append(f"{c.metric} is not finite" + (f" at step {c.step}" if c.step is not None
+                                                                     else ""))
+            diff = (c.current - c.baseline) if c.current is not None and c.baseline is not None else 0.0
+            breached.setdefault(c.metric, (diff > 0) - (diff < 0) if math.isfinite(diff) else 0)
+        return RunPoints(result.verdict, result.failure_class, [], breached, not_repeatable)
+
+    def spread(self, spec: SuiteSpec, version: Mapping[str, Any] | None) -> Spread | None:
+        """The run-to-run spread of the judged metrics, from the baseline version's record (``version.json``:
+        its runs and statistics), or None when it records none (the rule falls back to one repeat)."""
+        return None
 
     # --- baselines --------------------------------------------------------------------------------
     @abstractmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 from collections.abc import Mapping
 from datetime import date
 from functools import reduce
@@ -31,6 +32,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rl_verify.core.confirm import Point as ConfirmPoint
+from rl_verify.core.confirm import RunPoints, Spread, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
                                  compact_tracker, near_bound, tracker_from_text, wall_time_breach)
@@ -467,6 +470,54 @@ class OpdEngine(Engine):
             raise InputError(f"{what} contradicts suite spec {spec.name}: {'; '.join(contradictions)}", where, None,
                              fix)
         return golden
+
+    def run_points(self, spec: SuiteSpec, suite_dir: Path, result: SuiteResult,
+                   version: Mapping[str, Path]) -> RunPoints:
+        """Every judged (metric, eval point) the run reached, from its tracker (a run stopped early has the
+        points up to its stop), against the golden table in use and the reference baseline."""
+        base = super().run_points(spec, suite_dir, result, version)
+        tracker = suite_dir / "tracker.jsonl"
+        if not tracker.is_file():
+            return base
+        baseline = suite_dir / "baseline.jsonl"
+        with tempfile.TemporaryDirectory(prefix="rl-verify-points-") as out:
+            judged = compare_opd(tracker, Path(out), golden=version.get(self.baseline_file, data_file(spec.data)),
+                                 baseline=baseline if baseline.is_file() else None, plot=False, suite=spec.name,
+                                 eval_points=list(spec.eval_points))
+        points = []
+        for c in judged.checks:
+            if c.passed is None or c.missing or c.step is None or c.baseline is None or c.current is None:
+                continue  # reference only, not calibrated, not reached
+            diff = c.current - c.baseline
+            if c.method == "relative":
+                diff = diff / abs(c.baseline) if c.baseline else math.inf
+            points.append(ConfirmPoint(c.metric, c.step, diff, c.threshold or 0.0, c.breached))
+        return RunPoints(result.verdict, result.failure_class, points, base.breached, base.not_repeatable)
+
+    def spread(self, spec: SuiteSpec, version: Mapping[str, Any] | None) -> Spread | None:
+        """From the version's statistics: the measured max deviation of each metric over its N runs (the
+        shipped table's ``measured_max_dev``, a calibration's per-metric rows) -> sigma."""
+        stats = (version or {}).get("statistics") or {}
+        runs = (version or {}).get("runs")
+        if not runs or runs < 2:
+            return None
+        golden = load_golden(data_file(spec.data))
+        judged = {m: sum(1 for p in spec.eval_points if wanted_at(m, p, golden)) for m, r in golden.thresholds.items()
+                  if not r.reference_only}
+        measured: dict[str, tuple[float, int]] = {}
+        for metric, dev in (stats.get("measured_max_dev") or {}).items():
+            if metric in judged and dev:
+                measured[metric] = (float(dev), judged[metric])
+        for row in stats.get("metrics") or []:
+            if row.get("metric") in judged and row.get("measured_max_dev"):
+                measured[row["metric"]] = (float(row["measured_max_dev"]),
+                                           int(row.get("measured_points") or judged[row["metric"]]))
+        if not measured:
+            return None
+        sigma = {m: sigma_from_max_dev(dev, int(runs), points) for m, (dev, points) in measured.items()}
+        kind = "calibration" if stats.get("metrics") else "shipped"
+        return Spread(sigma, int(runs), f"{kind} baseline: measured max run-to-run deviation over N={runs} runs "
+                                         "(sigma = max deviation / its expected value under normal noise)")
 
     def shipped(self, spec: SuiteSpec) -> tuple[Provenance, dict[str, bytes]]:
         raw = data_file(spec.data).read_bytes()

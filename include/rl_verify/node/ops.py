@@ -215,15 +215,16 @@ def _get_tree(sftp: "paramiko.SFTPClient", remote_dir: str, local_dir: Path) -> 
 
 
 def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.RunLayout,
-                dest: Path, with_baseline: bool = True) -> dict[str, Any]:
+                dest: Path, with_baseline: bool = True, job: str | None = None) -> dict[str, Any]:
     """Copy the suite's newest tracker, logs, baseline and (GRPO) checker into ``dest``.
 
     Never raises for a missing file: what is absent is listed under ``problems`` so the caller
     decides; everything that exists is archived (a record is never lost because a run failed).
-    ``with_baseline=False`` leaves out the suite's baseline tracker (a calibration makes its own).
+    ``with_baseline=False`` leaves out the suite's baseline tracker (a calibration makes its own);
+    ``job``: the job's name when it is not the suite's (a repeat, ``<suite>-r<k>``).
     """
     sftp = client.open_sftp()
-    work_dir, job_dir = layout.work_dir(spec.name), layout.job_dir(spec.name)
+    work_dir, job_dir = layout.work_dir(job or spec.name), layout.job_dir(job or spec.name)
     meta: dict[str, Any] = {"suite": spec.name, "work_dir": work_dir, "job_dir": job_dir,
                             "files": {}, "problems": [], "other_experiments": []}
     try:

@@ -75,17 +75,17 @@ def describe(placement: Mapping[str, str]) -> str:
 def task_pool(task_id: str, node_value: object, suites: Iterable[str]) -> str | None:
     """The pool a task of a run must take for the run's ``node`` param, or None to keep the task's own.
 
-    ``run_<suite>``: the pool of that suite's node. None for every other task (cleanup must run
-    whatever happened, even for a node whose pool does not exist) and for a param that does not
-    parse (``resolve_commit`` fails such a run before any training).
+    ``run_<suite>`` and its repeats ``run_<suite>-r<k>``: the pool of that suite's node. None for every
+    other task (cleanup must run whatever happened, even for a node whose pool does not exist) and for a
+    param that does not parse (``resolve_commit`` fails such a run before any training).
     """
     suites = list(suites)
     try:
         placement = suite_nodes(node_value, suites)
     except BadInput:
         return None
-    suite = task_id.removeprefix(settings.TRAINING_TASK_PREFIX)
-    if task_id.startswith(settings.TRAINING_TASK_PREFIX) and suite in placement:
+    suite = settings.suite_of_training_task(task_id)
+    if suite in placement:
         return node_pool(placement[suite])
     return None
 

@@ -26,7 +26,9 @@ _PATH_RE = re.compile(r"(~/)?[A-Za-z0-9._/+@=,-]+")
 _KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}")
 _REL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
 _GLOB_RE = re.compile(r"[A-Za-z0-9_*][A-Za-z0-9._*/-]*")
-_MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/[a-z0-9_]{1,40}")
+#: A suite's job folder: the suite, or ``<suite>-r<k>`` for its k-th repeat (``settings.attempt_name``).
+_JOB_NAME = r"[a-z0-9_]{1,40}(?:-r[0-9]{1,2})?"
+_MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/" + _JOB_NAME)
 
 
 class BadInput(ValueError):
@@ -71,8 +73,9 @@ def validate_suites(value: object, known: Sequence[str] | None = None) -> list[s
 
 
 def validate_suite_name(value: str) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9_]{1,40}", value):
-        raise BadInput(f"suite name {value!r} must be lower-case letters, digits or _")
+    """A suite's name, or the job name of one of its repeats (``<suite>-r<k>``)."""
+    if not isinstance(value, str) or not re.fullmatch(_JOB_NAME, value):
+        raise BadInput(f"suite name {value!r} must be lower-case letters, digits or _ (a repeat: <suite>-r<k>)")
     return value
 
 
@@ -103,7 +106,7 @@ def validate_relative(value: str, what: str, pattern: re.Pattern[str] = _REL_RE)
 
 def validate_marker(value: str) -> str:
     if not isinstance(value, str) or not _MARKER_RE.fullmatch(value):
-        raise BadInput(f"job marker {value!r} must be <run key>/<suite>")
+        raise BadInput(f"job marker {value!r} must be <run key>/<suite> or <run key>/<suite>-r<k>")
     return value
 
 

@@ -43,6 +43,8 @@ class Resolved(TypedDict):
     baselines: NotRequired[dict[str, Any]]
     #: The seed of a calibration run (``RL_VERIFY_SEED`` in its job's environment).
     seed: NotRequired[int]
+    #: Extra runs each suite may take to confirm a FAIL noise could have produced (``core.confirm``).
+    repeats: NotRequired[int]
     #: The node's GPUs in one line (calibration runs: ``nvidia-smi -L`` at planning).
     hardware: NotRequired[str | None]
 
@@ -97,11 +99,17 @@ class Breach(TypedDict):
 
 
 class SuiteSummary(TypedDict):
+    """One suite in ``report``'s summary: its first run's verdict, class, breaches, and its outcome over its
+    runs (``core.confirm``: FAIL (reproduced), PASS (not reproduced), INCONCLUSIVE, or the one run's verdict)."""
+
     suite: str
     verdict: str
     failure_class: str | None
     breached: list[Breach]
     missing: list[str]
+    outcome: NotRequired[str]
+    runs: NotRequired[int]
+    outcome_reason: NotRequired[str]
 
 
 class ReportSummary(TypedDict):

@@ -20,6 +20,12 @@ def report_path(dag_id: str, run_id: str) -> str:
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/report"
 
 
+def run_report_path(dag_id: str, run_id: str, folder: str) -> str:
+    """The plugin route serving the report of one run of a suite (``folder``: its record folder, e.g.
+    ``opd`` for the first run, ``opd-r1`` for its first repeat)."""
+    return f"{report_path(dag_id, run_id)}/{quote(folder, safe='')}"
+
+
 def history_path(dag_id: str) -> str:
     """The plugin route serving the DAG's verification history."""
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/history"

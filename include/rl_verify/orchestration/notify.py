@@ -38,13 +38,18 @@ def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: 
 def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: str | None) -> tuple[str, str]:
     """(title, body) of the run's verdict: class, what breached, the next step, the report link."""
     report = _ui(links.report_view_path(settings.DAG_ID, dag_run_id))
-    if summary["verdict"] == "PASS":
+    confirmed = [f"{s['suite']} {s['outcome']} over {s['runs']} runs: {s.get('outcome_reason', '')}"
+                 for s in summary.get("suites") or [] if s.get("runs", 1) > 1]
+    if summary["verdict"] in ("PASS", "INCONCLUSIVE"):
         suites = ", ".join(s["suite"] for s in summary.get("suites") or [])
-        return (f"rl-verify PASS: {commit}",
-                f"Every checked metric of {suites} is within its threshold.\nReport: {report}")
+        head = (f"Every suite of {suites} passes." if summary["verdict"] == "PASS" else
+                "At least one suite is INCONCLUSIVE: its FAIL was neither reproduced nor cleared within the budget.")
+        return (f"rl-verify {summary['verdict']}: {commit}",
+                "\n".join([head, *confirmed, f"Report: {report}"]))
     classes = " + ".join(summary.get("failure_classes") or ["unknown"])
     lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
-             if s["verdict"] != "PASS"]
+             if s.get("outcome", s["verdict"]) in ("FAIL", "FAIL (reproduced)")]
+    lines += [c for c in confirmed if "FAIL" not in c.split(":")[0]]  # suites whose FAIL was noise
     if next_step:
         lines.append(f"Next step: {next_step}")
     lines.append(f"Report: {report}")
@@ -62,8 +67,9 @@ def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanu
     return f"rl-verify: infrastructure failure in the run of {commit}", "\n".join(body)
 
 
-def suite_summary(result: Any) -> SuiteSummary:
-    """Verdict, class, breached and unmeasured metrics of one suite (small: it travels through XCom)."""
+def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSummary:
+    """Verdict, class, breached and unmeasured metrics of one suite's first run, and its outcome over its
+    runs (small: it travels through XCom)."""
     breached: dict[str, Breach] = {}
     for c in result.checks:
         if c.breached and c.metric not in breached:
@@ -71,7 +77,17 @@ def suite_summary(result: Any) -> SuiteSummary:
                                   "steps": c.breach_steps}
     return {"suite": result.suite, "verdict": result.verdict, "failure_class": result.failure_class,
             "breached": list(breached.values()),
-            "missing": sorted({c.metric for c in result.checks if c.missing})}
+            "missing": sorted({c.metric for c in result.checks if c.missing}),
+            "outcome": (outcome or {}).get("outcome") or result.verdict,
+            "runs": len((outcome or {}).get("runs") or []) or 1,
+            "outcome_reason": (outcome or {}).get("reason", "")}
+
+
+def _outcome_words(suite: SuiteSummary) -> str:
+    """", reproduced over 2 runs" for a repeated suite; "" for a suite judged by one run."""
+    if suite.get("runs", 1) < 2:
+        return ""
+    return f" ({suite.get('outcome')} over {suite['runs']} runs)"
 
 def suite_line(suite: SuiteSummary) -> str:
     """What failed in one suite, in a few words: "grpo mismatch/mismatch_k3_kl breached at steps 1-45"."""
@@ -82,7 +98,8 @@ def suite_line(suite: SuiteSummary) -> str:
         said.append(f"{b['metric']} breached{where}")
     if suite.get("missing"):
         said.append("not measured: " + ", ".join(suite["missing"]))
-    return f"{suite['suite']} " + ("; ".join(said) if said else "did not reach a measured verdict (see its tasks)")
+    return (f"{suite['suite']} " + ("; ".join(said) if said else "did not reach a measured verdict (see its tasks)")
+            + _outcome_words(suite))
 
 def verdict_message(summary: ReportSummary, report_link: str | None = None) -> str:
     """One line: "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: <link>".
@@ -90,7 +107,7 @@ def verdict_message(summary: ReportSummary, report_link: str | None = None) -> s
     With several failure classes, each suite names its own. ``report_link`` defaults to the record.
     """
     classes = summary.get("failure_classes") or ["unknown"]
-    failed = [s for s in summary.get("suites") or [] if s["verdict"] != "PASS"]
+    failed = [s for s in summary.get("suites") or [] if s.get("outcome", s["verdict"]) in ("FAIL", "FAIL (reproduced)")]
     parts = [suite_line(s) + (f" ({s.get('failure_class') or 'unknown'})" if len(classes) > 1 else "")
              for s in failed] or [f"suite(s) {', '.join(summary.get('failed_suites', []))}"]
     return f"FAIL ({' + '.join(classes)}): {'; '.join(parts)}; report: {report_link or summary['record']}"

@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.sdk.timezone import utcnow
 
 from rl_verify import settings
+from rl_verify.core.names import repeat_seed
 from rl_verify.engines import engine_of, live_config, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import remote
@@ -50,7 +51,7 @@ class SuiteTrainingOperator(BaseOperator):
     def __init__(self, *, suite: str, resolved: Any, job_timeout_s: int | None = None,
                  poll_interval_s: float = settings.JOB_POLL_INTERVAL_S,
                  max_reconnect_attempts: int = settings.SSH_RECONNECT_ATTEMPTS, record_as: str | None = None,
-                 **kwargs: Any) -> None:
+                 attempt: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         spec = load_suite(suite)  # package data file only: no network at parse time
         self.suite = suite
@@ -58,8 +59,12 @@ class SuiteTrainingOperator(BaseOperator):
         self.job_timeout_s = job_timeout_s or int(spec.wall_time_budget_s * settings.JOB_TIMEOUT_FACTOR)
         self.poll_interval_s = poll_interval_s
         self.max_reconnect_attempts = max_reconnect_attempts
-        #: The record folder of this training's findings (default: the suite's; a calibration run's own).
-        self.record_as = record_as or suite
+        #: 0: the suite's run; k > 0: its k-th repeat (its own job, WORK_DIR, seed and record folder).
+        self.attempt = attempt
+        #: The job's name on the node and in the record (``settings.attempt_name``).
+        self.job_name = settings.attempt_name(suite, attempt)
+        #: The record folder of this training's findings (default: the job's; a calibration run's own).
+        self.record_as = record_as or self.job_name
         self._launched: tuple[str, str, str] | None = None  # (node, job_dir, marker) of a launch by this process
 
     def execute(self, context: Any) -> None:
@@ -118,18 +123,18 @@ class SuiteTrainingOperator(BaseOperator):
         values = node_settings(conn)
         layout = remote.RunLayout(folders["run_dir"])
         spec = expanded_specs([self.suite], values, layout.worktree, resolved.get("baselines"))[0]
-        work_dir, job_dir = layout.work_dir(self.suite), layout.job_dir(self.suite)
-        marker = remote.job_marker(resolved["run_key"], self.suite)
+        work_dir, job_dir = layout.work_dir(self.job_name), layout.job_dir(self.job_name)
+        marker = remote.job_marker(resolved["run_key"], self.job_name)
 
         with ssh_client(conn) as client:
             state = job_state(client, job_dir)
             if state == "absent":
-                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"], self.suite)
+                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"], self.job_name)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
-                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.suite, shares,
-                                             resolved.get("seed"))
+                seed = resolved.get("seed") if self.attempt == 0 else repeat_seed(resolved["run_key"], self.attempt)
+                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.job_name, shares, seed)
                 self._launched = (conn, job_dir, marker)
                 status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
                 if status != 0:

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import engines, settings
+from rl_verify.core import confirm
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, partial_plot
 from rl_verify.core.model import SuiteResult
-from rl_verify.core.names import run_key
-from rl_verify.core.report import ReportMeta, render_markdown, write_report
+from rl_verify.core.names import repeat_seed, run_key
+from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
+                                   write_report)
 from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.node import ops as node
@@ -37,17 +40,34 @@ from rl_verify.suites.spec import SuiteSpec
 
 log = logging.getLogger(__name__)
 
+#: What the confirmation rule needs of one run (``core.confirm.RunPoints``), beside its result.json.
+POINTS_FILE = "points.json"
+#: A suite's outcome over its runs (``confirm_<suite>``), beside its first run's files.
+OUTCOME_FILE = "outcome.json"
+
 
 # --- configuration (read at run time, never at parse time) ----------------------------------------
 
-def validated_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """commit, suites, where each suite trains (``suite_nodes``) and early_abort from the run's params,
-    validated before anything reaches a shell."""
+def validated_params(params: Mapping[str, Any], run_type: str = "manual") -> dict[str, Any]:
+    """commit, suites, where each suite trains (``suite_nodes``), early_abort and the budget of extra runs
+    (``repeats``; a scheduled run takes RL_VERIFY_SCHEDULED_REPEATS) from the run's params, validated
+    before anything reaches a shell."""
     suites = remote.validate_suites(params.get("suites"))
     return {"commit": remote.validate_commit(params.get("commit")), "suites": suites,
             "suite_nodes": placement.suite_nodes(params.get("node"), suites),
             "early_abort": _validate_flag(params.get("early_abort", True), "early_abort"),
-            "baseline_pins": baselines.parse_pins(params.get("baseline_versions", ""), suites)}
+            "baseline_pins": baselines.parse_pins(params.get("baseline_versions", ""), suites),
+            "repeats": settings.SCHEDULED_REPEATS if run_type == "scheduled" else
+            _validate_repeats(params.get("repeats", settings.DEFAULT_REPEATS))}
+
+
+def _validate_repeats(value: Any) -> int:
+    if value is None:
+        return settings.DEFAULT_REPEATS
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= settings.MAX_REPEATS:
+        raise remote.BadInput(f"param 'repeats' must be a whole number from 0 to {settings.MAX_REPEATS} (extra runs "
+                              f"that may confirm a FAIL noise could have produced), got {value!r}")
+    return value
 
 
 def _validate_flag(value: Any, name: str) -> bool:
@@ -58,11 +78,11 @@ def _validate_flag(value: Any, name: str) -> bool:
 
 # --- tasks --------------------------------------------------------------------------------------
 
-def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
+def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "manual") -> Resolved:
     """Validate params, nodes and record store, then create the run's clean worktree at the commit on
     every node the run uses (the same commit on each)."""
     with no_retry_on(remote.BadInput, ValueError):
-        p = validated_params(params)
+        p = validated_params(params, run_type)
         nodes = placement.nodes_in_order(p["suite_nodes"])
         per_node = {conn: node_problems(conn) for conn in nodes}
         problems = [line for lines in per_node.values() for line in lines]
@@ -95,7 +115,8 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str) -> Resolved:
     resolved: Resolved = {**found[nodes[0]], "run_key": key, "suites": p["suites"],  # type: ignore[typeddict-item]
                           "node": nodes[0], "suite_nodes": p["suite_nodes"],
                           "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
-                          "early_abort": p["early_abort"], "record": where, "baselines": versions}
+                          "early_abort": p["early_abort"], "record": where, "baselines": versions,
+                          "repeats": p["repeats"]}
     record.put_json(dag_run_id, "commit.json", resolved)
     log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
              "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
@@ -143,31 +164,35 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
         def data_path(spec: SuiteSpec) -> Path:
             return engine_of(spec).data_in_use(spec, version_files(run_dir / spec.name))
 
+        repeats = resolved.get("repeats")
         sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"],
-                                      engines.criteria(specs, data_path), {s: v["label"] for s, v in versions.items()})
+                                      engines.criteria(specs, data_path), {s: v["label"] for s, v in versions.items()},
+                                      repeats)
         fingerprint = card.experiment_fingerprint(specs, lambda spec: json.loads(data_path(spec).read_text()),
-                                                  {s: v["version"] for s, v in versions.items()})
+                                                  {s: v["version"] for s, v in versions.items()}, repeats)
         markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
         record.write_atomic(run_dir / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
     return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
 
 
-def fetch(suite: str, resolved: Resolved, dag_run_id: str) -> Fetched:
-    """Archive the suite's tracker, logs, baseline and checker; fail on a wrong step count.
+def fetch(suite: str, resolved: Resolved, dag_run_id: str, attempt: int = 0) -> Fetched:
+    """Archive the suite's tracker, logs, baseline and checker (``attempt`` > 0: of its repeat, into its
+    own folder ``<suite>-r<k>``); fail on a wrong step count.
 
     The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
     the run completed. What was fetched stays in the record even when this task fails.
     """
     conn, folders = suite_node(resolved, suite)
     spec = expanded_specs([suite], node_settings(conn), folders["worktree"], resolved.get("baselines"))[0]
-    with record.workspace(dag_run_id, parts=[suite]) as run_dir:
-        return _fetch_into(run_dir / suite, suite, spec, conn, folders)
+    name = settings.attempt_name(suite, attempt)
+    with record.workspace(dag_run_id, parts=[name]) as run_dir:
+        return _fetch_into(run_dir / name, name, spec, conn, folders)
 
 
 def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders) -> Fetched:
     with ssh_client(conn) as client:
-        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=suite)
     meta["expected_steps"] = spec.expected_steps
     abort = record.read_json(dest / "abort.json") or {}
     hit = abort.get("log_rule") if abort.get("applied") and not abort.get("certain") else None
@@ -203,15 +228,19 @@ def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: Nod
     return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
 
 
-def compare(suite: str, dag_run_id: str) -> dict[str, Any]:
-    """Run the engine on the archived files; an unusable fetch becomes an infrastructure FAIL."""
+def compare(suite: str, dag_run_id: str, attempt: int = 0) -> dict[str, Any]:
+    """Run the engine on the archived files of the suite's run (``attempt`` > 0: of its repeat) and keep
+    what the confirmation rule needs of it (``points.json``); an unusable fetch becomes an
+    infrastructure FAIL."""
+    name = settings.attempt_name(suite, attempt)
+    parts = [name, "commit.json"] + ([f"{suite}/{baselines.RECORD_FOLDER}"] if attempt else [])
+    with record.workspace(dag_run_id, parts=parts) as run_dir:
+        return _compare_in(run_dir, suite, name)
 
-    with record.workspace(dag_run_id, parts=[suite, "commit.json"]) as run_dir:
-        return _compare_in(run_dir, suite)
 
-
-def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
-    suite_dir = run_dir / suite
+def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str, Any]:
+    suite_dir = run_dir / (name or suite)
+    version = version_files(run_dir / suite)  # the baseline version's files sit with the suite's first run
     meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir)
     out = suite_dir / "compare"
     spec = load_suite(suite)
@@ -223,7 +252,7 @@ def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
     elif meta.get("early_abort"):
         engine = engine_of(spec)
         result = aborted_result(suite, meta["early_abort"], engine.rules)
-        data = engine.load_data(engine.data_in_use(spec, version_files(suite_dir)))
+        data = engine.load_data(engine.data_in_use(spec, version))
         png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
                            suite_dir / "baseline.jsonl", lambda metric: engine.reference_points(data, metric), out)
         if png is not None:
@@ -232,7 +261,7 @@ def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
         commit = record.read_json(run_dir / "commit.json") or {}
         node_name = (commit.get("suite_nodes") or {}).get(suite, commit.get("node"))
         try:
-            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name, version_files(suite_dir))
+            result = engine_of(spec).compare_archived(spec, suite_dir, out, meta, node_name, version)
         except InputError as err:
             result = SuiteResult.infrastructure(suite, f"cannot evaluate: {err}")
     if meta is not None:
@@ -247,11 +276,136 @@ def _compare_in(run_dir: Path, suite: str) -> dict[str, Any]:
         result.abnormal.append(f"Live check: a log rule matched ({hit['means']}: {hit['line']}); early_abort was "
                                "off, so the run went on")
     record.write_json(suite_dir / "result.json", result.to_dict())
-    log.info("%s: %s%s", suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
+    points = engine_of(spec).run_points(spec, suite_dir, result, version)
+    record.write_json(suite_dir / POINTS_FILE, asdict(points))
+    log.info("%s: %s%s", name or suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     if not result.passed:
         # Marked failed so the grid shows which suite failed; the report and verdict still run (all_done).
         raise AirflowFailException(f"FAIL ({result.failure_class}): {suite_line(suite_summary(result))}")
     return result.to_dict()
+
+
+# --- confirming a FAIL noise could have produced (core.confirm) ----------------------------------
+
+def _run_points(run_dir: Path, suite: str, attempt: int) -> confirm.RunPoints | None:
+    data = record.read_json(run_dir / settings.attempt_name(suite, attempt) / POINTS_FILE)
+    if data is None:
+        return None
+    return confirm.RunPoints(data["verdict"], data["failure_class"],
+                             [confirm.Point(**p) for p in data.get("points") or []], dict(data.get("breached") or {}),
+                             list(data.get("not_repeatable") or []))
+
+
+def _spread(run_dir: Path, suite: str) -> confirm.Spread | None:
+    spec = load_suite(suite)
+    version = record.read_json(run_dir / suite / baselines.RECORD_FOLDER / baselines.VERSION_FILE)
+    return engine_of(spec).spread(spec, version)
+
+
+def _decision(run_dir: Path, suite: str, budget: int) -> tuple[confirm.Decision, int]:
+    """The rule's decision over the suite's runs in the record so far, and how many repeats it saw."""
+    first = _run_points(run_dir, suite, 0)
+    if first is None:
+        return confirm.Decision(confirm.FAIL, "the first run reached no comparison (see its tasks)"), 0
+    repeats = []
+    for attempt in range(1, settings.MAX_REPEATS + 1):
+        points = _run_points(run_dir, suite, attempt)
+        if points is None:
+            break
+        repeats.append(points)
+    return confirm.decide(first, repeats, _spread(run_dir, suite), confirm.Rule(budget=budget), budget), len(repeats)
+
+
+def _confirm_parts(suite: str) -> list[str]:
+    return ["commit.json", f"{suite}/{baselines.RECORD_FOLDER}"] + [
+        f"{settings.attempt_name(suite, k)}/{name}" for k in range(settings.MAX_REPEATS + 1)
+        for name in (POINTS_FILE, "result.json", "fetch.json")]
+
+
+def repeat_gate(suite: str, attempt: int, dag_run_id: str) -> bool:
+    """Whether the suite's repeat ``attempt`` trains: the runs so far are all there, the budget allows it
+    and the confirmation rule asks for another run. False skips the repeat's tasks."""
+    with record.workspace(dag_run_id, parts=_confirm_parts(suite)) as run_dir:
+        resolved = record.read_json(run_dir / "commit.json") or {}
+        budget = int(resolved.get("repeats", 0))
+        if suite not in (resolved.get("suites") or []) or attempt > budget:
+            log.info("No repeat %d of %s: %s", attempt, suite, "not selected" if suite not in
+                     (resolved.get("suites") or []) else f"the budget is {budget} extra run(s)")
+            return False
+        decision, seen = _decision(run_dir, suite, budget)
+        if seen != attempt - 1:
+            log.info("No repeat %d of %s: run %d has no comparison (see its tasks)", attempt, suite, attempt)
+            return False
+        if decision.outcome is not None:
+            log.info("No repeat %d of %s: %s (%s)", attempt, suite, decision.outcome, decision.reason)
+            return False
+        log.warning("%s: repeat %d of %d at the same commit with a new seed: %s", suite, attempt, budget,
+                    decision.reason)
+        return True
+
+
+def confirm_outcome(suite: str, dag_run_id: str) -> dict[str, Any]:
+    """The suite's outcome over its runs (``outcome.json``): the rule's decision, every run's own runbook
+    verdict, and what the check can and cannot tell apart (healthy breach chance per metric, the false
+    alarm after confirmation, the smallest shift detected with 90% probability). A FAIL, reproduced or at
+    once, fails the task (the grid shows which suite failed)."""
+    with record.workspace(dag_run_id, parts=_confirm_parts(suite)) as run_dir:
+        resolved = record.read_json(run_dir / "commit.json") or {}
+        if suite not in (resolved.get("suites") or []):
+            raise AirflowSkipException(f"suite {suite} not selected for this run")
+        budget = int(resolved.get("repeats", 0))
+        decision, seen = _decision(run_dir, suite, budget)
+        if decision.outcome is None:  # a repeat the rule asked for did not reach its comparison
+            decision = confirm.Decision(confirm.FAIL, f"repeat {seen + 1} did not reach its comparison (see its "
+                                        "tasks): an infrastructure failure", decision.evidence, decision.rule)
+        runs = [_run_summary(run_dir, resolved, suite, k) for k in range(seen + 1)]
+        outcome = {"suite": suite, "outcome": decision.outcome, "reason": decision.reason, "rule": decision.rule,
+                   "evidence": decision.evidence, "budget": budget, "runs": runs,
+                   "estimates": _estimates(run_dir, suite, budget)}
+        record.write_json(run_dir / suite / OUTCOME_FILE, outcome)
+    log.info("%s: %s: %s", suite, decision.outcome, decision.reason)
+    if decision.outcome in confirm.FAILING:
+        raise AirflowFailException(f"{suite} {decision.outcome}: {decision.reason}")
+    return outcome
+
+
+def _run_summary(run_dir: Path, resolved: Mapping[str, Any], suite: str, attempt: int) -> dict[str, Any]:
+    name = settings.attempt_name(suite, attempt)
+    result = record.read_json(run_dir / name / "result.json") or {}
+    fetched = record.read_json(run_dir / name / "fetch.json") or {}
+    return {"attempt": attempt, "folder": name, "verdict": result.get("verdict"),
+            "failure_class": result.get("failure_class"),
+            "seed": resolved.get("seed") if attempt == 0 else repeat_seed(resolved.get("run_key", ""), attempt),
+            "steps": fetched.get("steps"), "expected_steps": fetched.get("expected_steps"),
+            "record": f"{resolved.get('record', '')}/{name}"}
+
+
+def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
+    """What the check can tell apart for this suite and baseline version (normal, independent noise with
+    the version's spread): per judged metric the chance that a healthy run breaches it and the smallest
+    shift detected with 90% probability, and the whole procedure's false alarm and mean runs."""
+    first, spread = _run_points(run_dir, suite, 0), _spread(run_dir, suite)
+    if spread is None or first is None or not first.points:
+        return {"spread": None, "note": "the baseline version records no run-to-run spread (or the engine judges "
+                                        "no point comparisons): one repeat decides, no error rate is estimated"}
+    layout = confirm.Layout.of(first.points)
+    rule = confirm.Rule(budget=budget)
+    healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1)
+    metrics = {}
+    for metric in layout.thresholds:
+        if metric in spread.sigma:
+            metrics[metric] = {
+                "sigma": spread.sigma[metric],
+                "threshold": layout.thresholds[metric],
+                "healthy_breach": confirm.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
+                                                              len(layout.steps[metric]), spread.runs),
+                "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300)}
+    return {"spread": spread.source, "runs_in_baseline": spread.runs, "metrics": metrics,
+            "single_run_false_alarm": 1 - healthy[confirm.PASS],
+            "false_alarm": healthy[confirm.REPRODUCED] + healthy[confirm.FAIL],
+            "inconclusive": healthy[confirm.INCONCLUSIVE], "mean_runs": healthy["runs"],
+            "simulated": "1000 healthy verifications (normal, independent noise; the reference's own error drawn "
+                         "once per verification)"}
 
 
 def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
@@ -291,10 +445,14 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
                         "its approval record)" if decision["standing"] else "") + ".")
     notes += gaps or []
     results = []
+    outcomes: dict[str, dict[str, Any]] = {}
     for suite in suites if overall is None else []:
         data = record.relocate(record.read_json(run_dir / suite / "result.json"), run_dir)
         results.append(SuiteResult.from_dict(data) if data else SuiteResult.infrastructure(
             suite, "the suite did not reach comparison (an earlier task failed: see its log)"))
+        outcome = record.read_json(run_dir / suite / OUTCOME_FILE)
+        if outcome:
+            outcomes[suite] = _with_run_reports(run_dir, dag_run_id, outcome)
     if not resolved:
         notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
     paths = {s: _paths(run_dir / s, run_dir) for s in suites}
@@ -303,18 +461,50 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
                       diff_stat=resolved.get("dirty_stat"), dag_run_id=dag_run_id,
                       node=placement.describe(nodes) if nodes else resolved.get("node") or params.get("node"),
                       paths=paths, notes=notes, overall=overall,
-                      baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()})
+                      baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()},
+                      outcomes=outcomes)
     where = record.location(dag_run_id)
+    _write_run_reports(run_dir, results, outcomes, meta, where)
     written = write_report(run_dir, results, meta, shown_as=where)
     record.write_manifest(run_dir, shown_as=where)
     shown = render_markdown(results, meta).replace(str(run_dir), where)
     log.info("Report written to %s\n\n%s", where, shown)
-    verdict = overall or ("PASS" if results and all(r.passed for r in results) else "FAIL")
-    classes = sorted({r.failure_class for r in results if r.failure_class})
+    verdict = overall or verification_verdict(results, outcomes)
+    failing = [r for r in results if suite_outcome(r, outcomes) in confirm.FAILING]
+    classes = sorted({r.failure_class for r in failing if r.failure_class})
     return {"verdict": verdict, "failure_classes": classes, "record": where,
             "report": {k: f"{where}/{Path(v).name}" for k, v in written.items()},
-            "failed_suites": [r.suite for r in results if not r.passed],
-            "suites": [suite_summary(r) for r in results]}
+            "failed_suites": [r.suite for r in failing],
+            "suites": [suite_summary(r, outcomes.get(r.suite)) for r in results]}
+
+
+def _with_run_reports(run_dir: Path, dag_run_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
+    """``outcome`` with each run's report link (the UI plugin's route) when the suite ran more than once."""
+    runs = outcome.get("runs") or []
+    if len(runs) < 2:
+        return outcome
+    return {**outcome, "runs": [{**r, "report": links.run_report_path(settings.DAG_ID, dag_run_id, r["folder"])}
+                                for r in runs]}
+
+
+def _write_run_reports(run_dir: Path, results: list[SuiteResult], outcomes: Mapping[str, dict[str, Any]],
+                       meta: ReportMeta, where: str) -> None:
+    """Each run of a repeated suite keeps its own report, by the runbook's thresholds, in its record folder."""
+    by_suite = {r.suite: r for r in results}
+    for suite, outcome in outcomes.items():
+        runs = outcome.get("runs") or []
+        if len(runs) < 2:
+            continue
+        for r in runs:
+            folder = run_dir / r["folder"]
+            data = record.relocate(record.read_json(folder / "result.json"), run_dir)
+            result = SuiteResult.from_dict(data) if data else by_suite[suite]
+            note = (f"Run {r['attempt'] + 1} of {len(runs)} of {suite} (seed {r.get('seed')}), judged by the runbook's "
+                    f"thresholds. The verification's outcome for {suite}: {outcome['outcome']}: {outcome['reason']}")
+            one = ReportMeta(commit=meta.commit, commit_ref=meta.commit_ref, diff_stat=meta.diff_stat,
+                             dag_run_id=meta.dag_run_id, node=meta.node, paths={suite: _paths(folder, run_dir)},
+                             notes=[note], baselines={k: v for k, v in meta.baselines.items() if k == suite})
+            write_report(folder, [result], one, shown_as=f"{where}/{r['folder']}")
 
 
 def _safe_suites(params: Mapping[str, Any]) -> list[str]:
@@ -377,13 +567,21 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id))
     _notify_verdict(summary, dag_run_id)
-    line = verdict_message(summary, view) if summary["verdict"] != "PASS" else f"PASS; report: {view}"
+    said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" for s in summary.get("suites") or []
+            if s.get("runs", 1) > 1]
+    if summary["verdict"] == "FAIL":
+        line = verdict_message(summary, view)
+    else:
+        line = f"{summary['verdict']}" + (f": {'; '.join(said)}" if said else "") + f"; report: {view}"
     _note_run(dag_run_id, line)
-    if summary["verdict"] != "PASS":
+    if summary["verdict"] == "FAIL":  # a reproduced FAIL, a FAIL noise cannot produce, or infrastructure
         log.error("%s", line)
         raise AirflowFailException(line)  # not retried: the verdict will not change
-    log.info("PASS: every checked metric of %s is within its threshold; report: %s",
-             ", ".join(s["suite"] for s in summary.get("suites") or []), view)
+    if summary["verdict"] == "INCONCLUSIVE":
+        log.warning("%s", line)
+        return "INCONCLUSIVE"
+    log.info("PASS: every suite of %s passes; report: %s", ", ".join(s["suite"] for s in summary.get("suites") or []),
+             view)
     return "PASS"
 
 
@@ -400,7 +598,8 @@ def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:
     """Post the verdict with the commit and the first suggested next step of a failing suite."""
     report = record.get_json(dag_run_id, "report.json") or {}
     commit = f"{report.get('commit_ref') or '?'} ({(report.get('commit') or '')[:10] or 'unresolved'})"
-    failing = [s for s in report.get("suites") or [] if s.get("verdict") != "PASS" and s.get("next_steps")]
+    failing = [s for s in report.get("suites") or [] if s.get("next_steps")
+               and (s.get("outcome") or {}).get("outcome", s.get("verdict")) in confirm.FAILING]
     step = failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
     notify.send(*notify.verdict(summary, commit, dag_run_id, step), failure=summary["verdict"] != "PASS")
 
@@ -415,18 +614,22 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
              if failed_tasks else "No task failed: checking that no process of this run is left on the node")
     lines: list[str] = []
-    fetched = [f"{suite}/fetch.json" for suite in resolved["suites"]]
+    # A suite's first run, and each repeat whose training task failed: what they left is archived.
+    jobs = [(suite, k) for suite in resolved["suites"] for k in range(settings.MAX_REPEATS + 1)
+            if k == 0 or settings.training_task(suite, k) in (failed_tasks or [])]
+    fetched = [f"{settings.attempt_name(suite, k)}/fetch.json" for suite, k in jobs]
     with record.workspace(dag_run_id, parts=fetched) as run_dir:
         for conn, suites in suites_by_node(resolved).items():
             folders = suite_node(resolved, suites[0])[1]
             with ssh_client(conn) as client:
                 lines += node.cleanup(client, folders["run_dir"], resolved["run_key"])
-                for suite in suites if failed_tasks else []:  # archive what a failed suite left
-                    dest = run_dir / suite
+                for suite, attempt in [j for j in jobs if j[0] in suites] if failed_tasks else []:
+                    name = settings.attempt_name(suite, attempt)
+                    dest = run_dir / name
                     if (dest / "fetch.json").exists():
                         continue
                     spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
-                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest)
+                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=name)
                     record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
                                                             ["collected by cleanup after a failure"]})
     for line in lines:
@@ -455,8 +658,10 @@ def failed_tasks(ti: Any) -> list[str]:
 def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, dag_run_id: str,
                            lines: list[str], clean: bool) -> None:
     """An infrastructure message unless the only failures are suites the live check stopped (accuracy)."""
-    stopped = {settings.training_task(s) for s in (resolved or {}).get("suites", [])
-               if (record.get_json(dag_run_id, f"{s}/abort.json") or {}).get("certain")}
+    stopped = {settings.training_task(s, k) for s in (resolved or {}).get("suites", [])
+               for k in range(settings.MAX_REPEATS + 1)
+               if settings.training_task(s, k) in failed_tasks
+               and (record.get_json(dag_run_id, f"{settings.attempt_name(s, k)}/abort.json") or {}).get("certain")}
     infra = [t for t in failed_tasks if t not in stopped]
     if not infra:
         log.info("No infrastructure failure to report (%s)", "the failing suites were stopped by the live check"

@@ -67,6 +67,16 @@ def run_folder(dag_id: str, run_id: str) -> Any:
     return folder
 
 
+def run_report(dag_id: str, run_id: str, folder: str) -> Any:
+    """The report of one run of a repeated suite (``folder``: its record folder, chosen from a listing of
+    the run's record; 404 for anything else)."""
+    chosen = _listed(run_folder(dag_id, run_id), folder)
+    page = chosen / "report.html" if chosen is not None else None
+    if page is None or not page.is_file():
+        raise HTTPException(404, f"no report of run {folder!r} in verification run {run_id!r}")
+    return page
+
+
 def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
     """The plot of calibration run ``run_id``'s proposal for ``suite`` (404 for anything else)."""
     if dag_id != settings.CALIBRATION_DAG_ID:
@@ -126,6 +136,11 @@ def create_app() -> FastAPI:
     def report(dag_id: str, run_id: str) -> Response:
         """The run's HTML report (self-contained: its plots are embedded)."""
         return HTMLResponse((run_folder(dag_id, run_id) / "report.html").read_bytes().decode("utf-8"))
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/report/{folder}", response_class=HTMLResponse, dependencies=[access])
+    def one_run_report(dag_id: str, run_id: str, folder: str) -> Response:
+        """The report of one run of a repeated suite (its own runbook verdict), linked from the run's report."""
+        return HTMLResponse(run_report(dag_id, run_id, folder).read_bytes().decode("utf-8"))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report.json", dependencies=[access])
     def report_json(dag_id: str, run_id: str) -> Response:

@@ -41,12 +41,12 @@ def threshold_text(rule: Rule) -> str:
 
 def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
                   node: str | Mapping[str, str], criteria_of: Mapping[str, list[str]],
-                  versions: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+                  versions: Mapping[str, str] | None = None, repeats: int | None = None) -> dict[str, list[str]]:
     """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted).
 
     ``node``: the one node of every suite, or ``{suite: node}``. ``criteria_of``: suite -> its engine's
     acceptance criteria (``Engine.criteria``, from the data it is judged with); ``versions``: suite ->
-    its baseline version, in words.
+    its baseline version, in words; ``repeats``: the extra runs a suite may take to confirm a FAIL.
     """
     versions = versions or {}
     specs = list(specs)
@@ -72,6 +72,15 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
         scale.append(f"{len(nodes)} 8-GPU nodes, one training per node at a time: "
                      + "; ".join(f"`{n}` trains {', '.join(suites)}" for n, suites in nodes.items())
                      + ". Suites on different nodes train at the same time.")
+    if repeats:
+        scale.append("")
+        scale.append(f"Confirmation: a suite whose FAIL run-to-run noise could have produced is repeated at the same "
+                     f"commit with a new seed, up to {repeats} more time(s), and ends FAIL (reproduced), PASS (not "
+                     f"reproduced) or INCONCLUSIVE; this card allows up to {repeats * len(specs)} extra training(s) in "
+                     "all. A FAIL noise cannot produce (NaN, a crash, a wrong step count, a breach far outside the "
+                     "measured spread) is final at once.")
+    elif repeats == 0:
+        scale += ["", "Confirmation off: each suite's first run's verdict is final (no extra training)."]
     prereq = ["| suite | kind | path |", "|---|---|---|"]
     prereq += [f"| {v['suite']} | {v['kind']} | `{v['path']}` |" for v in verified]
     return {"目标 goal": goal, "判读标准 acceptance criteria": criteria,
@@ -80,23 +89,25 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
 
 def experiment_definition(specs: Iterable[SuiteSpec],
                           data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None,
-                          versions: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded), its data and
-    the number of the baseline version it is judged against (when given)."""
+                          versions: Mapping[str, int] | None = None, repeats: int | None = None) -> dict[str, Any]:
+    """What defines the experiment: each suite's spec as written (``${VAR}`` unexpanded), its data, the
+    number of the baseline version it is judged against, and the extra runs a FAIL may take (when given)."""
     data = data or _thresholds
     ordered = sorted(specs, key=lambda s: s.name)
     out = {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in ordered}
     for name, version in (versions or {}).items():
         if name in out:
             out[name]["baseline_version"] = version
+    if repeats is not None:
+        out = {**out, "confirmation_repeats": repeats}
     return out
 
 
 def experiment_fingerprint(specs: Iterable[SuiteSpec],
                            data: Callable[[SuiteSpec], Mapping[str, Any]] | None = None,
-                           versions: Mapping[str, int] | None = None) -> str:
+                           versions: Mapping[str, int] | None = None, repeats: int | None = None) -> str:
     """Stable hash of ``experiment_definition``: what a standing approval is bound to."""
-    text = json.dumps(experiment_definition(specs, data, versions), sort_keys=True, ensure_ascii=False)
+    text = json.dumps(experiment_definition(specs, data, versions, repeats), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
