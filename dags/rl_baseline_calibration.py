@@ -104,8 +104,15 @@ def rl_baseline_calibration():
                                           **settings.TRAINING_TASK_ARGS).expand_kwargs(trainings)
     fetched = fetch_runs(trainings)
     proposal = propose(trainings)
+    choices = engines.threshold_choices()
     approve = ApprovalOperator(task_id="approve_promotion", subject="Promote the calibrated baseline?",
-                               body="{{ ti.xcom_pull(task_ids='propose')['markdown'] }}")
+                               body="{{ ti.xcom_pull(task_ids='propose')['markdown'] }}",
+                               params={"thresholds": Param(
+                                   choices[0] if choices else None, type=["string", "null"], enum=[*choices, None],
+                                   title="Thresholds of the new version",
+                                   description="Which thresholds a golden-table proposal is promoted with: the "
+                                               "runbook's (max deviation x 1.5) or those that hold a 5% false "
+                                               "alarm per verification for these N runs (see the proposal).")})
     chain(train, fetched, proposal, approve, promote(proposal))
     chain([trainings, train, fetched], cleanup())
 

@@ -189,15 +189,17 @@ class Rig:
         self.stop()
 
     def run(self, conf: Mapping[str, Any], decision: str | None = "Approve", timeout: float = 600,
-            standing: bool = False, during: Callable[[str], Any] | None = None) -> RunOutcome:
+            standing: bool = False, during: Callable[[str], Any] | None = None,
+            run_id: str | None = None) -> RunOutcome:
         """Trigger a run, answer the approval with ``decision`` (None: expect no wait), wait for the end.
 
         ``during(run_id)``, when given, is called once the approval is answered and before waiting
         for the end (fault-injection tests use it to act on the running DAG run and the node).
+        ``run_id`` fixes the DAG run's id (its repeats' seeds derive from it): default Airflow's.
         """
         assert self.client is not None
         t0 = time.monotonic()
-        run_id = self.client.trigger(DAG_ID, conf=dict(conf))
+        run_id = self.client.trigger(DAG_ID, conf=dict(conf), run_id=run_id)
         timings: dict[str, float] = {}
         approval = None
         if decision is not None:

@@ -75,9 +75,11 @@ def test_no_heavy_imports_at_parse_time(parsed):
 
 def test_dag_shape_matches_the_spec(parsed):
     tasks = parsed["tasks"]
+    repeats = {f"{kind}_{suite}-r{k}" for suite in ("grpo", "opd") for k in (1, 2, 3)
+               for kind in ("repeat", "run", "fetch", "compare")}
     assert set(tasks) == {"resolve_commit", "check_prerequisites", "experiment_card", "approve",
                           "run_grpo", "fetch_grpo", "compare_grpo", "run_opd", "fetch_opd", "compare_opd",
-                          "report", "verdict", "cleanup"}
+                          "confirm_grpo", "confirm_opd", "report", "verdict", "cleanup"} | repeats
     assert tasks["check_prerequisites"]["upstream"] == ["resolve_commit"]
     assert tasks["approve"]["upstream"] == ["experiment_card"]
     for suite in ("grpo", "opd"):
@@ -85,7 +87,15 @@ def test_dag_shape_matches_the_spec(parsed):
         assert tasks[f"run_{suite}"]["upstream"] == ["approve", "resolve_commit"]
         assert f"run_{suite}" in tasks[f"fetch_{suite}"]["upstream"]
         assert f"fetch_{suite}" in tasks[f"compare_{suite}"]["upstream"]
-    assert tasks["report"]["upstream"] == ["cleanup", "compare_grpo", "compare_opd"]
+        # Each repeat slot: a gate after the previous run's comparison, then the same three tasks.
+        previous = f"compare_{suite}"
+        for k in (1, 2, 3):
+            assert tasks[f"repeat_{suite}-r{k}"]["upstream"] == [previous]
+            assert tasks[f"run_{suite}-r{k}"]["upstream"] == sorted(["resolve_commit", f"repeat_{suite}-r{k}"])
+            assert f"fetch_{suite}-r{k}" in tasks[f"compare_{suite}-r{k}"]["upstream"]
+            previous = f"compare_{suite}-r{k}"
+        assert tasks[f"confirm_{suite}"]["upstream"] == [previous]
+    assert tasks["report"]["upstream"] == ["cleanup", "confirm_grpo", "confirm_opd"]
     assert tasks["verdict"]["upstream"] == ["report"]
 
 
@@ -94,14 +104,19 @@ def test_trigger_rules_as_designed(parsed):
     assert rules["cleanup"] == "all_done"  # always says whether the node is clean (a skipped task has no log)
     assert rules["report"] == rules["verdict"] == "all_done"  # the report exists whatever failed
     assert rules["fetch_grpo"] == rules["compare_opd"] == "none_skipped"  # reject skips them
-    assert rules["run_grpo"] == rules["approve"] == "all_success"
-    assert set(parsed["tasks"]["cleanup"]["upstream"]) >= {"run_grpo", "run_opd", "fetch_grpo", "fetch_opd"}
+    assert rules["run_grpo"] == rules["approve"] == rules["run_opd-r1"] == "all_success"
+    # A gate runs after a failed comparison (a first run's FAIL) and decides; a skipped repeat skips its
+    # fetch and compare; the outcome is always written.
+    assert rules["repeat_opd-r1"] == rules["repeat_grpo-r3"] == rules["confirm_opd"] == "all_done"
+    assert rules["fetch_opd-r1"] == rules["compare_grpo-r2"] == "none_skipped"
+    assert set(parsed["tasks"]["cleanup"]["upstream"]) >= {"run_grpo", "run_opd", "fetch_grpo", "fetch_opd",
+                                                          "run_opd-r3", "fetch_grpo-r2"}
 
 
 def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parsed):
     tasks = parsed["tasks"]
     # The default node's pool; a run that names other nodes gets theirs from rl_verify.orchestration.policy.
-    assert tasks["run_grpo"]["pool"] == tasks["run_opd"]["pool"] == "rl_node_rl_gpu_node"
+    assert tasks["run_grpo"]["pool"] == tasks["run_opd"]["pool"] == tasks["run_opd-r2"]["pool"] == "rl_node_rl_gpu_node"
     assert tasks["cleanup"]["pool"] == "default_pool"  # runs whatever happened, on every node of the run
     assert tasks["run_grpo"]["retries"] <= 1  # a retry re-attaches, never relaunches
     assert tasks["report"]["retries"] == 0 and tasks["verdict"]["retries"] == 0
@@ -109,7 +124,7 @@ def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parse
 
 def test_tags_params_and_scheduling(parsed):
     assert "rl-verify" in parsed["tags"]
-    assert parsed["params"] == ["baseline_versions", "commit", "early_abort", "node", "suites"]
+    assert parsed["params"] == ["baseline_versions", "commit", "early_abort", "node", "repeats", "suites"]
     assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
 
 
@@ -145,3 +160,19 @@ def test_calibration_trains_mapped_runs_and_promotes_only_after_the_approval(par
     # Cleanup runs whatever happened, after everything that touches a node.
     assert tasks["cleanup"]["trigger_rule"] == "all_done"
     assert tasks["cleanup"]["upstream"] == ["fetch_runs", "plan", "train"]
+
+
+def test_every_task_id_the_package_knows_is_one_the_dags_name_their_tasks_with(parsed):
+    """The package refers to tasks only through the names in rl_verify.settings, and the DAG files name
+    their tasks with them: no package module knows a task id the DAGs do not have."""
+    from rl_verify import settings
+
+    tasks, calibration = set(parsed["tasks"]), set(parsed["calibration"])
+    known = {settings.REPORT_TASK} | {
+        name(suite, k) for suite in ("grpo", "opd") for k in range(settings.MAX_REPEATS + 1)
+        for name in (settings.training_task, settings.fetch_task, settings.compare_task)}
+    known |= {settings.repeat_gate_task(s, k) for s in ("grpo", "opd") for k in range(1, settings.MAX_REPEATS + 1)}
+    known |= {settings.confirm_task(s) for s in ("grpo", "opd")}
+    assert known <= tasks, known - tasks
+    assert settings.CALIBRATION_TRAINING_TASK in calibration
+    assert {settings.suite_of_training_task(t) for t in tasks} - {None} == {"grpo", "opd"}

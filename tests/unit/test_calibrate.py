@@ -87,3 +87,16 @@ def test_the_grpo_plot_draws_the_current_baseline_tracker_beside_the_runs(tmp_pa
     bare = calibrate._plot("grpo", runs, tmp_path / "without.png", data_file(spec.data), None, spec).read_bytes()
     assert drawn.startswith(b"\x89PNG") and bare.startswith(b"\x89PNG")
     assert drawn != bare  # the baseline's curve (rewards far below the runs) is on the plot
+
+
+def test_the_approvers_threshold_choice_picks_the_versions_golden_table_and_keeps_the_other():
+    info = {"files": ["golden.json", "golden-false-alarm.json"],
+            "choices": {"runbook: max deviation x 1.5": {}, "5% false alarm per verification":
+                        {"golden.json": "golden-false-alarm.json"}}}
+    label, files = calibrate.chosen_files(info, "5% false alarm per verification")
+    assert label == "5% false alarm per verification"
+    assert files == {"golden.json": "golden-false-alarm.json", "golden-runbook.json": "golden.json"}
+    label, files = calibrate.chosen_files(info, None)  # nobody picked: the runbook's, the first
+    assert label == "runbook: max deviation x 1.5" and files["golden.json"] == "golden.json"
+    assert calibrate.chosen_files({"files": ["baseline.jsonl"], "choices": {}}, "anything") == \
+        ("", {"baseline.jsonl": "baseline.jsonl"})

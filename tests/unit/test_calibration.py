@@ -329,15 +329,40 @@ def test_markdown_table_lists_every_metric_and_eval_point_with_both_thresholds(p
     text = proposal_table_markdown(proposal)
     lines = text.splitlines()
     assert lines[0] == ("| metric | eval point | proposed value | current value | proposed threshold | "
-                        "current threshold | change |")
+                        "threshold at 5% false alarm | current threshold | change |")
     rows = [line for line in lines if line.startswith(f"| {KL} |")]
     assert len(rows) == 5  # eval points 5..25
-    assert rows[-1].startswith(f"| {KL} | 25 | 0.3168 | 0.3118 | < 0.015 (tighter) | < 0.03 | +0.0050 |")
-    assert f"| {REWARDS} | 10 | 0.6456 | 0.6156 | < 0.09 (wider) | < 0.08 | +0.0300 |" in text
-    assert f"| {LEN} | all | — | — | < 15% (tighter) | < 18% | — |" in text
-    assert f"| {TIME} | all | — | — | < 0% (tighter) | < 10% (reference only) | — |" in text
+    alt = proposal["false_alarm"]["thresholds"]
+    assert rows[-1].startswith(f"| {KL} | 25 | 0.3168 | 0.3118 | < 0.015 (tighter) | < {alt[KL]:g} | < 0.03 | "
+                               "+0.0050 |")
+    assert f"| {REWARDS} | 10 | 0.6456 | 0.6156 | < 0.09 (wider) | < {alt[REWARDS]:g} | < 0.08 | +0.0300 |" in text
+    assert f"| {LEN} | all | — | — | < 15% (tighter) | today's | < 18% | — |" in text
+    assert f"| {TIME} | all | — | — | < 0% (tighter) | today's | < 10% (reference only) | — |" in text
     assert "**Warnings**" in text and "widening a tolerance can hide a regression" in text
-    assert "x 1.5" in text
+    assert "x 1.5" in text and "What the thresholds will cost" in text
+
+
+def test_the_false_alarm_thresholds_hold_their_rate_for_the_n_runs_given():
+    """Fresh healthy runs (normal noise, sigma 0.01 at 5 points of 2 metrics) against a 3-run mean: the
+    thresholds from the runs' own spread FAIL about 5% of verifications, the runbook's x1.5 far more."""
+    import numpy as np
+
+    from rl_verify.core.calibration import false_alarm_thresholds
+
+    rng = np.random.default_rng(5)
+    fails, x15, trials = 0, 0, 2000
+    for _ in range(trials):
+        runs = rng.normal(0, 0.01, size=(3, 2, 5))  # N runs x metrics x points
+        mean, std = runs.mean(0), runs.std(0, ddof=1)
+        points = [{"metric": f"m{i}", "step": p, "std": float(std[i, p]), "proposed": 1.0}
+                  for i in range(2) for p in range(5)]
+        rows = [{"metric": f"m{i}", "golden_values": True, "reference_only": False, "method": "absolute"}
+                for i in range(2)]
+        alt = false_alarm_thresholds(points, rows, 3)["thresholds"]
+        fresh = rng.normal(0, 0.01, size=(2, 5)) - mean
+        fails += any(abs(fresh[i]).max() >= alt[f"m{i}"] for i in range(2))
+        x15 += any(abs(fresh[i]).max() >= 1.5 * abs(runs[:, i] - mean[i]).max() for i in range(2))
+    assert 0.03 < fails / trials < 0.075 and x15 / trials > 0.3
 
 
 def test_the_false_alarm_estimate_is_repeatable_and_falls_as_runs_are_added():

@@ -32,8 +32,8 @@ def test_a_passing_first_run_is_final():
 
 
 @pytest.mark.parametrize("first,why", [
-    (run({KL: {5: 0.04}}, failure_class="performance"), "performance failure"),
-    (run({KL: {5: 0.04}}, failure_class="infrastructure"), "infrastructure failure"),
+    (run({KL: {5: 0.04}}, failure_class="performance"), "of the performance class"),
+    (run({KL: {5: 0.04}}, failure_class="infrastructure"), "of the infrastructure class"),
     (run({KL: {5: math.nan}}), "not finite"),
     (run({KL: {5: 0.2}}), "sigma from its reference"),           # 17 sigma: no noise reaches it
     (run({KL: {5: 0.04}}, not_repeatable=["wrong step count"]), "wrong step count"),

@@ -429,11 +429,15 @@ def opd_proposal(stats: pd.DataFrame, current: OpdGolden, eval_points: Sequence[
                             "change": proposed - rule.threshold, "widening": proposed > rule.threshold,
                             "disagreement": not rule.holds(deviation), "zero_deviation": deviation == 0})
     problems.raise_if_any("cannot propose an OPD golden table")
+    alternative = false_alarm_thresholds(point_rows, metric_rows, n)
+    for row in metric_rows:
+        row["false_alarm_threshold"] = alternative["thresholds"].get(row["metric"])
     return {"suite": current.suite, "runs": n, "margin": margin, "eval_points": points, "golden": golden,
             "thresholds": thresholds, "metrics": metric_rows, "points": point_rows,
-            "warnings": _opd_warnings(metric_rows, n, margin),
+            "warnings": _opd_warnings(metric_rows, n, margin), "false_alarm": alternative,
             "rules": {"threshold": RULE_THRESHOLD.format(n=n, margin=margin), "widening": RULE_WIDENING,
-                      "disagreement": RULE_DISAGREEMENT.format(n=n), "few_runs": RULE_FEW_RUNS}}
+                      "disagreement": RULE_DISAGREEMENT.format(n=n), "few_runs": RULE_FEW_RUNS,
+                      "false_alarm": alternative["rule"]}}
 
 
 @functools.lru_cache(maxsize=512)
@@ -475,6 +479,48 @@ def _few_runs_warning(metric_rows: list[dict[str, Any]], n: int, margin: float) 
             f"fresh healthy run breaks one metric's proposed tolerance in about {per_metric:.0%} of runs, and about "
             f"{rate:.0%} of healthy verifications would FAIL on at least one of the {len(judged)} judged metrics "
             f"(rule: flagged above {FALSE_ALARM_LIMIT:.0%}); {advice}; or keep today's tolerances")
+
+
+#: The false-alarm rate per verification the alternative thresholds hold by default.
+FALSE_ALARM_TARGET = 0.05
+RULE_FALSE_ALARM = ("alternative thresholds hold a false alarm of {alpha:.0%} per verification for these {n} runs: "
+                    "per metric, the pooled sample standard deviation s of the runs at its eval points, and "
+                    "threshold = t(1 - a/2, dof) * s * sqrt(1 + 1/N), the Student-t prediction bound of a fresh "
+                    "run against the N-run mean, with a = 1 - (1 - {alpha:g})^(1/points) shared over every judged "
+                    "point of every judged metric (normal, independent noise); rounded up to "
+                    f"{THRESHOLD_DIGITS} significant digits")
+
+
+def false_alarm_thresholds(point_rows: Sequence[Mapping[str, Any]], metric_rows: Sequence[Mapping[str, Any]], n: int,
+                           alpha: float = FALSE_ALARM_TARGET) -> dict[str, Any]:
+    """Thresholds that hold a false alarm of ``alpha`` per verification for the ``n`` runs given (rule
+    ``RULE_FALSE_ALARM``, SciPy's Student-t quantile), for each metric judged against the N-run mean
+    (golden values), and the N the runbook's x1.5 rule would need to hold the same rate."""
+    from scipy.stats import t as student_t  # kept out of DAG parsing
+
+    judged = [m for m in metric_rows if m["golden_values"] and not m["reference_only"]]
+    spread: dict[str, tuple[float, int, int]] = {}
+    for m in judged:
+        mine = [p for p in point_rows if p["metric"] == m["metric"] and math.isfinite(p["std"])]
+        if not mine:
+            continue
+        scale = [p["std"] / abs(p["proposed"]) if m["method"] == "relative" and p["proposed"] else p["std"]
+                 for p in mine]
+        pooled = math.sqrt(sum(v * v for v in scale) / len(scale))
+        spread[m["metric"]] = (pooled, len(mine), len(mine) * (n - 1))
+    total = sum(points for _, points, _ in spread.values())
+    thresholds = {}
+    if total and n >= 2:
+        per_point = 1 - (1 - alpha) ** (1 / total)
+        for metric, (pooled, _, dof) in spread.items():
+            bound = student_t.ppf(1 - per_point / 2, dof) * pooled * math.sqrt(1 + 1 / n)
+            thresholds[metric] = ceil_significant(bound) if bound > 0 else bound
+    points = [points for _, points, _ in spread.values()]
+    needed = next((k for k in range(2, FALSE_ALARM_MAX_RUNS + 1)
+                   if suite_false_alarm_rate(k, points, DEFAULT_MARGIN) <= alpha), None) if points else None
+    return {"alpha": alpha, "thresholds": thresholds, "runs": n,
+            "runbook_rule_rate": suite_false_alarm_rate(n, points, DEFAULT_MARGIN) if points else None,
+            "runbook_rule_runs_needed": needed, "rule": RULE_FALSE_ALARM.format(alpha=alpha, n=n)}
 
 
 def _opd_warnings(metric_rows: list[dict[str, Any]], n: int, margin: float) -> list[str]:
@@ -522,8 +568,11 @@ def proposal_table_markdown(proposal: Mapping[str, Any], warnings: bool = True) 
     proposed - current value), one row "all" for a metric judged without golden values; the
     proposed threshold is marked (wider)/(tighter)/(same). Then the threshold rule in words and,
     when ``warnings``, the proposal's warnings as a list."""
+    alternative = proposal.get("false_alarm") or {}
     head = ["metric", "eval point", "proposed value", "current value", "proposed threshold",
             "current threshold", "change"]
+    if alternative.get("thresholds"):
+        head.insert(5, f"threshold at {alternative['alpha']:.0%} false alarm")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     points = proposal.get("points", [])
     for m in proposal.get("metrics", []):
@@ -532,19 +581,32 @@ def proposal_table_markdown(proposal: Mapping[str, Any], warnings: bool = True) 
         mark = "wider" if prop > cur else ("tighter" if prop < cur else "same")
         prop_cell = f"{op} {_fmt_threshold(method, prop)} ({mark})"
         cur_cell = f"{op} {_fmt_threshold(method, cur)}" + (" (reference only)" if m["reference_only"] else "")
+        alt = m.get("false_alarm_threshold")
+        alt_cell = [f"{op} {_fmt_threshold(method, alt)}" if alt is not None else "today's"] \
+            if alternative.get("thresholds") else []
         mine = [p for p in points if p["metric"] == m["metric"]]
         for p in mine:
             change = "—" if p["current"] is None else f"{p['proposed'] - p['current']:+.4f}"
             cells = [m["metric"], str(p["step"]), fmt_value(p["proposed"]), fmt_value(p["current"]),
-                     prop_cell, cur_cell, change]
+                     prop_cell, *alt_cell, cur_cell, change]
             lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
         if not mine:
-            cells = [m["metric"], "all", "—", "—", prop_cell, cur_cell, "—"]
+            cells = [m["metric"], "all", "—", "—", prop_cell, *alt_cell, cur_cell, "—"]
             lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     rules = proposal.get("rules", {})
     out = "\n".join(lines) + "\n"
     if rules.get("threshold"):
         out += f"\nProposed value: mean of {proposal.get('runs')} runs at the eval point; " + rules["threshold"] + ".\n"
+    if alternative.get("thresholds"):
+        rate, needed = alternative.get("runbook_rule_rate"), alternative.get("runbook_rule_runs_needed")
+        out += (f"\nWhat the thresholds will cost: with the runbook's x {proposal.get('margin')} on these "
+                f"{proposal.get('runs')} runs, about {rate:.0%} of healthy verifications would FAIL (normal, "
+                f"independent noise); "
+                + (f"the x {proposal.get('margin')} rule would need N = {needed} runs to hold "
+                   f"{alternative['alpha']:.0%}. " if needed else
+                   f"no N up to {FALSE_ALARM_MAX_RUNS} makes the x {proposal.get('margin')} rule hold "
+                   f"{alternative['alpha']:.0%}. ")
+                + f"The {alternative['alpha']:.0%} column: {alternative['rule']}. The approver picks one set.\n")
     if warnings and proposal.get("warnings"):
         out += "\n**Warnings**\n\n" + "".join(f"- {w}\n" for w in proposal["warnings"])
     return out
@@ -554,9 +616,12 @@ def proposal_table_markdown(proposal: Mapping[str, Any], warnings: bool = True) 
 
 class Proposal(NamedTuple):
     """A suite's proposed baseline from N runs: the files of a new version, its statistics summary, the
-    tables a person reads (Markdown, without the warnings) and the warnings (each reader lists them once)."""
+    tables a person reads (Markdown, without the warnings), the warnings (each reader lists them once),
+    and the choices the approver has: label -> {version file name: proposal file to write there} (the
+    first is the default; {} keeps ``files`` as they are)."""
 
     files: dict[str, bytes]
     statistics: dict[str, Any]
     markdown: str
     warnings: list[str]
+    choices: dict[str, dict[str, str]] = {}

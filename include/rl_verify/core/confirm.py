@@ -120,7 +120,7 @@ def repeatable(first: RunPoints, spread: Spread | None, rule: Rule) -> list[str]
         return ["the run passed"]
     out = list(first.not_repeatable)
     if first.failure_class != "accuracy":
-        out.append(f"a {first.failure_class or 'unclassified'} failure, not the accuracy class")
+        out.append(f"a FAIL of the {first.failure_class or 'unknown'} class, not the accuracy class")
     for p in first.points:
         if not p.breached:
             continue

@@ -38,8 +38,10 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
     (a ``Path`` or an ``ObjectStoragePath``).
 
     A ``report.json`` that cannot be read is skipped with a warning (one broken record must not
-    hide the history). Row keys: run, folder, started, type, commit, commit_ref, verdict, suite,
-    suite_verdict, metric, ratio (worst error / threshold; None when not computable), passed.
+    hide the history). Row keys: run, folder, started, type, commit, commit_ref, verdict (the verification's,
+    over every run of a repeated suite), baselines, confirmation (its repeated suites and their runs),
+    suite, suite_verdict (its first run's), metric, ratio (worst error / threshold; None when not
+    computable), passed. A repeated verification stays one run: its first runs' metrics, its outcome.
     """
     found = []
     for path in sorted(record_dir.glob("*/report.json"), key=str) if record_dir.exists() else []:
@@ -56,7 +58,8 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
     for started, run, folder, report in found[-limit:]:
         base = {"run": run, "folder": folder, "started": started, "type": run_type(run),
                 "commit": (report.get("commit") or "")[:10], "commit_ref": report.get("commit_ref") or "",
-                "verdict": report.get("verdict") or "?", "baselines": baseline_versions(report)}
+                "verdict": report.get("verdict") or "?", "baselines": baseline_versions(report),
+                "confirmation": confirmation(report)}
         for suite in report.get("suites") or []:
             for check in suite.get("checks") or []:
                 if check.get("passed") is None:
@@ -75,13 +78,14 @@ def table(history_rows: list[dict[str, Any]]):
     import pandas as pd
 
     frame = pd.DataFrame(history_rows, columns=["run", "folder", "started", "type", "commit", "commit_ref",
-                                                "verdict", "baselines", "suite", "suite_verdict", "metric", "ratio",
-                                                "passed"])
+                                                "verdict", "baselines", "confirmation", "suite", "suite_verdict",
+                                                "metric", "ratio", "passed"])
     if frame.empty:
         return frame
     frame["baselines"] = frame["baselines"].fillna("")
-    keys = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines", "suite",
-            "suite_verdict", "metric"]
+    frame["confirmation"] = frame["confirmation"].fillna("")
+    keys = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines", "confirmation",
+            "suite", "suite_verdict", "metric"]
     return (frame.groupby(keys, dropna=False, sort=False)
             .agg(ratio=("ratio", "max"), passed=("passed", "all")).reset_index()
             .sort_values(["started", "suite", "metric"]).reset_index(drop=True))
@@ -92,11 +96,24 @@ def runs(frame) -> list[dict[str, Any]]:
     baselines, and ``baselines_changed`` (True when the baseline versions differ from the run before)."""
     if frame.empty:
         return []
-    cols = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines"]
+    cols = ["run", "folder", "started", "type", "commit", "commit_ref", "verdict", "baselines", "confirmation"]
     out = frame[cols].drop_duplicates().sort_values("started", ascending=False).to_dict("records")
     for newer, older in zip(out, out[1:] + [None]):
         newer["baselines_changed"] = older is not None and newer["baselines"] != older["baselines"]
     return out
+
+
+def confirmation(report: dict[str, Any]) -> str:
+    """``opd: PASS (not reproduced) over 2 runs``: the suites of a report that ran more than once (schema 2),
+    "" when every suite was judged by one run."""
+    said = []
+    for suite in report.get("suites") or []:
+        outcome = suite.get("outcome") or {}
+        runs = outcome.get("runs") or []
+        if len(runs) > 1:
+            said.append(f"{suite.get('suite')}: {outcome.get('outcome')} over {len(runs)} runs ("
+                        + ", ".join(str(r.get("verdict")) for r in runs) + ")")
+    return "; ".join(said)
 
 
 def baseline_versions(report: dict[str, Any]) -> str:

@@ -100,6 +100,12 @@ def suite_titles() -> dict[str, str]:
     return {name: f"{name}: {load_suite(name).title}" for name in known_suites()}
 
 
+def threshold_choices() -> list[str]:
+    """Every threshold set a calibration proposal may offer its approver, over the engines (the runbook's
+    first): the approval form's choices."""
+    return list(dict.fromkeys(c for name in names() for c in get(name).threshold_choices()))
+
+
 def criteria(specs: Iterable[SuiteSpec],
              data_path: Callable[[SuiteSpec], Path] | None = None) -> dict[str, list[str]]:
     """Each suite's acceptance criteria for the card, from its engine and the data file it is judged

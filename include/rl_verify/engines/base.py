@@ -152,6 +152,11 @@ class Engine(ABC):
                              "against a baseline tracker)", where(TRACKER_FILE), None, fix)
         return None
 
+    def threshold_choices(self) -> list[str]:
+        """The labels of the threshold sets a calibration proposal of this engine offers the approver
+        (``Proposal.choices``; [] when it offers no choice)."""
+        return []
+
     @abstractmethod
     def propose(self, spec: SuiteSpec, trackers: Mapping[str, Path], current_data: Path,
                 commit: str | None) -> Any:

@@ -292,6 +292,11 @@ class OpdLive(LiveCheck):
 
 #: The runbook's rule for the thresholds of a golden table: measured max run-to-run deviation x this.
 MARGIN = 1.5
+#: The approver's choices of thresholds for a calibrated golden table (``Proposal.choices``).
+RUNBOOK_CHOICE = "runbook: max deviation x 1.5"
+#: The proposal's golden table with the thresholds that hold a stated false-alarm rate.
+FALSE_ALARM_FILE = "golden-false-alarm.json"
+FALSE_ALARM_CHOICE = "5% false alarm per verification"
 
 
 def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
@@ -357,8 +362,20 @@ def opd_golden_proposal(spec: SuiteSpec, trackers: Mapping[str, str | Path], cur
     if kept:
         markdown += (f"\nKept at today's threshold: {', '.join(kept)} (judged against the reference baseline "
                      "tracker, which these runs do not calibrate).\n")
-    return calib.Proposal({OpdEngine.baseline_file: (json.dumps(golden, indent=2) + "\n").encode("utf-8")},
-                          json.loads(json.dumps(statistics, default=float)), markdown, list(proposal["warnings"]))
+    files = {OpdEngine.baseline_file: (json.dumps(golden, indent=2) + "\n").encode("utf-8")}
+    choices: dict[str, dict[str, str]] = {RUNBOOK_CHOICE: {}}
+    alternative = proposal["false_alarm"]
+    if alternative["thresholds"] and alternative["alpha"] == 0.05:  # the label says 5%
+        label = FALSE_ALARM_CHOICE
+        held = {**golden, "source": {**source, "note": source["note"].split(";")[0] + f"; thresholds: {label} ("
+                                     + alternative["rule"] + ")"},
+                "thresholds": {m: {**t, "threshold": alternative["thresholds"].get(m, t["threshold"])}
+                               for m, t in golden["thresholds"].items()}}
+        files[FALSE_ALARM_FILE] = (json.dumps(held, indent=2) + "\n").encode("utf-8")
+        choices[label] = {OpdEngine.baseline_file: FALSE_ALARM_FILE}
+        statistics["false_alarm"] = alternative
+    return calib.Proposal(files, json.loads(json.dumps(statistics, default=float)), markdown,
+                          list(proposal["warnings"]), choices)
 
 
 class OpdEngine(Engine):
@@ -537,6 +554,9 @@ class OpdEngine(Engine):
             baseline_ref=spec.reference_baseline,
             note=f"Imported from the package ({spec.data}); {src.document}: \"{quote}\""
         ), {self.baseline_file: raw}
+
+    def threshold_choices(self) -> list[str]:
+        return [RUNBOOK_CHOICE, FALSE_ALARM_CHOICE]
 
     def propose(self, spec: SuiteSpec, trackers: Mapping[str, Path], current_data: Path,
                 commit: str | None) -> Any:

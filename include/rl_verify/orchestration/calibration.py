@@ -38,6 +38,8 @@ FOLDER = settings.CALIBRATION_RECORD_FOLDER
 #: A calibration's record is ``<record root>/<this DAG id>/<run key>/``, apart from the verification runs'.
 DAG_ID = settings.CALIBRATION_DAG_ID
 MAX_RUNS = 20
+#: The approval form's field where the approver picks a proposal's thresholds (``Proposal.choices``).
+THRESHOLDS_PARAM = "thresholds"
 
 
 def run_folder(suite: str, index: int) -> str:
@@ -192,9 +194,12 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
             body += [text, _plot_markdown(suite, len(trackers), dag_run_id), "", *warnings]
             summary[suite] = {"runs": len(trackers), "against": versions[suite]["version"],
                               "files": sorted(proposal.files), "warnings": proposal.warnings,
-                              "statistics": proposal.statistics}
-    body.append("Approve: each proposal becomes a new baseline version and the current one. Reject: nothing "
-                "changes.")
+                              "statistics": proposal.statistics, "choices": proposal.choices}
+    choices = [c for info in summary.values() for c in info["choices"]]
+    body.append("Approve: each proposal becomes a new baseline version and the current one"
+                + (f", with the thresholds you pick in the form ('{THRESHOLDS_PARAM}': "
+                   + " or ".join(f"'{c}'" for c in dict.fromkeys(choices)) + f"; default '{choices[0]}')"
+                   if len(set(choices)) > 1 else "") + ". Reject: nothing changes.")
     markdown = "\n".join(body)
     record.put_json(dag_run_id, f"{FOLDER}/proposal.json", {"sha": sha, "suites": summary}, dag_id=DAG_ID)
     log.info("Proposal:\n%s", markdown)
@@ -295,9 +300,24 @@ def _plot(suite: str, trackers: Mapping[str, Path], out: Path, current_data: Pat
     return out
 
 
+def chosen_files(info: Mapping[str, Any], choice: str | None) -> tuple[str, dict[str, str]]:
+    """The approver's choice among a proposal's ``choices`` (the first when none or an unknown one was
+    picked) and the version's files: version file name -> the proposal file written there. A file the
+    choice replaces is kept beside it, as ``<name without .json>-<replaced by>`` (nothing is lost)."""
+    choices = info.get("choices") or {}
+    label = choice if choice in choices else next(iter(choices), "")
+    mapping = {name: name for name in info["files"]}
+    for target, source in (choices.get(label) or {}).items():
+        mapping.pop(source, None)
+        mapping[f"{Path(target).stem}-runbook{Path(target).suffix}"] = target
+        mapping[target] = source
+    return label, mapping
+
+
 def promote(proposal: Mapping[str, Any], decision: Mapping[str, Any] | None, dag_run_id: str) -> dict[str, int]:
-    """Write each suite's approved proposal as a new baseline version with its provenance and make it
-    current; returns suite -> the new version."""
+    """Write each suite's approved proposal as a new baseline version (with the thresholds the approver
+    picked, when the proposal offers a choice) with its provenance and make it current; returns suite ->
+    the new version."""
     plan_data = record.get_json(dag_run_id, f"{FOLDER}/plan.json", dag_id=DAG_ID) or {}
     by = _approver(decision)
     at = datetime.now(timezone.utc)
@@ -307,12 +327,15 @@ def promote(proposal: Mapping[str, Any], decision: Mapping[str, Any] | None, dag
         for suite, info in proposal["suites"].items():
             folder = run_dir / FOLDER / suite / "proposal"
             nodes = sorted({t["resolved"]["node"] for t in trainings if t["suite"] == suite})
+            label, files = chosen_files(info, ((decision or {}).get("params_input") or {}).get(THRESHOLDS_PARAM))
             provenance = Provenance(
                 source="calibration", commit=proposal["sha"], runs=info["runs"], dag_run_ids=(dag_run_id,),
                 dates=(date.today().isoformat(),), node=", ".join(nodes), hardware=_hardware(trainings, suite),
-                approved_by=by, approved_at=at, statistics=info["statistics"],
-                note=f"calibration DAG run {dag_run_id}, against v{info['against']}")
-            version = baselines.add_version(suite, provenance, {name: folder / name for name in info["files"]})
+                approved_by=by, approved_at=at, statistics={**info["statistics"], "threshold_choice": label},
+                note=(f"calibration DAG run {dag_run_id}, against v{info['against']}"
+                      + (f"; thresholds: {label}" if label else "")))
+            version = baselines.add_version(suite, provenance,
+                                            {name: folder / source for name, source in files.items()})
             baselines.promote(suite, version, by)
             out[suite] = version
             log.info("%s: baseline v%d written and made current (approved by %s)", suite, version, by)

@@ -108,13 +108,14 @@ def history_page(dag_id: str, limit: int = 30) -> str:
     runs = history.runs(frame)
     if runs:
         parts.append("<h2>Runs</h2><table><tr><th>started (UTC)</th><th>type</th><th>commit</th><th>verdict</th>"
-                     "<th>baselines</th><th>report</th></tr>")
+                     "<th>confirmed over</th><th>baselines</th><th>report</th></tr>")
         for r in runs:
-            cls = "pass" if r["verdict"] == "PASS" else "fail"
+            cls = {"PASS": "pass", "INCONCLUSIVE": "changed"}.get(r["verdict"], "fail")
             href = links.report_view_path(dag_id, r["run"])  # the run page in the UI, report view open
             parts.append(f"<tr><td>{esc(r['started'].replace('T', ' '))}</td><td>{esc(r['type'])}</td>"
                          f"<td><code>{esc(r['commit_ref'])}</code> {esc(r['commit'])}</td>"
                          f'<td class="{cls}">{esc(r["verdict"])}</td>'
+                         f'<td>{esc(r.get("confirmation") or "one run per suite")}</td>'
                          + (f'<td class="changed">{esc(r["baselines"])} (changed)</td>' if r["baselines_changed"]
                             else f'<td>{esc(r["baselines"])}</td>')
                          + f'<td><a href="{esc(href)}" target="_top">report</a></td></tr>')
