@@ -59,8 +59,11 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _port_free(port: int) -> bool:
+def _port_free(port: int, reuse: bool = False) -> bool:
+    """Nothing bound to 127.0.0.1:port (``reuse``: nothing LISTENs there; TIME_WAIT leftovers are fine)."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -334,7 +337,7 @@ def start_foreign_ray(root: Path, user: str = "nobody") -> dict[str, Any]:
     s = settings(root)
     port, dash = s["ray_ports"]
     for p in (port, dash):
-        if not _port_free(p):
+        if not _port_free(p, reuse=True):
             raise RuntimeError(f"port {p} of the node is in use (is the node's own Ray running? "
                                f"`ray stop --force` on the node first)")
     argv0 = (f"{FOREIGN_ARGV0} --gcs_server_port={port} --dashboard_port={dash} "
@@ -358,7 +361,7 @@ def start_foreign_ray(root: Path, user: str = "nobody") -> dict[str, Any]:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"foreign Ray exited {proc.returncode}: {log.read_text(errors='replace')[-500:]}")
-        if b"gcs_server" in _cmdline(proc.pid) and not _port_free(port) and not _port_free(dash):
+        if b"gcs_server" in _cmdline(proc.pid) and not _port_free(port, True) and not _port_free(dash, True):
             break
         time.sleep(0.05)
     else:
