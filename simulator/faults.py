@@ -13,6 +13,7 @@ from simulator.common import (
     _write_json,
     _read_json,
 )
+from simulator import traps
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -26,7 +27,17 @@ def set_fault(state: Path, suite: str, kind: str, at_step: int | None = None,
     often does until an NCCL timeout), truncated, slow (``factor``, default 3),
     missing-input (renames ``path`` - relative to ROOT, default the suite's main model - to
     ``<path>.rlsim-hidden`` until ``clear_faults``). Read by the replay trainer at launch.
+
+    Node traps (``traps.NODE_FAULT_KINDS``: low-nofile, hidden-gpu, gpu-lost, foreign-ray,
+    no-python) are node-wide: several can be on at once, under ``faults.json["node"]``, whichever
+    ``suite`` (grpo|opd|node) they are set through; see ``traps.set_node_fault`` for their parameters.
     """
+    if kind in traps.NODE_FAULT_KINDS:
+        if suite not in ("grpo", "opd", "node"):
+            raise ValueError(f"unknown suite {suite!r} (grpo|opd|node)")
+        if at_step is not None or path is not None:
+            raise ValueError(f"node fault {kind!r} takes no at_step/path")
+        return traps.set_node_fault(state, kind, via=suite, **extra)
     if suite not in ("grpo", "opd"):
         raise ValueError(f"unknown suite {suite!r} (grpo|opd)")
     if kind not in FAULT_KINDS:
@@ -68,8 +79,13 @@ def _clear_suite(root: Path, suite: str) -> None:
 
 
 def clear_faults(state: Path, suite: str | None = None) -> None:
-    """Switch off the faults of ``suite`` (or of all suites), restoring any hidden input."""
+    """Switch off the faults of ``suite`` (or of all suites), restoring any hidden input.
+
+    Node traps go off with all faults, with ``suite="node"``, or with the suite they were set through.
+    """
     root = _root(state)
+    traps.clear_node_faults(state, suite)
     for s in ([suite] if suite else list(_read_json(root / "faults.json", {}))):
-        _clear_suite(root, s)
+        if s != "node":
+            _clear_suite(root, s)
 

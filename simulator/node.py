@@ -33,6 +33,7 @@ from simulator.faults import clear_faults, release, set_fault  # noqa: F401
 from simulator.noise import noise_settings, set_noise  # noqa: F401
 from simulator.processes import kill_node_processes, node_processes, ray_running  # noqa: F401
 from simulator.sshd import node_status, sshd_down, sshd_up, start_node, stop_node  # noqa: F401
+from simulator.traps import NODE_FAULT_KINDS  # noqa: F401
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -48,17 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--baseline-error-seed", help="seed of the baseline's own error (realistic modes)")
     for name, hlp in (("stop", "stop sshd and kill every simulated process"), ("status", "print status")):
         sub.add_parser(name, help=hlp).add_argument("--state", required=True, type=Path)
-    f = sub.add_parser("fault", help="switch a fault on for one suite")
+    f = sub.add_parser("fault", help="switch a fault on for one suite (node traps: for the whole node)")
     f.add_argument("--state", required=True, type=Path)
-    f.add_argument("--suite", required=True, choices=["grpo", "opd"])
-    f.add_argument("--kind", required=True, choices=FAULT_KINDS)
+    f.add_argument("--suite", choices=["grpo", "opd", "node"],
+                   help="required for suite faults; node traps default to 'node'")
+    f.add_argument("--kind", required=True, choices=FAULT_KINDS + NODE_FAULT_KINDS)
     f.add_argument("--at-step", type=int)
     f.add_argument("--path", help="missing-input: path relative to the node root to hide")
     f.add_argument("--factor", type=float, help="slow: step-time factor (default 3)")
     f.add_argument("--metric", help="nan: metric set to NaN (default mismatch / distillation KL)")
-    c = sub.add_parser("clear-faults", help="switch faults off (restores hidden inputs)")
+    f.add_argument("--limit", type=int, help="low-nofile: hard open-files limit of SSH sessions (default 20000)")
+    f.add_argument("--gpus", type=int, help="hidden-gpu / gpu-lost: GPUs left visible (default gpus - 1)")
+    f.add_argument("--user", help="foreign-ray: the other user (default nobody)")
+    f.add_argument("--survives-stop", action="store_true",
+                   help="foreign-ray: `ray stop --force` cannot kill it (as for an unprivileged SSH user)")
+    c = sub.add_parser("clear-faults", help="switch faults off (restores hidden inputs, node traps)")
     c.add_argument("--state", required=True, type=Path)
-    c.add_argument("--suite", choices=["grpo", "opd"])
+    c.add_argument("--suite", choices=["grpo", "opd", "node"])
     n = sub.add_parser("noise", help="show or switch the noise mode (rewrites the share's baselines)")
     n.add_argument("--state", required=True, type=Path)
     n.add_argument("--mode", help="bounded | realistic | realistic-t (omit to show the settings)")
@@ -76,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "status":
         print(json.dumps(node_status(a.state), indent=2))
     elif a.cmd == "fault":
-        extra = {k: v for k, v in (("factor", a.factor), ("metric", a.metric)) if v is not None}
-        print(json.dumps(set_fault(a.state, a.suite, a.kind, a.at_step, path=a.path, **extra)))
+        extra = {k: v for k, v in (("factor", a.factor), ("metric", a.metric), ("limit", a.limit),
+                                   ("gpus", a.gpus), ("user", a.user)) if v is not None}
+        if a.survives_stop:
+            extra["survives_stop"] = True
+        suite = a.suite or ("node" if a.kind in NODE_FAULT_KINDS else None)
+        if suite is None:
+            p.error(f"--suite is required for --kind {a.kind}")
+        print(json.dumps(set_fault(a.state, suite, a.kind, a.at_step, path=a.path, **extra)))
     elif a.cmd == "clear-faults":
         clear_faults(a.state, a.suite)
         print("faults cleared")

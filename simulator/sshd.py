@@ -25,6 +25,7 @@ from simulator.checkout import (
     _build_bin,
     build_checkout,
 )
+from simulator import traps
 from simulator.processes import (
     node_processes,
     ray_running,
@@ -71,6 +72,9 @@ def _write_sshd_config(state: Path, root: Path, port: int, host_key: Path) -> Pa
         "Subsystem sftp internal-sftp",
         # Node bin/ first (fake ray, nvidia-smi) and the node marker every simulated process inherits.
         f'SetEnv PATH="{path_value}" RLSIM_NODE="{root}"',
+        # Every session starts through the node's session start: its open-files limit, the
+        # no-python trap (simulator/traps.py); absent when no external sftp server exists.
+        *([f"ForceCommand {wrapper}"] if (wrapper := traps.session_wrapper(root)) else []),
         # Airflow tasks, tests and the triggerer open many short sessions at once.
         "MaxStartups 200:30:400",
         "MaxSessions 100",
@@ -127,6 +131,7 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
     if not (root / "faults.json").exists():
         _write_json(root / "faults.json", {})
     _build_bin(root)
+    trap_settings = traps.prepare(root)  # ray ports, nofile limit, ROOT/tmp, python shim
     _build_share(root)
     commits = build_checkout(root)
     host_key, client_key, host_pub = _ensure_keys(state)
@@ -140,8 +145,10 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
             cfg = _write_sshd_config(state, root, chosen, host_key)
             _run([str(SSHD), "-t", "-f", str(cfg)])
             # sshd daemonises itself (new session, own pid file); its log goes to STATE/sshd.log.
+            # Under the node's hard open-files limit: every SSH session inherits it.
             subprocess.run([str(SSHD), "-f", str(cfg), "-E", str(state / "sshd.log")], check=True,
-                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdin=subprocess.DEVNULL)
+                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdin=subprocess.DEVNULL,
+                           preexec_fn=traps.sshd_preexec(root))
             try:
                 _wait_port(chosen, 10)
                 break
@@ -170,6 +177,8 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
         "refs": {"initial": "main~1", "good": "main",
                  **{k: v[0] for k, v in REGRESSION_BRANCHES.items()}},
         "step_seconds": float(step_seconds),
+        # The node's readiness settings (simulator/traps.py): gpus, ray_ports, nofile_hard, tmp, ray_log.
+        **trap_settings,
         "simulated": True,
     }
     _write_json(state / "node.json", node)
@@ -189,6 +198,7 @@ def stop_node(state: Path) -> None:
         _kill_all(sessions)
     (state / "sshd.pid").unlink(missing_ok=True)
     kill_node_processes(state)
+    traps.stop_foreign_ray(_root(state))  # another user's process: outside the node's marker env
     (_root(state) / "state" / "ray_head.pid").unlink(missing_ok=True)
 
 
@@ -239,7 +249,7 @@ def sshd_up(state: Path, timeout: float = 10) -> dict[str, Any]:
             # The old listener's socket may linger for a moment: retry until the port is free.
             res = subprocess.run([str(SSHD), "-f", str(cfg), "-E", str(state / "sshd.log")],
                                  env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, stdin=subprocess.DEVNULL,
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, preexec_fn=traps.sshd_preexec(_root(state)))
             try:
                 _wait_port(port, 2)
                 break
@@ -261,5 +271,6 @@ def node_status(state: Path) -> dict[str, Any]:
         "faults": _read_json(_root(state) / "faults.json", {}),
         "processes": node_processes(state),
         "ray_running": ray_running(state),
+        "traps": traps.status(_root(state)),
     }
 
