@@ -60,6 +60,11 @@ def node_connection_env(conn_id: str, node: Mapping[str, Any], host_key: bool = 
                              **{k.lower(): v for k, v in node["env"].items()},
                              "rl_verify_node_checkout": node["checkout"],
                              "rl_verify_remote_runs_dir": f"{node['root']}/runs"}
+    # A simulated node's launch script binds the node's own "fixed" Ray ports and /tmp (nodes share a machine).
+    if node.get("ray_ports"):
+        extra["rl_verify_ray_ports"] = ",".join(str(p) for p in node["ray_ports"])
+    if node.get("ray_log"):
+        extra["rl_verify_ray_log"] = node["ray_log"]
     if host_key:
         extra["host_key"] = node["host_key"]
     conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"], "extra": extra}
@@ -190,12 +195,14 @@ class Rig:
 
     def run(self, conf: Mapping[str, Any], decision: str | None = "Approve", timeout: float = 600,
             standing: bool = False, during: Callable[[str], Any] | None = None,
-            run_id: str | None = None) -> RunOutcome:
+            run_id: str | None = None, on_card: Callable[[str], Any] | None = None) -> RunOutcome:
         """Trigger a run, answer the approval with ``decision`` (None: expect no wait), wait for the end.
 
         ``during(run_id)``, when given, is called once the approval is answered and before waiting
         for the end (fault-injection tests use it to act on the running DAG run and the node).
         ``run_id`` fixes the DAG run's id (its repeats' seeds derive from it): default Airflow's.
+        ``on_card(run_id)``: called while the card waits, before it is answered (the node changing after
+        the prerequisites passed).
         """
         assert self.client is not None
         t0 = time.monotonic()
@@ -205,6 +212,8 @@ class Rig:
         if decision is not None:
             detail = self.client.wait_for_hitl(DAG_ID, run_id, task_id="approve", timeout=timeout)
             timings["until approval asked"] = time.monotonic() - t0
+            if on_card is not None:
+                on_card(run_id)
             offered = "standing_approval" in ((detail or {}).get("params") or {})  # scheduled runs only
             approval = self.client.respond_hitl(DAG_ID, run_id, "approve", [decision],
                                                 params_input={"standing_approval": standing} if offered else None)

@@ -188,6 +188,82 @@ def test_missing_inputs_fail_prerequisites_listing_every_path(rig, node_state):
 
 
 # ----------------------------------------------------------------------------------------------------
+# A node that is not ready for the launch scripts (xtuner-contract.md's traps)
+def _untouched(node_state: Path) -> tuple:
+    """What a refused run must leave as it was: the node's processes, Ray, its run folders."""
+    runs = Path(rig_root(node_state)) / "runs"
+    return (sorted(cmd for _, cmd in sim.node_processes(node_state)), sim.ray_running(node_state),
+            sorted(p.name for p in runs.iterdir()) if runs.is_dir() else [])
+
+
+def rig_root(node_state: Path) -> str:
+    return sim.node_status(node_state)["node"]["root"]
+
+
+def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_its_fix(rig, node_state):
+    for trap in ("low-nofile", "hidden-gpu", "foreign-ray", "no-python"):
+        sim.set_fault(node_state, "node", trap)
+    foreign = sim.node_status(node_state)["traps"]["foreign_ray_pid"]
+    before = _untouched(node_state)
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision=None)
+    assert out.state == "failed"
+    assert out.tasks["check_prerequisites"] == "failed"
+    assert out.tasks["approve"] == "upstream_failed" and out.tasks["run_grpo"] == "upstream_failed"
+    log = rig.client.task_log(DAG_ID, out.run_id, "check_prerequisites")
+    (error,) = [line for line in log.splitlines() if "prerequisite problem(s) on the node" in line]
+    assert "nothing was launched" in error
+    unready = [line for line in log.splitlines() if "- not ready:" in line]
+    # open files, GPUs, both Ray ports, python: each named once, each with its fix
+    assert len(unready) == 5 and all("Fix:" in line for line in unready), log
+    for words in ("hard open-files limit is 20000, below the 65536", "shows 7 GPU(s)",
+                  f"held by process {foreign} of", "`ray stop --force` would kill it", "`python` does not resolve"):
+        assert words in log, words
+    assert _untouched(node_state) == before
+    assert sim.node_status(node_state)["traps"]["foreign_ray_pid"] == foreign  # the other user's Ray lives on
+
+
+def test_a_gpu_lost_after_the_prerequisites_ends_the_run_within_the_rule_count_quoting_the_line(rig, node_state):
+    sim.set_fault(node_state, "node", "gpu-lost", gpus=7)  # the check still sees 8; the next ray start loses one
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": "rl_gpu_node"})
+    assert out.state == "failed" and out.tasks["run_grpo"] == "failed", json.dumps(out.tasks)
+    assert out.summary["failure_classes"] == ["infrastructure"]
+    run_log = rig.client.task_log(DAG_ID, out.run_id, "run_grpo")
+    assert "log line seen 15 times: Waiting for GPU count to be 8, current: 7" in run_log
+    waits = re.findall(r"Waiting for GPU count to be 8, current: 7", run_log)
+    assert 15 <= len(waits) <= 16 * 2, len(waits)  # ended at the 15th (each line is in the log and the event)
+    report = _report(out.summary)
+    (grpo,) = report["suites"]
+    assert grpo["failure_class"] == "infrastructure"
+    first = grpo["abnormal"][0]
+    assert "Waiting for GPU count to be 8, current: 7" in first and "Fix: check nvidia-smi" in first
+    assert "stalled" not in json.dumps(report)  # the rule, not the stall watchdog
+    assert out.tasks["cleanup"] == "success"
+    _assert_node_clean(node_state)
+
+
+def test_a_launch_that_exits_1_before_its_tracker_is_explained_in_its_own_words(rig, node_state):
+    rig.receiver.messages.clear()
+    # The node changes after the prerequisites passed: new SSH sessions get a hard limit of 20000.
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": "rl_gpu_node"},
+                  on_card=lambda run_id: sim.set_fault(node_state, "node", "low-nofile"))
+    assert out.state == "failed" and out.summary["failure_classes"] == ["infrastructure"]
+    report = _report(out.summary)
+    (grpo,) = report["suites"]
+    first = grpo["abnormal"][0]
+    assert first.startswith("Infrastructure failure: the launch ended before any tracker (exit code 1): "
+                            "its last command `ulimit -n 65536` printed: "), first
+    assert "ulimit: open files: cannot modify limit: Operation not permitted" in first
+    assert "Fix: raise the SSH user's hard nofile limit" in first
+    assert "cannot modify limit" in (Path(out.summary["report"]["json"]).with_suffix(".md").read_text())
+    verdict_log = rig.client.task_log(DAG_ID, out.run_id, "verdict")
+    assert "FAIL (infrastructure): grpo the launch ended before any tracker" in verdict_log
+    got = rig.receiver.wait_for(lambda ms: any("rl-verify FAIL" in m["title"] for m in ms))
+    (verdict,) = [m for m in got if "rl-verify FAIL" in m["title"]]
+    assert "`ulimit -n 65536`" in verdict["message"] and "cannot modify limit" in verdict["message"]
+    _assert_node_clean(node_state)
+
+
+# ----------------------------------------------------------------------------------------------------
 # What a person sees: the UI plugin's report and history views (HTTP, then a real browser)
 @pytest.fixture(scope="module")
 def finished_runs(rig):

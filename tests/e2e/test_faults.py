@@ -607,7 +607,7 @@ def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
     exception = "RuntimeError: CUDA error: an illegal memory access was encountered (simulated crash fault at step 8)"
     result.expect(out.tasks[f"run_{suite}"] == "failed", f"task states {out.tasks}")
     run_log = main_rig.client.task_log(DAG_ID, out.run_id, f"run_{suite}")
-    result.expect(f"(exit code 0) after the trainer raised an exception: {exception}" in run_log,
+    result.expect(f"(exit code 0) after the trainer raised an exception (log line: {exception})" in run_log,
                   f"run_{suite} log does not quote the exception after a zero exit code")
     fetch_log = main_rig.client.task_log(DAG_ID, out.run_id, f"fetch_{suite}")
     result.expect("wrong step count" in fetch_log and exception in fetch_log,

@@ -180,8 +180,8 @@ def test_a_job_that_exits_zero_after_a_traceback_short_of_its_steps_ends_quoting
     event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="live-3/opd", poll_interval=0.2,
                                 live=live))
     assert event["status"] == "log_rule" and event["exit_code"] == 0, event
-    assert event["message"] == ("ended at step 4 of 25 (exit code 0) after the trainer raised an exception: "
-                                "RuntimeError: CUDA error: an illegal memory access was encountered")
+    assert event["message"] == ("ended at step 4 of 25 (exit code 0) after the trainer raised an exception (log line: "
+                                "RuntimeError: CUDA error: an illegal memory access was encountered)")
     assert event["live"]["log_rule"]["at_exit"] is True
 
 

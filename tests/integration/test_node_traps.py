@@ -21,7 +21,7 @@ import pytest
 from sim_ssh import REPO, Node, pinned_client, simnode
 
 from rl_verify.settings import RUN_MARKER_ENV
-from rl_verify.suite import load_suite
+from rl_verify.engines import load_suite
 
 pytestmark = pytest.mark.integration
 

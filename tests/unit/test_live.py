@@ -321,7 +321,8 @@ def test_a_traceback_is_not_acted_on_while_the_job_runs_and_quotes_its_exception
     watch.take(_poll_output("/w/1/t.jsonl", [r for r in opd_rows(steps=25) if r["step"] <= 7]))
     hit = watch.ended_short()
     assert hit == {"pattern": r"^Traceback \(most recent call last\):", "means": "the trainer raised an exception",
-                   "line": "ValueError: bad batch", "when": "exit", "at_exit": True, "steps": 7}
+                   "line": "ValueError: bad batch", "when": "exit", "at_exit": True, "steps": 7,
+                   "fix": "", "seen": 1, "stop": "early_abort"}
 
 
 def test_a_traceback_the_run_survives_is_no_failure_at_its_full_exit():

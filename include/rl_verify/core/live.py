@@ -241,6 +241,13 @@ def partial_plot(suite: str, certain: list[dict], current: Path, baseline: Path 
     return plot_panels(out / f"{suite}_metrics.png", f"{suite.upper()}: FAIL, aborted early (partial curves)", panels)
 
 
+def describe_hit(hit: dict[str, Any]) -> str:
+    """A log rule's match in words: what it means, the line (and how often it was seen), and the fix."""
+    seen = int(hit.get("seen") or 1)
+    text = f"{hit['means']} (log line{f' seen {seen} times' if seen > 1 else ''}: {hit['line']})"
+    return text + (f". Fix: {hit['fix']}" if hit.get("fix") else "")
+
+
 def _json_safe(row: dict[str, Any]) -> dict[str, Any]:
     """NaN/Infinity as text: event payloads and XCom are JSON."""
     return {k: (repr(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
@@ -279,6 +286,7 @@ class LiveWatch:
         self.stopped = False  # the job was killed by the live check
         self.log_hits: list[dict[str, Any]] = []
         self._open_block: dict[str, Any] | None = None  # an ``exit`` rule's match awaiting its block's end
+        self._seen: dict[str, int] = {}  # lines seen per rule (``count``)
 
     def start(self) -> str:
         """Rebuild the engine's check; say in one line what the watch will do."""
@@ -294,10 +302,12 @@ class LiveWatch:
         return f"Live check on for {self.suite}: every new step is checked with the final rules; {mode}"
 
     def log_hit(self, text: str) -> dict[str, Any] | None:
-        """Scan new log lines: record every log-rule match; return the first of a ``seen`` rule.
+        """Scan new log lines: record every log-rule match; return the first ``seen`` rule whose line has
+        now been seen ``count`` times (a wait printing one line forever: its count-th line).
 
-        A match of an ``exit`` rule waits for the end of its block (the first later line that is
-        not indented, possibly in a later chunk) and quotes that line; it is acted on at exit only.
+        A match of an ``exit`` rule that quotes its block's end (``quote``: ``block-end``, a traceback)
+        waits for that end (the first later line that is not indented, possibly in a later chunk) and
+        quotes it; ``exit`` rules are acted on at exit only. Each hit carries the rule's ``fix``.
         """
         first = None
         for line in text.splitlines():
@@ -308,11 +318,18 @@ class LiveWatch:
             if rule is None:
                 continue
             when = rule.get("when", "seen")
-            hit = {"pattern": rule["pattern"], "means": rule["means"], "line": line.strip()[:500], "when": when}
+            self._seen[rule["pattern"]] = self._seen.get(rule["pattern"], 0) + 1
+            seen, count = self._seen[rule["pattern"]], int(rule.get("count") or 1)
+            if when == "seen" and seen < count:
+                continue  # not yet: a line a healthy start prints a few times
+            hit = {"pattern": rule["pattern"], "means": rule["means"], "line": line.strip()[:500], "when": when,
+                   "fix": rule.get("fix") or "", "seen": seen, "stop": rule.get("stop") or "early_abort"}
+            if when == "seen" and seen > count:
+                continue  # acted on at its count-th line already
             self.log_hits.append(hit)
-            if when == "exit":
+            if when == "exit" and rule.get("quote") == "block-end":
                 self._open_block = hit
-            elif first is None:
+            elif when == "seen" and first is None:
                 first = hit
         return first
 

@@ -14,10 +14,10 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rl_verify.node import remote
-from rl_verify.suites.spec import SuiteSpec
+from rl_verify.suites.spec import NodeNeeds, SuiteSpec
 
 if TYPE_CHECKING:
     import paramiko
@@ -88,14 +88,72 @@ class Prerequisites:
     ok: list[dict[str, str]] = field(default_factory=list)
     missing: list[dict[str, str]] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    #: What the node showed of its readiness (NOFILE, GPUS, PYTHON, PORT, RAYLOG lines), by kind.
+    readiness: dict[str, Any] = field(default_factory=dict)
+    #: Why the node is not ready for the launch scripts, each with its fix (``readiness_problems``).
+    unready: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "missing": self.missing, "busy": self.busy}
+        return {"ok": self.ok, "missing": self.missing, "busy": self.busy, "unready": self.unready}
 
     def problems(self) -> list[str]:
         """Every reason not to launch, one line each (missing inputs first)."""
         lines = [f"missing {m['kind']} for {m['suite']}: {m['path']}" for m in self.missing]
-        return lines + self.busy
+        return lines + self.busy + self.unready
+
+
+def merged_needs(specs: Iterable[SuiteSpec], ray_ports: tuple[int, ...] | None = None,
+                 ray_log: str | None = None) -> NodeNeeds:
+    """What every one of ``specs``' launch scripts needs of one node (the largest limit and GPU count,
+    every port); ``ray_ports``/``ray_log``: the node's own, when its launch script was adapted to others."""
+    specs = list(specs)
+    nofile = max((s.node.nofile for s in specs if s.node.nofile), default=None)
+    gpus = max((s.node.gpus for s in specs if s.node.gpus), default=None)
+    ports = tuple(dict.fromkeys(p for s in specs for p in s.node.ray_ports))
+    python = next((s.node.python for s in specs if s.node.python), None)
+    log_dir = next((s.node.ray_log for s in specs if s.node.ray_log), None)
+    return NodeNeeds(nofile=nofile, gpus=gpus, ray_ports=(ray_ports or ports) if ports else (),
+                     python=python, ray_log=(ray_log or log_dir) if log_dir else None)
+
+
+def readiness_problems(needs: NodeNeeds, seen: Mapping[str, Any], user: str = "the SSH user") -> list[str]:
+    """Why the node is not ready for what ``needs`` says its launch scripts do, each with its fix."""
+    out = []
+    hard = seen.get("nofile")
+    if needs.nofile and hard is not None and hard != "unlimited" and int(hard) < needs.nofile:
+        out.append(f"not ready: {user}'s hard open-files limit is {hard}, below the {needs.nofile} the launch script "
+                   f"sets (its `ulimit -n {needs.nofile}` under `set -e` would end it at once, before any tracker). "
+                   f"Fix: raise it for {user} ({user} hard nofile {needs.nofile} in /etc/security/limits.conf, or "
+                   "LimitNOFILE= of its session or service), then reconnect")
+    gpus = seen.get("gpus")
+    if needs.gpus and gpus is not None:
+        count, visible = gpus
+        if count != needs.gpus:
+            out.append(f"not ready: the node shows {count} GPU(s) (nvidia-smi -L), the launch script waits "
+                       f"(forever) for {needs.gpus}. Fix: bring back the missing GPU (driver, a failed device) or "
+                       "train on another node")
+        if visible != "<unset>":
+            out.append(f"not ready: CUDA_VISIBLE_DEVICES={visible!r} is set in {user}'s SSH environment: the "
+                       "launch scripts count and split the GPUs themselves. Fix: unset it (~/.bashrc, "
+                       "~/.ssh/environment, /etc/environment or sshd's SetEnv)")
+    if needs.python and "python" in seen and not seen["python"]:
+        out.append(f"not ready: `{needs.python}` does not resolve on {user}'s PATH (the launch script calls "
+                   f"`{needs.python}`, not python3). Fix: provide it for non-interactive SSH sessions (Debian: apt-get "
+                   "install python-is-python3)")
+    for port in seen.get("ports", []):
+        if port["whose"] == "other":
+            holder = f"process {port['pid']} of {port['user']}" if port["pid"] != "-" else \
+                f"a process of {port['user']} (pid not visible to {user})"
+            out.append(f"not ready: Ray port {port['port']} is held by {holder}"
+                       + (f" ({port['cmd']})" if port["cmd"] != "-" else "")
+                       + ": another user's Ray. The launch script's `ray stop --force` would kill it, and its `ray "
+                         "start` needs the port. Fix: ask that user to stop it, or train on another node")
+    ray_log = seen.get("ray_log")
+    if ray_log and ray_log[1] != "-":
+        out.append(f"not ready: {needs.ray_log} links to {ray_log[0]}, inside the folder of a live training "
+                   f"({ray_log[1]}): the launch script's `rm -rf {needs.ray_log}` and re-link would take that run's "
+                   "Ray logs. Fix: wait for it to end")
+    return out
 
 
 def parse_prerequisites(out: str) -> Prerequisites:
@@ -114,6 +172,17 @@ def parse_prerequisites(out: str) -> Prerequisites:
         elif parts[0] == "PROC" and len(parts) >= 3:
             result.busy.append(f"node busy: a training not started by this run is running "
                                f"(pid {parts[1]}: {parts[2][:160]})")
+        elif parts[0] == "NOFILE" and len(parts) == 2:
+            result.readiness["nofile"] = parts[1].strip()
+        elif parts[0] == "GPUS" and len(parts) == 3:
+            result.readiness["gpus"] = (int(parts[1]) if parts[1].isdigit() else 0, parts[2])
+        elif parts[0] == "PYTHON" and len(parts) == 2:
+            result.readiness["python"] = parts[1].strip()
+        elif parts[0] == "PORT" and len(parts) == 6:
+            result.readiness.setdefault("ports", []).append(dict(zip(("port", "user", "pid", "whose", "cmd"),
+                                                                    parts[1:])))
+        elif parts[0] == "RAYLOG" and len(parts) == 3:
+            result.readiness["ray_log"] = (parts[1], parts[2])
     return result
 
 
@@ -132,21 +201,32 @@ def input_checks(specs: Iterable[SuiteSpec]) -> list[tuple[str, str, str]]:
 
 
 def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str,
-                        key: str) -> Prerequisites:
-    """Check all inputs of all ``specs`` and node business in ONE round trip.
+                        key: str, needs: NodeNeeds | None = None, user: str = "the SSH user") -> Prerequisites:
+    """Check all inputs of all ``specs``, node business and the node's readiness for their launch
+    scripts (``needs``, default ``merged_needs(specs)``) in ONE round trip.
 
-    Raises PrerequisitesError listing every missing item and every busy reason at once.
+    Raises PrerequisitesError listing every missing item, every busy reason and every readiness
+    problem (each with its fix) at once.
     """
-    status, out, err = run_script(client, remote.prerequisites_script(input_checks(specs), runs_root, key))
+    needs = merged_needs(specs) if needs is None else needs
+    status, out, err = run_script(client, remote.prerequisites_script(input_checks(specs), runs_root, key,
+                                                                      needs=needs))
     if status != 0:
         raise NodeError(f"prerequisite check could not run on the node (exit {status}): {err.strip()}")
     result = parse_prerequisites(out)
+    result.unready = readiness_problems(needs, result.readiness, user)
     if result.problems():
+        fixes = []
+        if result.missing:
+            fixes.append("provide the missing inputs (check CI_SHARE_MODEL/CI_SHARE_DATA/CI_SHARE_BASELINE)")
+        if result.busy:
+            fixes.append("wait for the running training to finish")
+        if result.unready:
+            fixes.append("make the node ready as each line says")
         raise PrerequisitesError(
             f"{len(result.problems())} prerequisite problem(s) on the node; nothing was launched:\n"
             + "\n".join(f"  - {p}" for p in result.problems())
-            + "\nFix: provide the missing inputs (check CI_SHARE_MODEL/CI_SHARE_DATA/CI_SHARE_BASELINE) "
-              "or wait for the running training to finish.")
+            + f"\nFix: {'; '.join(fixes)}.")
     return result
 
 
@@ -251,7 +331,7 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
         for attr in _listdir(sftp, work_dir):
             if stat.S_ISREG(attr.st_mode or 0) and any(fnmatch.fnmatch(attr.filename, p) for p in spec.logs):
                 logs.append(_get(sftp, posixpath.join(work_dir, attr.filename), dest / "logs" / attr.filename))
-        for name in ("stdout.log", "exit_code"):
+        for name in ("stdout.log", "trace.log", "exit_code"):
             if _mtime(sftp, posixpath.join(job_dir, name)) is not None:
                 logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
         meta["files"]["logs"] = logs

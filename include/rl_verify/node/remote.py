@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from rl_verify.engines import known_suites
+from rl_verify.suites.spec import NodeNeeds
 from rl_verify.settings import JOB_MARKER_ENV, RUN_MARKER_ENV, SEED_ENV
 
 COMMIT_MAX_LEN = 200
@@ -183,18 +184,26 @@ def _check_field(value: str, what: str) -> str:
 
 
 def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str,
-                         own_suite: str | None = None) -> str:
-    """Script: check every (suite, kind, path) and whether the node is busy, in one round trip.
+                         own_suite: str | None = None, needs: NodeNeeds | None = None) -> str:
+    """Script: check every (suite, kind, path), whether the node is busy and, with ``needs``, whether it
+    is ready for the launch scripts (their open-files limit, GPUs, Ray ports, python, /tmp/ray_log), in
+    one round trip.
 
     Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
-    job of another run, and ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify.
+    job of another run, ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify, and the
+    readiness lines of ``sh/prerequisites.sh``.
     """
     lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
              f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
+    needs = needs or NodeNeeds()
     return _alive_fn() + render("prerequisites", runs=validate_path(runs_root, "remote runs dir"),
                                 key=validate_key(key),
                                 own_suite=validate_suite_name(own_suite) if own_suite else "",
-                                checks="\n".join(lines), marker_env=RUN_MARKER_ENV)
+                                checks="\n".join(lines), marker_env=RUN_MARKER_ENV,
+                                need_nofile=int(needs.nofile or 0), need_gpus=int(needs.gpus or 0),
+                                ray_ports=" ".join(str(int(p)) for p in needs.ray_ports),
+                                python_cmd=needs.python or "",
+                                ray_log=validate_path(needs.ray_log, "ray_log") if needs.ray_log else "")
 
 
 def _alive_fn() -> str:

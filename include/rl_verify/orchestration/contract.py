@@ -110,6 +110,8 @@ class SuiteSummary(TypedDict):
     outcome: NotRequired[str]
     runs: NotRequired[int]
     outcome_reason: NotRequired[str]
+    #: An infrastructure FAIL's first finding (what ended the run, with its fix when known).
+    cause: NotRequired[str]
 
 
 class ReportSummary(TypedDict):

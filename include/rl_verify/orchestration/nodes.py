@@ -21,7 +21,7 @@ from rl_verify.node import placement, remote
 from rl_verify.orchestration import airflow_api
 from rl_verify.orchestration.contract import NodeFolders, Resolved
 from rl_verify.store.baselines import RECORD_FOLDER, VERSION_FILE
-from rl_verify.suites.spec import SuiteSpec
+from rl_verify.suites.spec import NodeNeeds, SuiteSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,38 @@ def node_settings(conn_id: str) -> dict[str, str]:
             or os.environ.get(name) or default
         if value:
             values[name] = str(value)
+    # Optional: a node whose launch script was adapted to other Ray ports or another shared Ray log folder
+    # (the simulated nodes, which share one machine) says so; the suite specs' values hold otherwise.
+    for name in ("RL_VERIFY_RAY_PORTS", "RL_VERIFY_RAY_LOG"):
+        value = extras.get(name.lower()) or extras.get(name)
+        if value:
+            values[name] = str(value)
     missing = [n for n in wanted if n not in values]
     if missing:
         raise ValueError(f"node {conn_id!r}: {', '.join(missing)} not set; set them in the connection's "
                          f"extras (lower-case keys), as Airflow Variables, or in the environment")
     for name, value in values.items():
+        if name == "RL_VERIFY_RAY_PORTS":
+            if not all(p.strip().isdigit() and 0 < int(p) < 65536 for p in value.split(",")):
+                raise ValueError(f"node {conn_id!r}: rl_verify_ray_ports {value!r} must be TCP ports separated by "
+                                 "commas, e.g. 6379,8265")
+            continue
         remote.validate_path(value, name)
     return values
+
+
+def node_needs(specs: list[SuiteSpec], values: Mapping[str, str]) -> NodeNeeds:
+    """What the suites' launch scripts need of this node, with its own Ray ports and log folder if it says."""
+    ports = tuple(int(p) for p in values["RL_VERIFY_RAY_PORTS"].split(",")) if values.get("RL_VERIFY_RAY_PORTS") \
+        else None
+    return node.merged_needs(specs, ports, values.get("RL_VERIFY_RAY_LOG"))
+
+
+def _login(conn_id: str) -> str:
+    """The SSH user of a node's connection, for messages ("alice's hard open-files limit")."""
+    from airflow.sdk import BaseHook  # the Task SDK: kept out of the module's import (policy, CLI)
+
+    return BaseHook.get_connection(conn_id).login or "the SSH user"
 
 
 def _unpinned(conn_id: str) -> str:
@@ -188,7 +213,8 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
         specs = expanded_specs(suites, values, worktree, baselines)
         with ssh_client(conn) as client:
             try:
-                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], run_key)
+                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], run_key,
+                                                  node_needs(specs, values), _login(conn))
             except node.PrerequisitesError as err:
                 failed.append((conn, err))
                 continue

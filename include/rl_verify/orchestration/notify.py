@@ -21,6 +21,9 @@ from rl_verify.orchestration.contract import Breach, ReportSummary, SuiteSummary
 
 log = logging.getLogger(__name__)
 
+#: How much of an infrastructure FAIL's cause a verdict line and a notification quote.
+CAUSE_CHARS = 600
+
 
 def _ui(path: str) -> str:
     return links.absolute(links.ui_base_url(), path)
@@ -80,7 +83,17 @@ def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSu
             "missing": sorted({c.metric for c in result.checks if c.missing}),
             "outcome": (outcome or {}).get("outcome") or result.verdict,
             "runs": len((outcome or {}).get("runs") or []) or 1,
-            "outcome_reason": (outcome or {}).get("reason", "")}
+            "outcome_reason": (outcome or {}).get("reason", ""),
+            "cause": _cause(result)}
+
+
+def _cause(result: Any) -> str:
+    """An infrastructure FAIL's first finding without its "Infrastructure failure: " label, cut to a
+    message's length; "" otherwise."""
+    if result.failure_class != "infrastructure" or not result.abnormal:
+        return ""
+    text = result.abnormal[0].removeprefix("Infrastructure failure: ")
+    return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 1] + "…"
 
 
 def _outcome_words(suite: SuiteSummary) -> str:
@@ -98,6 +111,8 @@ def suite_line(suite: SuiteSummary) -> str:
         said.append(f"{b['metric']} breached{where}")
     if suite.get("missing"):
         said.append("not measured: " + ", ".join(suite["missing"]))
+    if not said and suite.get("cause"):
+        said.append(suite["cause"])
     return (f"{suite['suite']} " + ("; ".join(said) if said else "did not reach a measured verdict (see its tasks)")
             + _outcome_words(suite))
 

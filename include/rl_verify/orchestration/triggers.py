@@ -22,7 +22,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from rl_verify.core.live import LiveWatch
+from rl_verify.core.live import LiveWatch, describe_hit
 from rl_verify.node import remote
 
 #: The task states after which a user's "kill" really means stop the job (a cleared task comes back).
@@ -196,7 +196,7 @@ class RLJobTrigger(BaseTrigger):
                             event.payload["live"]["log_rule"] = hit
                             event.payload.update(status="log_rule", message=(
                                 f"ended at step {hit['steps']} of {self._watch.expected_steps} "
-                                f"(exit code {exit_code}) after {hit['means']}: {hit['line']}"))
+                                f"(exit code {exit_code}) after {describe_hit(hit)}"))
                     yield event
                     return
                 if exit_code is None:
@@ -251,13 +251,13 @@ class RLJobTrigger(BaseTrigger):
         hit = watch.log_hit(text)
         if hit is None:
             return None
-        self.log.warning("Log rule matched: %s: %s", hit["means"], hit["line"])
-        if not watch.early_abort:
+        self.log.warning("Log rule matched: %s", describe_hit(hit))
+        if not watch.early_abort and hit.get("stop") != "always":
             self.log.warning("early_abort is off: the run goes on (it would have been stopped here)")
             return None
         _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
         self.log.warning("Stopped job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
-        event = self._event(None, "", f"stopped: {hit['means']}: {hit['line']}")
+        event = self._event(None, "", f"stopped: {describe_hit(hit)}")
         event.payload.update(status="log_rule", live=watch.summary())
         return event
 

@@ -17,9 +17,9 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import engines, settings
-from rl_verify.core import confirm
+from rl_verify.core import confirm, launch
 from rl_verify.core.errors import InputError
-from rl_verify.core.live import aborted_result, partial_plot
+from rl_verify.core.live import aborted_result, describe_hit, partial_plot
 from rl_verify.core.model import SuiteResult
 from rl_verify.core.names import repeat_seed, run_key
 from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
@@ -203,8 +203,10 @@ def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: Nod
         meta["early_abort"] = abort
     elif hit:
         happened = "the job ended after a log line" if hit.get("at_exit") else "stopped on a log rule"
-        meta["problems"].append(f"{happened}: {hit['means']} (log line: {hit['line']})")
+        meta["problems"].append(f"{happened}: {describe_hit(hit)}")
     tracker = meta["files"].get("tracker")
+    if not tracker and not stopped_by_rule:
+        _explain_launch(meta, spec, hit)
     if tracker:
         try:
             meta["steps"] = read_tracker(tracker["local"], metrics=[]).steps
@@ -226,6 +228,26 @@ def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: Nod
         # Not retried: the files on the node will not change by asking again.
         raise AirflowFailException(f"{suite}: " + "; ".join(meta["problems"]))
     return {"suite": suite, "steps": meta.get("steps"), "wall_time_s": meta.get("wall_time_s")}
+
+
+def _explain_launch(meta: dict[str, Any], spec: SuiteSpec, hit: Mapping[str, Any] | None) -> None:
+    """A launch that ended before its tracker: its own words (the trace's last command, the last lines it
+    printed, a known cause's fix) go first in ``meta["problems"]``, where the report, the verdict and the
+    notification read them."""
+    logs = {Path(f["local"]).name: Path(f["local"]) for f in meta["files"].get("logs") or []}
+
+    def text(name: str) -> str:
+        path = logs.get(name)
+        return path.read_text(errors="replace") if path and path.is_file() else ""
+
+    said = launch.explain(text("job_stdout.log"), text("job_trace.log"),
+                          [rule.model_dump() for rule in spec.log_rules])
+    if said is None:
+        return
+    if hit and hit.get("line") and hit["line"] in said:
+        # The exit rule quoted the same line: one finding, not two.
+        meta["problems"] = [p for p in meta["problems"] if not p.startswith("the job ended after a log line")]
+    meta["problems"].insert(0, f"the launch ended before any tracker (exit code {meta.get('exit_code')}): {said}")
 
 
 def compare(suite: str, dag_run_id: str, attempt: int = 0) -> dict[str, Any]:
@@ -273,7 +295,7 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str,
             "(early_abort off): " + "; ".join(c["text"] for c in watched["certain"]))
     if watched and not watched.get("applied") and watched.get("log_rule"):
         hit = watched["log_rule"]
-        result.abnormal.append(f"Live check: a log rule matched ({hit['means']}: {hit['line']}); early_abort was "
+        result.abnormal.append(f"Live check: a log rule matched ({describe_hit(hit)}); early_abort was "
                                "off, so the run went on")
     record.write_json(suite_dir / "result.json", result.to_dict())
     points = engine_of(spec).run_points(spec, suite_dir, result, version)

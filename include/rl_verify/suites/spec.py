@@ -38,15 +38,27 @@ class Input(_Spec):
 class LogRule(_Spec):
     """A line of the training log that ends the suite as an infrastructure failure, quoted.
 
-    ``when``: ``seen`` stops the job as soon as the line appears (a run that logged it cannot
-    finish: out of memory, NCCL); ``exit`` acts only when the job then ends short of its steps (a
-    traceback a healthy run logs and survives is no failure), and quotes the end of the block the
-    line opens: the first later line that is not indented (a traceback's exception line).
+    ``when``: ``seen`` stops the job as soon as the line appears (``count`` times: a wait printing a
+    line forever; a run that logged it cannot finish: out of memory, NCCL); ``exit`` acts only when
+    the job then ends short of its steps (a
+    traceback a healthy run logs and survives is no failure), and quotes the line, or with ``quote:
+    block-end`` the end of the block the line opens: the first later line that is not indented (a
+    traceback's exception line).
     """
 
     pattern: str = Field(min_length=1)
     means: str = Field(min_length=1)
     when: Literal["seen", "exit"] = "seen"
+    #: What to do about it, in a few words (the report, the verdict and the notification quote it).
+    fix: str = ""
+    #: ``seen`` rules: act when the line has been seen this many times (a wait that repeats forever).
+    count: int = Field(default=1, ge=1)
+    #: What an ``exit`` rule quotes: the matching ``line``, or the end of the ``block-end`` it opens (a
+    #: traceback's exception line).
+    quote: Literal["line", "block-end"] = "line"
+    #: ``seen`` rules: stop the job only with ``early_abort`` on, or ``always`` (a wait that can never end:
+    #: letting it go on only delays the same infrastructure FAIL to the stall watchdog).
+    stop: Literal["early_abort", "always"] = "early_abort"
 
     @field_validator("pattern")
     @classmethod
@@ -59,6 +71,31 @@ class LogRule(_Spec):
 
     def match(self, line: str) -> bool:
         return re.search(self.pattern, line) is not None
+
+
+class NodeNeeds(_Spec):
+    """What the suite's launch script needs of the node (facts about the script, xtuner-contract.md),
+    checked before the card with the inputs: a node that is not ready fails fast, not after approval."""
+
+    #: The open-files limit the script sets (``ulimit -n N`` under ``set -e``): the SSH user's hard limit
+    #: must be at least this.
+    nofile: int | None = Field(default=None, ge=1)
+    #: The GPU count the script waits for (forever) before it trains.
+    gpus: int | None = Field(default=None, ge=1)
+    #: The fixed ports of the Ray head it starts (after ``ray stop --force``, which kills any Ray).
+    ray_ports: tuple[int, ...] = ()
+    #: The interpreter command it calls (``python``, not ``python3``).
+    python: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.+-]{1,40}$")
+    #: The shared folder it removes and re-links to its WORK_DIR (``/tmp/ray_log``).
+    ray_log: str | None = None
+
+    @field_validator("ray_ports")
+    @classmethod
+    def _ports(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        bad = [p for p in value if not 0 < p < 65536]
+        if bad:
+            raise ValueError(f"not TCP ports: {bad}")
+        return value
 
 
 class Launch(_Spec):
@@ -96,6 +133,8 @@ class SuiteSpec(_Spec):
     data: str = Field(min_length=1)
     #: Lines of the training log that mean the run cannot finish (acted on live, with early_abort).
     log_rules: tuple[LogRule, ...] = ()
+    #: What the launch script needs of the node (checked with the inputs, before the card).
+    node: NodeNeeds = NodeNeeds()
     #: The spec file as written (the experiment fingerprint hashes it).
     raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 

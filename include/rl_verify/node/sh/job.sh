@@ -12,7 +12,11 @@
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 { cd "$worktree" && mkdir -p "$work_dir"; } || exit 97
-bash -x "$script" "${args[@]}" &
+# The launch script's bash -x trace goes to its own file beside stdout.log (archived as the job's trace):
+# the task log streams what the training prints, and a launch that dies early is explained by the
+# trace's last command with the last lines it printed.
+trace="$(dirname "$0")/trace.log"
+BASH_XTRACEFD=3 bash -x "$script" "${args[@]}" 3>>"$trace" &
 launch=$!
 if [ "$stall" -gt 0 ]; then
   ( last=-1; since=$(date +%s)

@@ -5,8 +5,16 @@
 #   own_suite   the suite about to launch, or empty (then every job of this run is ours)
 #   checks      one "suite<TAB>kind<TAB>path" line per input (a path may start with ~/)
 #   marker_env  name of the run marker variable every rl-verify job exports
+#   need_nofile the open-files limit a launch script sets (0: not checked)
+#   need_gpus   the GPU count a launch script waits for (0: not checked)
+#   ray_ports   the fixed Ray ports a launch script binds (space separated; empty: not checked)
+#   python_cmd  the interpreter command a launch script calls (empty: not checked)
+#   ray_log     the shared folder a launch script removes and re-links (empty: not checked)
 # Prints OK|MISSING<TAB>suite<TAB>kind<TAB>path per input, BUSY<TAB>job_dir<TAB>pid<TAB>since
-# for a live job of another run, PROC<TAB>pid<TAB>cmdline for a launch script run outside rl-verify.
+# for a live job of another run, PROC<TAB>pid<TAB>cmdline for a launch script run outside rl-verify,
+# and the node's readiness: NOFILE<TAB>hard limit, GPUS<TAB>count<TAB>CUDA_VISIBLE_DEVICES or <unset>,
+# PYTHON<TAB>path or empty, PORT<TAB>port<TAB>user<TAB>pid or -<TAB>ours|other<TAB>cmdline per listened
+# Ray port, RAYLOG<TAB>link target<TAB>live job dir or -.
 # group_alive() comes from lib_alive.sh, rendered before this text.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
@@ -40,4 +48,40 @@ pgrep -af '^([^ ]*/)?(ba)?sh( -[a-z]+)* [^ ]*(run_[r]l|run_[s]ampled_token_mopd)
     printf 'PROC\t%s\t%s\n' "$pid" "$cmd"
   fi
 done
+
+# --- readiness: what the launch scripts need of the node (their specs' "node"), seen as they see it ---
+# ulimit, command -v: bash builtins, as the launch script itself runs them.
+if [ "$need_nofile" -gt 0 ]; then printf 'NOFILE\t%s\n' "$(ulimit -Hn)"; fi
+if [ "$need_gpus" -gt 0 ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  printf 'GPUS\t%s\t%s\n' "${gpus:-0}" "${CUDA_VISIBLE_DEVICES-<unset>}"
+fi
+if [ -n "$python_cmd" ]; then printf 'PYTHON\t%s\n' "$(command -v "$python_cmd" 2>/dev/null)"; fi
+me=$(id -un)
+for port in $ray_ports; do
+  hex=$(printf '%04X' "$port")
+  # A listening socket (state 0A) on the port, IPv4 or IPv6: its owner's uid and inode.
+  read -r uid inode < <(awk -v hex="$hex" 'FNR > 1 && $4 == "0A" { n = split($2, a, ":"); if (a[n] == hex) { print $8, $10; exit } }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
+  [ -n "${uid:-}" ] || continue
+  user=$(getent passwd "$uid" | cut -d: -f1)
+  pid=-
+  for fd in /proc/[0-9]*/fd/*; do
+    if [ "$(readlink "$fd" 2>/dev/null)" = "socket:[$inode]" ]; then pid=${fd#/proc/}; pid=${pid%%/*}; break; fi
+  done
+  cmd=-
+  if [ "$pid" != - ]; then cmd=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200); fi
+  if [ "${user:-$uid}" = "$me" ]; then whose=ours; else whose=other; fi
+  printf 'PORT\t%s\t%s\t%s\t%s\t%s\n' "$port" "${user:-$uid}" "$pid" "$whose" "$cmd"
+done
+if [ -n "$ray_log" ] && [ -L "$ray_log" ]; then
+  target=$(readlink -f "$ray_log" 2>/dev/null || readlink "$ray_log")
+  live=-
+  for pidf in "$runs"/*/jobs/*/pid; do
+    [ -f "$pidf" ] || continue
+    job=$(dirname "$pidf"); run=${job%/jobs/*}
+    [ -f "$job/exit_code" ] && continue
+    case "$target/" in "$run"/*) p=$(cat "$pidf" 2>/dev/null); if group_alive "$p"; then live=$job; fi;; esac
+  done
+  printf 'RAYLOG\t%s\t%s\n' "$target" "$live"
+fi
 exit 0

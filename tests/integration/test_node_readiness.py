@@ -1,0 +1,113 @@
+"""check_prerequisites against the real sshd of the simulated node: the launch scripts' traps
+(xtuner-contract.md) refused in the one round trip, before any card, every problem with its fix, the node
+untouched."""
+
+from __future__ import annotations
+
+
+import pytest
+from sim_ssh import Node, simnode
+
+from rl_verify.core.names import run_key
+from rl_verify.engines import load_suite
+from rl_verify.node import ops as node
+
+pytestmark = pytest.mark.integration
+
+
+def _specs(sim_node: Node, suites=("grpo", "opd")):
+    return [load_suite(s).expanded({**sim_node.info["env"], "CHECKOUT": sim_node.checkout}) for s in suites]
+
+
+def _needs(sim_node: Node, specs):
+    # The simulated node's "fixed" Ray ports and /tmp/ray_log are its own (the connection's extras in the DAG).
+    return node.merged_needs(specs, ray_ports=tuple(sim_node.info["ray_ports"]), ray_log=sim_node.info["ray_log"])
+
+
+def _check(sim_node: Node, specs=None):
+    specs = specs or _specs(sim_node)
+    return node.check_prerequisites(sim_node.client, specs, f"{sim_node.info['root']}/runs", run_key("it-ready"),
+                                    needs=_needs(sim_node, specs), user="the SSH user")
+
+
+def _node_state(sim_node: Node) -> tuple:
+    """What a check must leave as it found it: processes, Ray, the ports' holders, the run folders."""
+    _, ports, _ = sim_node.run("ss -ltnH | awk '{print $4}' | sort")
+    runs = sim_node.root / "runs"
+    return (sorted(cmd for _, cmd in simnode.node_processes(sim_node.state)), simnode.ray_running(sim_node.state),
+            ports, sorted(p.name for p in runs.iterdir()) if runs.is_dir() else [])
+
+
+def test_a_ready_node_passes_and_reports_what_it_saw(sim_node):
+    result = _check(sim_node)
+    assert result.unready == [] and not result.missing
+    assert int(result.readiness["nofile"]) >= 65536
+    assert result.readiness["gpus"] == (8, "<unset>")
+    assert result.readiness["python"]
+    assert all(p["whose"] != "other" for p in result.readiness.get("ports", []))
+
+
+@pytest.mark.parametrize("trap, expected", [
+    ("low-nofile", ["hard open-files limit is 20000, below the 65536", "limits.conf"]),
+    ("hidden-gpu", ["shows 7 GPU(s)", "waits (forever) for 8", "Fix:"]),
+    ("foreign-ray", ["another user's Ray", "`ray stop --force` would kill it", "Fix: ask that user"]),
+    ("no-python", ["`python` does not resolve", "python-is-python3"]),
+])
+def test_each_trap_is_refused_before_the_card_with_its_fix_and_the_node_untouched(faults, trap, expected):
+    sim_node = faults
+    sim_node.run("ray stop --force")
+    fault = simnode.set_fault(sim_node.state, "node", trap)
+    before = _node_state(sim_node)
+    with pytest.raises(node.PrerequisitesError) as err:
+        _check(sim_node)
+    text = str(err.value)
+    assert "nothing was launched" in text
+    for words in expected:
+        assert words in text, text
+    if trap == "foreign-ray":
+        assert f"process {fault['pid']} of {fault['user']}" in text
+        assert str(sim_node.info["ray_ports"][0]) in text
+    assert _node_state(sim_node) == before
+    if trap == "foreign-ray":
+        assert simnode.node_status(sim_node.state)["traps"]["foreign_ray_pid"] == fault["pid"]  # still alive
+
+
+def test_every_trap_at_once_is_one_error_listing_each_with_its_fix(faults):
+    sim_node = faults
+    sim_node.run("ray stop --force")
+    for trap in ("low-nofile", "hidden-gpu", "foreign-ray", "no-python"):
+        simnode.set_fault(sim_node.state, "node", trap)
+    simnode.set_fault(sim_node.state, "opd", "missing-input")
+    before = _node_state(sim_node)
+    with pytest.raises(node.PrerequisitesError) as err:
+        _check(sim_node)
+    text = str(err.value)
+    lines = [line for line in text.splitlines() if line.startswith("  - ")]
+    unready = [line for line in lines if "not ready:" in line]
+    # open files, GPUs, two Ray ports, python; each its own line with its own fix
+    assert len(unready) == 5, text
+    assert all("Fix:" in line for line in unready), text
+    assert any("missing model for opd" in line or "missing " in line for line in lines), text
+    assert text.splitlines()[0].startswith(f"{len(lines)} prerequisite problem(s)")
+    assert _node_state(sim_node) == before
+
+
+def test_cuda_visible_devices_in_the_ssh_environment_is_named(sim_node):
+    specs = _specs(sim_node, ("grpo",))
+    needs = _needs(sim_node, specs)
+    result = node.parse_prerequisites("GPUS\t8\t0,1,2,3\n")
+    problems = node.readiness_problems(needs, result.readiness)
+    assert len(problems) == 1 and "CUDA_VISIBLE_DEVICES='0,1,2,3'" in problems[0] and "Fix: unset it" in problems[0]
+
+
+def test_the_node_own_stale_ray_on_the_ports_is_not_a_problem(sim_node):
+    rc, _, err = sim_node.run("ray start --head --port=%d --dashboard-port=%d >/dev/null" %
+                              tuple(sim_node.info["ray_ports"]))
+    assert rc == 0, err
+    try:
+        result = _check(sim_node)
+        ports = result.readiness.get("ports", [])
+        assert ports and all(p["whose"] == "ours" for p in ports), ports
+        assert result.unready == []
+    finally:
+        sim_node.run("ray stop --force")
