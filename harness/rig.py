@@ -35,7 +35,7 @@ def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int
     """
     conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"],
             "extra": {"key_file": node["client_key"], "host_key": node["host_key"],
-                      "no_host_key_check": False}}
+                      "no_host_key_check": False, **_own_ray(node)}}
     return {
         f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
         **node["env"],
@@ -50,6 +50,17 @@ def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int
     }
 
 
+def _own_ray(node: Mapping[str, Any]) -> dict[str, str]:
+    """A simulated node's launch script binds the node's own "fixed" Ray ports and /tmp (simulated nodes share
+    one machine): the connection's extras say so, as for a real node whose script was adapted."""
+    extra = {}
+    if node.get("ray_ports"):
+        extra["rl_verify_ray_ports"] = ",".join(str(p) for p in node["ray_ports"])
+    if node.get("ray_log"):
+        extra["rl_verify_ray_log"] = node["ray_log"]
+    return extra
+
+
 def node_connection_env(conn_id: str, node: Mapping[str, Any], host_key: bool = True) -> dict[str, str]:
     """An SSH connection to a simulated node carrying its own settings in its extras (share roots,
     checkout, runs folder), as a deployment with several nodes configures each node.
@@ -60,11 +71,7 @@ def node_connection_env(conn_id: str, node: Mapping[str, Any], host_key: bool = 
                              **{k.lower(): v for k, v in node["env"].items()},
                              "rl_verify_node_checkout": node["checkout"],
                              "rl_verify_remote_runs_dir": f"{node['root']}/runs"}
-    # A simulated node's launch script binds the node's own "fixed" Ray ports and /tmp (nodes share a machine).
-    if node.get("ray_ports"):
-        extra["rl_verify_ray_ports"] = ",".join(str(p) for p in node["ray_ports"])
-    if node.get("ray_log"):
-        extra["rl_verify_ray_log"] = node["ray_log"]
+    extra.update(_own_ray(node))
     if host_key:
         extra["host_key"] = node["host_key"]
     conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"], "extra": extra}

@@ -190,10 +190,19 @@ def test_missing_inputs_fail_prerequisites_listing_every_path(rig, node_state):
 # ----------------------------------------------------------------------------------------------------
 # A node that is not ready for the launch scripts (xtuner-contract.md's traps)
 def _untouched(node_state: Path) -> tuple:
-    """What a refused run must leave as it was: the node's processes, Ray, its run folders."""
-    runs = Path(rig_root(node_state)) / "runs"
+    """What a refused run must leave as it was: the node's processes, Ray, its /tmp (ray_log), and every
+    job or training folder (resolve_commit's worktree and empty folders of the run are not a launch)."""
+    root = Path(rig_root(node_state))
+    launched = sorted(str(p.relative_to(root)) for pattern in ("runs/*/jobs/*", "runs/*/work/*")
+                      for p in root.glob(pattern))
     return (sorted(cmd for _, cmd in sim.node_processes(node_state)), sim.ray_running(node_state),
-            sorted(p.name for p in runs.iterdir()) if runs.is_dir() else [])
+            sorted(str(p.relative_to(root)) for p in (root / "tmp").rglob("*")), launched)
+
+
+def _task_error(log: str) -> str:
+    """The message of the exception a task failed with, as its log records it (one JSON line)."""
+    (line,) = [line for line in log.splitlines() if "Task failed with exception" in line]
+    return json.loads(line[line.index("{"):])["error_detail"][0]["exc_value"]
 
 
 def rig_root(node_state: Path) -> str:
@@ -210,14 +219,14 @@ def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_i
     assert out.tasks["check_prerequisites"] == "failed"
     assert out.tasks["approve"] == "upstream_failed" and out.tasks["run_grpo"] == "upstream_failed"
     log = rig.client.task_log(DAG_ID, out.run_id, "check_prerequisites")
-    (error,) = [line for line in log.splitlines() if "prerequisite problem(s) on the node" in line]
-    assert "nothing was launched" in error
-    unready = [line for line in log.splitlines() if "- not ready:" in line]
+    error = _task_error(log)
+    assert "prerequisite problem(s) on the node; nothing was launched" in error.splitlines()[0]
+    unready = [line for line in error.splitlines() if line.startswith("  - not ready:")]
     # open files, GPUs, both Ray ports, python: each named once, each with its fix
-    assert len(unready) == 5 and all("Fix:" in line for line in unready), log
+    assert len(unready) == 5 and all("Fix:" in line for line in unready), error
     for words in ("hard open-files limit is 20000, below the 65536", "shows 7 GPU(s)",
                   f"held by process {foreign} of", "`ray stop --force` would kill it", "`python` does not resolve"):
-        assert words in log, words
+        assert words in error, words
     assert _untouched(node_state) == before
     assert sim.node_status(node_state)["traps"]["foreign_ray_pid"] == foreign  # the other user's Ray lives on
 
