@@ -77,7 +77,9 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"}, run_id=RUN_ID)
     assert out.state == "success", json.dumps(out.tasks)  # a FAIL that was not reproduced fails no DAG run
     assert out.tasks["compare_opd"] == "failed"  # the first run keeps its runbook verdict
-    assert (out.tasks["run_opd-r1"], out.tasks["confirm_opd"]) == ("success", "success")
+    # The repeat ran to its judgement (its own runbook verdict may be a FAIL of other metrics: at this noise a
+    # single run FAILs something half the time; only the first run's breach is what it must reproduce).
+    assert (out.tasks["fetch_opd-r1"], out.tasks["confirm_opd"]) == ("success", "success")
     assert out.tasks["run_opd-r2"] == "skipped"  # no run is launched that could not change the outcome
     report = _report(out)
     outcome = _outcome(report)
