@@ -4,9 +4,11 @@ a NaN and a crash are never repeated, and the node is clean after each.
 
 The first run's seed is the node's (sim.json "seed"); each repeat's comes from the DAG run's id
 (``core.names.repeat_seed``), so a fixed run id makes the outcome reproducible: with the node's baseline
-error draw "33", node seed 4 FAILs distill_kl at step 20 by noise and the repeat of run
-"manual__noise-repeat" clears it (found by replaying the node's own curves through the decision code,
-as scripts/bench_confirmation.py does).
+error draw "46" (its golden table off by at most 1.5 of its own sigma at any point; the simulator's
+default "33" has one point, rewards at step 25, 3 sigma off, where healthy runs FAIL and reproduce),
+node seed 3 FAILs response_len at step 5 by noise and the repeat of run "manual__noise-repeat" clears it,
+whether or not either run is stopped early (found by replaying the node's own curves through the
+decision code, as scripts/bench_confirmation.py does).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from simulator import node as sim
 
 pytestmark = pytest.mark.e2e
 STEP_SECONDS = 0.05
-NOISE_SEED, BASELINE_ERROR_SEED, RUN_ID = "4", "33", "manual__noise-repeat"
+NOISE_SEED, BASELINE_ERROR_SEED, RUN_ID = "3", "46", "manual__noise-repeat"
 
 
 @pytest.fixture(scope="module")
@@ -75,25 +77,28 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"}, run_id=RUN_ID)
     assert out.state == "success", json.dumps(out.tasks)  # a FAIL that was not reproduced fails no DAG run
     assert out.tasks["compare_opd"] == "failed"  # the first run keeps its runbook verdict
-    assert (out.tasks["run_opd-r1"], out.tasks["compare_opd-r1"], out.tasks["confirm_opd"]) == \
-        ("success", "success", "success")
+    # The repeat ran to its judgement (its own runbook verdict may be a FAIL of other metrics: at this noise a
+    # single run FAILs something half the time; only the first run's breach is what it must reproduce).
+    assert (out.tasks["fetch_opd-r1"], out.tasks["confirm_opd"]) == ("success", "success")
     assert out.tasks["run_opd-r2"] == "skipped"  # no run is launched that could not change the outcome
     report = _report(out)
     outcome = _outcome(report)
     assert report["schema"] == 2 and report["verdict"] == "PASS" and report["first_run_verdict"] == "FAIL"
     assert outcome["outcome"] == "PASS (not reproduced)" and "reads as noise" in outcome["reason"]
     first, repeat = outcome["runs"]
-    assert (first["verdict"], first["failure_class"], repeat["verdict"]) == ("FAIL", "accuracy", "PASS")
-    assert first["seed"] is None and isinstance(repeat["seed"], int)
-    assert repeat["folder"] == "opd-r1" and repeat["steps"] == 25
+    assert (first["verdict"], first["failure_class"]) == ("FAIL", "accuracy")
+    assert first["seed"] is None and isinstance(repeat["seed"], int) and repeat["folder"] == "opd-r1"
+    (evidence,) = outcome["evidence"]  # the first run's one breach, cleared by the repeat
+    assert evidence["metric"] == "response/response_len/mean" and evidence["z"] < 1.645
     assert outcome["estimates"]["metrics"]["distillation/reduced_distillation_kl"]["healthy_breach"] > 0
     # Both runs' reports are reachable from the run's report view, each with its own runbook verdict.
     main = _get(rig, f"/rl-verify/dags/{DAG_ID}/runs/{RUN_ID}/report")
     assert main.status_code == 200 and first["report"] in main.text and repeat["report"] in main.text
-    for run, verdict in ((first, "FAIL"), (repeat, "PASS")):
+    for run in (first, repeat):
         page = _get(rig, run["report"])
         assert page.status_code == 200, run["report"]
-        assert f"RL accuracy verification: {verdict}" in page.text and "Run " in page.text
+        assert f"RL accuracy verification: {run['verdict']}" in page.text
+        assert f"Run {run['attempt'] + 1} of 2 of opd" in page.text
     note = rig.client.dag_run(DAG_ID, RUN_ID).get("note") or ""
     assert note.startswith("PASS: opd PASS (not reproduced) (2 runs)"), note
     _assert_node_clean(node_state)

@@ -290,9 +290,11 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str,
         result.abnormal += fetch_findings(meta)
     watched = record.read_json(suite_dir / "abort.json")
     if watched and not watched.get("applied") and watched.get("certain"):
+        why = "early_abort off" if watched.get("early_abort") is False else \
+            "the job had ended before the live check read that step"
         result.abnormal.append(
             f"Live check: this run would have been aborted at step {watched['step']} of {watched['expected_steps']} "
-            "(early_abort off): " + "; ".join(c["text"] for c in watched["certain"]))
+            f"({why}): " + "; ".join(c["text"] for c in watched["certain"]))
     if watched and not watched.get("applied") and watched.get("log_rule"):
         hit = watched["log_rule"]
         result.abnormal.append(f"Live check: a log rule matched ({describe_hit(hit)}); early_abort was "
