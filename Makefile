@@ -80,6 +80,7 @@ bench: venv
 	$(PY) scripts/bench_parse.py
 	$(PY) -m scripts.bench_early_abort
 	$(PY) -m scripts.bench_verdict_time
+	$(PY) -m scripts.bench_confirmation
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -16,7 +16,7 @@ it decides or the budget is spent. It prints, per suite:
   ``--regressed`` verifications: the detection rate (a final FAIL) and the mean runs;
 * the same for other budgets and a looser and a stricter rule (the trade-off), from the same runs.
 
-Figures to read, no assertion. Runs are cached per (verification, attempt), so the trade-off rows
+Figures to read, no assertion. Runs are cached per (verification, attempt, what stops it early), so the trade-off rows
 re-decide the same runs.
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl_verify.core import confirm
-from rl_verify.core.live import aborted_result
+from rl_verify.core.live import aborted_result, confirming
 from rl_verify.core.tracker import TrackerFeed
 from rl_verify.engines import engine_of, load_suite
 
@@ -86,9 +86,12 @@ def _baseline(suite: str, verification: int, mode: str) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def _evaluate(args: tuple[str, int, int, str, str]) -> tuple[tuple, dict]:
-    """One run of one verification, through the engine: (key, its RunPoints as a dict + the abort step)."""
-    suite, index, attempt, scenario, mode = args
+def _evaluate(args: tuple[str, int, int, str, str, dict[str, int] | None]) -> tuple[tuple, dict]:
+    """One run of one verification, through the engine: (key, its RunPoints as a dict + the abort step).
+
+    ``confirms`` (a repeat: the first run's breached metrics and directions): as in the DAG's repeats, only a
+    certain FAIL of one of them stops the run early (``core.live.confirming``)."""
+    suite, index, attempt, scenario, mode, confirms = args
     name, regression, shift = next(s for s in SCENARIOS[suite] if s[0] == scenario)
     spec = load_suite(suite)
     engine = engine_of(spec)
@@ -100,7 +103,7 @@ def _evaluate(args: tuple[str, int, int, str, str]) -> tuple[tuple, dict]:
         elapsed += row.get("time/step", 0.0)
         feed.feed((json.dumps(row) + "\n").encode())
         found = live.check(feed.tracker, elapsed) if live is not None else None
-        if found is not None and found.certain:
+        if found is not None and found.certain and (not confirms or confirming(found.certain, confirms)):
             abort = {"step": row["step"], "expected_steps": spec.expected_steps,
                      "certain": [{k: getattr(c, k) for k in c.__dataclass_fields__} for c in found.certain]}
             rows = rows[:i + 1]
@@ -120,12 +123,13 @@ def _evaluate(args: tuple[str, int, int, str, str]) -> tuple[tuple, dict]:
         "verdict": points.verdict, "failure_class": points.failure_class,
         "points": [p.__dict__ for p in points.points], "breached": points.breached,
         "not_repeatable": points.not_repeatable, "aborted_at": abort["step"] if abort else None,
+        "complete": abort is None,
         "steps": len([r for r in rows if r["step"] > 0])}
 
 
 def _points(data: dict) -> confirm.RunPoints:
     return confirm.RunPoints(data["verdict"], data["failure_class"], [confirm.Point(**p) for p in data["points"]],
-                             data["breached"], data["not_repeatable"])
+                             data["breached"], data["not_repeatable"], data["complete"])
 
 
 class Runs:
@@ -134,10 +138,13 @@ class Runs:
     def __init__(self, mode: str, workers: int) -> None:
         self.mode, self.pool, self.cache = mode, Pool(workers), {}
 
-    def get(self, keys: list[tuple[str, int, int, str]]) -> None:
-        todo = [k for k in keys if k not in self.cache]
-        for key, value in self.pool.imap_unordered(_evaluate, [(*k, self.mode) for k in todo], chunksize=4):
-            self.cache[key] = value
+    def get(self, keys: list[tuple[str, int, int, str, str]]) -> None:
+        """Evaluate the runs ``(suite, verification, attempt, scenario, stop)`` not yet kept; ``stop`` is the
+        repeat's ``core.confirm.stop_early`` as JSON ("" for a first run)."""
+        todo = [k for k in dict.fromkeys(keys) if k not in self.cache]
+        args = [(*k[:4], self.mode, json.loads(k[4]) if k[4] else None) for k in todo]
+        for (key, value), k in zip(self.pool.imap(_evaluate, args, chunksize=4), todo):
+            self.cache[k] = value
 
 
 def verify(runs: Runs, suite: str, scenario: str, count: int, rule: confirm.Rule,
@@ -146,21 +153,24 @@ def verify(runs: Runs, suite: str, scenario: str, count: int, rule: confirm.Rule
     alive = list(range(count))
     repeats: dict[int, list[confirm.RunPoints]] = {i: [] for i in alive}
     outcomes: dict[int, str] = {}
+    runs.get([(suite, i, 0, scenario, "") for i in alive])
+    firsts = {i: _points(runs.cache[(suite, i, 0, scenario, "")]) for i in alive}
+    stops = {i: json.dumps(confirm.stop_early(firsts[i], spread, rule), sort_keys=True) for i in alive}
     attempt = 0
     while alive:
-        runs.get([(suite, i, attempt, scenario) for i in alive])
+        keys = {i: (suite, i, attempt, scenario, stops[i] if attempt else "") for i in alive}
+        runs.get(list(keys.values()))
         still = []
         for i in alive:
             if attempt:
-                repeats[i].append(_points(runs.cache[(suite, i, attempt, scenario)]))
-            first = _points(runs.cache[(suite, i, 0, scenario)])
-            decision = confirm.decide(first, repeats[i], spread, rule)
+                repeats[i].append(_points(runs.cache[keys[i]]))
+            decision = confirm.decide(firsts[i], repeats[i], spread, rule)
             if decision.outcome is None:
                 still.append(i)
             else:
                 outcomes[i] = decision.outcome
         alive, attempt = still, attempt + 1
-    first_fail = sum(runs.cache[(suite, i, 0, scenario)]["verdict"] == "FAIL" for i in range(count)) / count
+    first_fail = sum(firsts[i].verdict == "FAIL" for i in range(count)) / count
     final_fail = sum(o in confirm.FAILING for o in outcomes.values()) / count
     return {"first_fail": first_fail, "final_fail": final_fail,
             "inconclusive": sum(o == confirm.INCONCLUSIVE for o in outcomes.values()) / count,
@@ -205,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     variants = [("default (budget 2)", rule), ("budget 1", replace(rule, budget=1)),
                 ("budget 3", replace(rule, budget=3)),
-                ("looser: z_reproduce 2.33 (p 0.01)", replace(rule, z_reproduce=2.326)),
-                ("stricter: z_reproduce 3.09 (p 0.001)", replace(rule, z_reproduce=3.09))]
+                ("looser: p_reproduce 0.05", replace(rule, p_reproduce=0.05)),
+                ("stricter: p_reproduce 0.001", replace(rule, p_reproduce=0.001)),
+                ("p_clear 0.01: PASS unless reproduced", replace(rule, p_clear=0.01))]
     marginal = [name for name, reg, shift in SCENARIOS["opd"] if shift is not None]
     for label, variant in variants:
         healthy = verify(runs, "opd", "healthy", args.healthy, variant, spreads["opd"])

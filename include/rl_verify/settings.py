@@ -187,6 +187,10 @@ CALIBRATION_DAG_ID = "rl_baseline_calibration"
 CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]
 #: Where a calibration keeps its files in its run's record (``<suite>/proposal/runs.png``: the plot).
 CALIBRATION_RECORD_FOLDER = "calibration"
+#: What compare keeps of each run for the confirmation rule (its points and breached metrics), in its folder.
+POINTS_FILE = "points.json"
+#: What stops a repeat before its end (``core.confirm.stop_early``), written by its gate in its folder.
+STOP_EARLY_FILE = "stop_early.json"
 
 # --- task ids: the DAG files name their tasks with these; no package module knows any other task id ---
 #: The verification DAG's task that writes the report (the UI plugin links its report from it).

@@ -54,9 +54,10 @@ def test_a_budget_of_zero_keeps_the_first_runs_verdict():
 def test_a_repeat_shifted_the_same_way_reproduces_the_fail_at_once():
     first = run({KL: {10: 0.035, 15: 0.032}})
     decision = decide(first, [run({KL: {10: 0.04, 15: 0.04, 20: 0.04, 25: 0.04}})], SPREAD)
-    assert decision.outcome == REPRODUCED and KL in decision.reason and "z =" in decision.reason
-    (group,) = decision.evidence
-    assert group["steps"] == [10, 15, 20, 25] and group["direction"] == "up" and group["z"] >= Rule().z_reproduce
+    assert decision.outcome == REPRODUCED and KL in decision.reason and "|z| = " in decision.reason
+    group = next(e for e in decision.evidence if e["metric"] == KL)
+    assert group["steps"] == list(STEPS) and group["direction"] == "up" and group["z"] >= Rule().z_reproduce(2)
+    assert {e["metric"] for e in decision.evidence} == {KL, GSM}  # every judged metric is weighed
 
 
 def test_a_repeat_that_stays_put_clears_the_fail_as_noise():
@@ -64,9 +65,49 @@ def test_a_repeat_that_stays_put_clears_the_fail_as_noise():
     assert decision.outcome == NOT_REPRODUCED and "reads as noise" in decision.reason
 
 
-def test_a_shift_the_other_way_is_no_reproduction():
-    decision = decide(run({KL: {10: 0.035}}), [run({KL: {10: -0.04, 15: -0.04, 20: -0.04}})], SPREAD)
-    assert decision.outcome == NOT_REPRODUCED
+def test_a_shift_the_other_way_is_a_shift_too():
+    # The runbook's tolerances are absolute: a metric moved down by 4 sigma is as off as one moved up.
+    decision = decide(run({KL: {10: 0.035}}), [run({KL: {10: -0.04, 15: -0.04, 20: -0.04, 25: -0.04}})], SPREAD)
+    assert decision.outcome == REPRODUCED and "below its reference" in decision.reason
+
+
+def test_a_metric_the_first_run_never_reached_reproduces_the_fail():
+    # The first run stopped at step 0 on an eval's noise; its repeat shows the regression in KL.
+    first = RunPoints(FAIL, "accuracy", [Point(GSM, 0, -0.035, 0.03, True)], complete=False)
+    decision = decide(first, [run({KL: {s: 0.05 for s in STEPS}})], SPREAD)
+    assert decision.outcome == REPRODUCED and "not a metric the first run breached" in decision.reason
+
+
+def test_one_point_beyond_the_point_bound_reproduces_even_before_the_metric_sum_does():
+    rule = Rule()
+    at = rule.z_point(2) * 0.01 * math.sqrt(1 + 1 / 3) * 1.02
+    stopped = RunPoints(FAIL, "accuracy", [Point(GSM, 0, 0.0, 0.03, False), Point(GSM, 5, 0.0, 0.03, False),
+                                           Point(GSM, 10, -at, 0.03, True)], complete=False)
+    decision = decide(run({GSM: {10: -0.035}}), [stopped], SPREAD)
+    assert decision.outcome == REPRODUCED and "one point's |z|" in decision.reason
+    assert abs(next(e for e in decision.evidence if e["metric"] == GSM)["z"]) < rule.z_reproduce(2)
+
+
+def test_a_repeat_stops_early_only_on_a_point_that_decides():
+    stop = confirm.stop_early(run({KL: {10: 0.035}}), SPREAD)
+    least = Rule().z_point(2) * 0.01 * math.sqrt(1 + 1 / 3)
+    assert stop == {GSM: [0, pytest.approx(least)], KL: [0, pytest.approx(least)]}
+    from rl_verify.core.live import confirming
+    check = {"metric": KL, "method": "absolute", "baseline": 0.30, "current": 0.30 + least * 1.01}
+    assert confirming([check], stop)
+    assert not confirming([{**check, "current": 0.30 + least * 0.9}], stop)  # breached, but not by enough
+    assert not confirming([{**check, "metric": "response/response_len/mean"}], stop)
+    # Without a spread: the first run's breached metric, the same way.
+    fallback = confirm.stop_early(RunPoints(FAIL, "accuracy", [], {"response/rewards/mean": -1}), None)
+    assert fallback == {"response/rewards/mean": [-1, 0.0]}
+    rewards = {"metric": "response/rewards/mean", "method": "absolute", "baseline": 0.6, "current": 0.5}
+    assert confirming([rewards], fallback) and not confirming([{**rewards, "current": 0.7}], fallback)
+
+
+def test_a_repeat_stopped_early_cannot_clear_the_fail():
+    stopped = RunPoints(FAIL, "accuracy", run({}).points, complete=False)
+    assert decide(run({KL: {10: 0.035}}), [stopped], SPREAD, budget=2).outcome is None
+    assert decide(run({KL: {10: 0.035}}), [stopped], SPREAD, budget=1).outcome == INCONCLUSIVE
 
 
 def test_the_first_run_is_left_out_of_the_evidence():
@@ -77,7 +118,7 @@ def test_the_first_run_is_left_out_of_the_evidence():
 
 def test_an_undecided_repeat_asks_for_another_within_the_budget_then_ends_inconclusive():
     first = run({KL: {10: 0.035}})
-    middling = run({KL: {s: 0.012 for s in STEPS}})  # z ~ 2.1 after one repeat: between z_clear and z_reproduce
+    middling = run({KL: {s: 0.012 for s in STEPS}})  # z ~ 2.3 after one repeat: between z_clear and z_reproduce
     assert decide(first, [middling], SPREAD, budget=2).outcome is None
     ended = decide(first, [middling, middling], SPREAD, budget=2)
     assert ended.outcome in (REPRODUCED, INCONCLUSIVE)
@@ -92,7 +133,7 @@ def test_a_repeat_that_fails_as_infrastructure_ends_the_suite_as_a_fail():
 
 def test_a_repeat_stopped_before_the_breached_points_is_no_evidence_yet():
     first = run({KL: {20: 0.035}})
-    stopped = RunPoints(FAIL, "accuracy", [Point(KL, 5, 0.0, 0.03, False)])  # it never reached step 20
+    stopped = RunPoints(FAIL, "accuracy", [Point(KL, 5, 0.0, 0.03, False)], complete=False)  # never reached step 20
     assert decide(first, [stopped], SPREAD, budget=2).outcome is None
 
 

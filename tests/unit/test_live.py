@@ -234,6 +234,20 @@ def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_
     json.dumps(summary)  # goes into a trigger event and the record
 
 
+@pytest.mark.parametrize("least, stopped", [(3e-4, True), (1.0, False)])
+def test_a_repeats_watch_stops_only_on_a_certain_fail_that_decides_its_confirmation(least, stopped):
+    config = json.loads(json.dumps(live_config(GRPO, "/w", True, _baseline_bytes(), None, "/b.jsonl",
+                                               {"mismatch/mismatch_k3_kl": [1, least]})))
+    watch = LiveWatch({**config, "tracker_glob": "*/t.jsonl"})
+    watch.start()
+    rows = [r for r in grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5) if r["step"] <= 3]
+    watch.take(_poll_output("/w/1/t.jsonl", rows))
+    lines = watch.report(elapsed_s=120.0)
+    assert (watch.doomed is not None) is stopped
+    if not stopped:
+        assert "not by enough to decide the confirmation: it goes on" in lines[1]
+
+
 def test_without_its_baseline_the_grpo_watch_is_off_and_says_why():
     watch = _watch(GRPO, None)
     assert watch.start().startswith("Live check off for grpo: no baseline tracker at /b.jsonl")

@@ -10,15 +10,20 @@ pre-registered rule (its error rates are measured by ``scripts/bench_confirmatio
   NaN/Infinity and none lies farther than ``Rule.z_far`` standard deviations from the reference.
   Anything else (a NaN, a wrong step count, a crash, a stall, a log rule, an infrastructure or a
   performance failure, a breach far outside the noise) is FAIL at once.
-* **The evidence.** For each metric the first run breached, the group of its judged points from its
-  first breached step on, with the sign of that first breach. After each repeat, each point's mean
-  over the repeats (the first run is left out: it was selected for being extreme) is scaled by its
-  standard error under "no shift", ``sigma * sqrt(1/k + 1/N)`` (k repeats; the reference is itself an
-  N-run mean whose error every repeat shares, so repeats never remove it), and the group's z is the
-  Stouffer sum of its points, ``sum(sign * mean / se) / sqrt(points)``.
-* **FAIL (reproduced)** as soon as a group's z reaches ``z_reproduce`` (one-sided p <= 0.005);
-  **PASS (not reproduced)** as soon as every group's z is below ``z_clear``; otherwise another repeat,
-  and **INCONCLUSIVE** when the budget is spent, naming what would settle it.
+* **The evidence.** Every judged metric whose spread is known, over the repeats only (the first run is
+  left out: it was selected for being extreme; it may also have been stopped early on whatever metric
+  breached first, which need not be the one a regression moved). Each point's mean over the repeats is
+  scaled by its standard error under "no shift", ``sigma * sqrt(1/k + 1/N)`` (k repeats; the reference
+  is itself an N-run mean whose error every repeat shares, so repeats never remove it), and a metric's
+  z is the Stouffer sum of its points, ``sum(mean / se) / sqrt(points)``, two-sided (an absolute
+  tolerance is broken either way).
+* **FAIL (reproduced)** as soon as a metric's |z|, or one of its points' (the repeats' mean there over its
+  standard error), reaches its Sidak-corrected bound: ``p_reproduce`` (0.01, family-wise, two-sided) is
+  split in two, half over the M metrics' Stouffer z (3.34 for OPD's six), half over their points (6 each:
+  3.81). **PASS (not reproduced)** when a repeat ran to its end and every metric's |z| is below the bound
+  of ``p_clear`` (0.05: 2.63 for six); otherwise another repeat, and **INCONCLUSIVE** when the budget is
+  spent, naming what would settle it. A repeat is stopped early only by a certain FAIL of one point that
+  alone reaches the point bound (:func:`stop_early`): then the outcome is known.
 * **No spread known** (a baseline version that records none, or an engine whose verdict is not a set
   of point comparisons, e.g. the checker's p80 aggregates): one repeat; FAIL (reproduced) when it
   breaches one of the same metrics with the same sign, else PASS (not reproduced).
@@ -69,17 +74,42 @@ class Spread:
 class Rule:
     """The pre-registered parameters (``scripts/bench_confirmation.py`` measures their error rates)."""
 
-    z_reproduce: float = 2.576   # one-sided p <= 0.005
-    z_clear: float = 1.645       # one-sided p ~ 0.05: the repeats show no shift in the breach's direction
+    p_reproduce: float = 0.01    # family-wise, two-sided: a healthy verification's chance per decision
+    p_clear: float = 0.05        # family-wise: below its bound every metric reads as noise
     z_far: float = 10.0          # a breach this many sigma away is no noise: FAIL at once
     budget: int = 2              # extra runs at most
+    points_per_metric: int = 6   # the most judged points of one metric (OPD: eval points 0, 5, ..., 25)
+
+    def z_reproduce(self, metrics: int) -> float:
+        """|z| from which one of ``metrics`` metrics' Stouffer z reproduces the FAIL (Sidak, two-sided; half
+        of ``p_reproduce``, the other half is the single points')."""
+        return _two_sided_bound(self.p_reproduce / 2, metrics)
+
+    def z_point(self, metrics: int) -> float:
+        """|z| from which one point alone reproduces the FAIL (Sidak over every point of ``metrics`` metrics;
+        the other half of ``p_reproduce``): what lets a repeat stop at its first such point."""
+        return _two_sided_bound(self.p_reproduce / 2, metrics * self.points_per_metric)
+
+    def z_clear(self, metrics: int) -> float:
+        """|z| below which every one of ``metrics`` metrics reads as noise (Sidak, two-sided)."""
+        return _two_sided_bound(self.p_clear, metrics)
 
     def describe(self) -> str:
         return (f"repeat a FAIL that noise can produce (accuracy class, no NaN, every breach within {self.z_far:g} "
-                f"sigma) up to {self.budget} time(s); per breached metric, the Stouffer z of its points from its "
-                f"first breach on, over the repeats' means against the run-to-run spread and the reference's "
-                f"own error: FAIL (reproduced) at z >= {self.z_reproduce:g}, PASS (not reproduced) when every "
-                f"metric's z < {self.z_clear:g}, else another repeat, INCONCLUSIVE when the budget is spent")
+                f"sigma) up to {self.budget} time(s); per judged metric, the two-sided Stouffer z of its points over "
+                f"the repeats' means against the run-to-run spread and the reference's own error: FAIL (reproduced) "
+                f"when one |z|, or one point's, reaches its Sidak bound (p = {self.p_reproduce:g} over the metrics "
+                f"and their points, split in two), PASS (not "
+                f"reproduced) when a repeat ran to its end and every |z| is below the bound of p = {self.p_clear:g}, "
+                f"else another repeat, INCONCLUSIVE when the budget is spent")
+
+
+@lru_cache(maxsize=256)
+def _two_sided_bound(p: float, metrics: int) -> float:
+    from scipy.stats import norm  # kept out of DAG parsing
+
+    per_test = 1 - (1 - p) ** (1 / max(1, metrics))
+    return float(norm.isf(per_test / 2))
 
 
 @dataclass
@@ -93,6 +123,8 @@ class RunPoints:
     #: Breached metrics the run's verdict names, with the sign of the breach (when no points are known).
     breached: dict[str, int] = field(default_factory=dict)
     not_repeatable: list[str] = field(default_factory=list)
+    #: False when the run was stopped before its last step (early abort): it cannot clear a FAIL.
+    complete: bool = True
 
 
 @dataclass
@@ -136,31 +168,25 @@ def repeatable(first: RunPoints, spread: Spread | None, rule: Rule) -> list[str]
     return out
 
 
-def _groups(first: RunPoints, spread: Spread) -> list[tuple[str, int, list[int]]]:
-    """(metric, sign, steps): per breached metric, its points from its first breached step on."""
-    out = []
-    for metric in dict.fromkeys(p.metric for p in first.points if p.breached):
-        mine = sorted((p for p in first.points if p.metric == metric), key=lambda p: p.step)
-        first_breach = next(p for p in mine if p.breached)
-        out.append((metric, _sign(first_breach.diff), [p.step for p in mine if p.step >= first_breach.step]))
-    return out
+def _tested(spread: Spread) -> list[str]:
+    """The metrics the repeats are judged on: every judged metric whose spread is known (fixed in advance, so
+    that the bound does not depend on where the first run happened to stop)."""
+    return sorted(spread.sigma)
 
 
-def _group_z(metric: str, sign: int, steps: list[int], repeats: Sequence[RunPoints],
-             spread: Spread) -> tuple[float | None, int]:
-    """The Stouffer z of one group over the repeats (None when no repeat reached its points), and how
-    many points it is over."""
+def _metric_z(metric: str, repeats: Sequence[RunPoints], spread: Spread) -> tuple[float | None, list[int], float]:
+    """The Stouffer z of one metric over the repeats' means at each point (None when no repeat has a point
+    of it), the steps it is over, and its largest point |z|."""
     sigma, n = spread.sigma[metric], spread.runs
-    terms = []
-    for step in steps:
-        values = [p.diff for r in repeats for p in r.points if p.metric == metric and p.step == step
-                  and math.isfinite(p.diff)]
-        if values:
-            se = sigma * math.sqrt(1 / len(values) + 1 / n)
-            terms.append(sign * (sum(values) / len(values)) / se)
+    by_step: dict[int, list[float]] = {}
+    for r in repeats:
+        for p in r.points:
+            if p.metric == metric and math.isfinite(p.diff):
+                by_step.setdefault(p.step, []).append(p.diff)
+    terms = [(sum(v) / len(v)) / (sigma * math.sqrt(1 / len(v) + 1 / n)) for _, v in sorted(by_step.items())]
     if not terms:
-        return None, 0
-    return sum(terms) / math.sqrt(len(terms)), len(terms)
+        return None, [], 0.0
+    return sum(terms) / math.sqrt(len(terms)), sorted(by_step), max(abs(t) for t in terms)
 
 
 def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None, rule: Rule = Rule(),
@@ -187,31 +213,58 @@ def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None
     assert spread is not None
     if not repeats:
         return Decision(None, "the first run's FAIL could be noise: repeat it", rule=text)
-    evidence, undecided = [], []
-    for metric, sign, steps in _groups(first, spread):
-        z, count = _group_z(metric, sign, steps, repeats, spread)
-        evidence.append({"metric": metric, "direction": "up" if sign > 0 else "down", "steps": steps,
-                         "points_seen": count, "z": None if z is None else round(z, 3), "repeats": len(repeats)})
-        if z is not None and z >= rule.z_reproduce:
-            return Decision(REPRODUCED, f"{metric} is {'above' if sign > 0 else 'below'} its reference again: over "
-                            f"{len(repeats)} repeat(s) and {count} point(s) from step {steps[0]} on, z = {z:.2f} "
-                            f">= {rule.z_reproduce:g}", evidence, text)
-        if z is None or z >= rule.z_clear:
-            undecided.append((metric, z))
-    if not undecided:
+    breached = {p.metric for p in first.points if p.breached}
+    metrics = _tested(spread)
+    z_rep, z_pt, z_clear = rule.z_reproduce(len(metrics)), rule.z_point(len(metrics)), rule.z_clear(len(metrics))
+    evidence = []
+    for metric in metrics:
+        z, steps, top_point = _metric_z(metric, repeats, spread)
+        evidence.append({"metric": metric, "direction": None if not z else "up" if z > 0 else "down",
+                         "steps": steps, "points_seen": len(steps), "z": None if z is None else round(z, 3),
+                         "max_point_z": round(top_point, 3), "repeats": len(repeats),
+                         "breached_first": metric in breached})
+    shifted = [e for e in evidence if e["z"] is not None and (abs(e["z"]) >= z_rep or e["max_point_z"] >= z_pt)]
+    if shifted:
+        top = max(shifted, key=lambda e: max(abs(e["z"]) / z_rep, e["max_point_z"] / z_pt))
+        which = "one of the first run's breaches" if top["breached_first"] else \
+            "not a metric the first run breached before it ended"
+        how = (f"|z| = {abs(top['z']):.2f} >= {z_rep:.2f} over {top['points_seen']} point(s)"
+               if abs(top["z"]) >= z_rep else
+               f"one point's |z| = {top['max_point_z']:.2f} >= {z_pt:.2f}")
+        return Decision(REPRODUCED, f"{top['metric']} is {'above' if top['z'] > 0 else 'below'} its reference "
+                        f"again ({which}): over {len(repeats)} repeat(s), {how} (p = {rule.p_reproduce:g} over "
+                        f"{len(metrics)} metrics)", evidence, text)
+    undecided = [e for e in evidence if e["z"] is None or abs(e["z"]) >= z_clear]
+    complete = any(r.complete for r in repeats)
+    if not undecided and complete:
         said = ", ".join(f"{e['metric']} z = {e['z']:.2f}" for e in evidence)
         return Decision(NOT_REPRODUCED, f"the first run's breach reads as noise: over {len(repeats)} repeat(s) no "
-                        f"breached metric shifts in its direction ({said}; every z < {rule.z_clear:g})", evidence,
-                        text)
+                        f"judged metric is off its reference beyond the noise ({said}; every |z| < {z_clear:.2f}, "
+                        f"p = {rule.p_clear:g} over {len(metrics)} metrics)", evidence, text)
+    pending = [f"{e['metric']} z = {'n/a' if e['z'] is None else format(e['z'], '.2f')}" for e in undecided]
+    if not complete:
+        pending.append("no repeat ran to its end")
     if len(repeats) < budget:
-        return Decision(None, "undecided after {} repeat(s): {}; another repeat".format(
-            len(repeats), ", ".join(f"{m} z = {'n/a' if z is None else f'{z:.2f}'}" for m, z in undecided)),
-            evidence, text)
-    settle = "; ".join(f"{m}: z = {'n/a' if z is None else f'{z:.2f}'} lies between {rule.z_clear:g} and "
-                       f"{rule.z_reproduce:g}" for m, z in undecided)
-    return Decision(INCONCLUSIVE, f"the budget of {budget} extra run(s) is spent and {settle}. What would settle it: "
-                    "more runs of this commit (trigger it again with a larger 'repeats'), or a baseline version "
+        return Decision(None, f"undecided after {len(repeats)} repeat(s): {', '.join(pending)}; another repeat",
+                        evidence, text)
+    settle = "; ".join(pending)
+    return Decision(INCONCLUSIVE, f"the budget of {budget} extra run(s) is spent and {settle} (|z| between "
+                    f"{z_clear:.2f} and {z_rep:.2f} is neither noise nor a reproduction). What would settle it: more "
+                    "runs of this commit (trigger it again with a larger 'repeats'), or a baseline version "
                     "calibrated from more runs (its own error is shared by every repeat)", evidence, text)
+
+
+def stop_early(first: RunPoints, spread: Spread | None, rule: Rule = Rule()) -> dict[str, list[float]]:
+    """What stops a repeat before its end: metric -> [sign (0: either way), the smallest |diff| of one of its
+    points]. A certain FAIL of the metric by that much alone decides the outcome (with a spread: one point's
+    |z| reaches :meth:`Rule.z_point`; without: the same metric breaching the same way); anything less lets
+    the repeat run on, so that its other points are measured."""
+    if spread is not None and first.points and all(p.metric in spread.sigma for p in first.points if p.breached):
+        metrics = _tested(spread)
+        z_pt = rule.z_point(len(metrics))
+        return {m: [0, z_pt * spread.sigma[m] * math.sqrt(1 + 1 / spread.runs)] for m in metrics}
+    breached = first.breached or {p.metric: _sign(p.diff) for p in first.points if p.breached}
+    return {m: [s, 0.0] for m, s in breached.items()}
 
 
 def _decide_without_spread(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None,

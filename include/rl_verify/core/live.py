@@ -31,6 +31,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rl_verify.core.model import FAIL, Check, SuiteResult, failure_class_of
@@ -241,6 +242,28 @@ def partial_plot(suite: str, certain: list[dict], current: Path, baseline: Path 
     return plot_panels(out / f"{suite}_metrics.png", f"{suite.upper()}: FAIL, aborted early (partial curves)", panels)
 
 
+def confirming(certain: Iterable[Any], confirms: Mapping[str, Sequence[float]]) -> bool:
+    """Whether a repeat's certain FAIL (checks with ``metric``, ``method``, ``current``, ``baseline``) decides
+    its verification's outcome: ``confirms`` (``core.confirm.stop_early``) maps a metric to [sign (0: either
+    way), the smallest |diff| that decides]; the diff is the confirmation's (relative methods: divided by
+    |baseline|). Only such a FAIL may stop a repeat early; any other lets it measure its other points."""
+    for c in certain:
+        metric, method, current, baseline = (c.get(k) if isinstance(c, Mapping) else getattr(c, k, None)
+                                             for k in ("metric", "method", "current", "baseline"))
+        if metric not in confirms:
+            continue
+        sign, least = int(confirms[metric][0]), float(confirms[metric][1])
+        try:
+            diff = float(current) - float(baseline)
+            if method == "relative":
+                diff = diff / abs(float(baseline)) if float(baseline) else math.inf
+        except (TypeError, ValueError):
+            return True  # no number to weigh: the metric's certain FAIL itself decides
+        if (sign == 0 or (diff > 0) - (diff < 0) == sign) and abs(diff) >= least:
+            return True
+    return False
+
+
 def describe_hit(hit: dict[str, Any]) -> str:
     """A log rule's match in words: what it means, the line (and how often it was seen), and the fix."""
     seen = int(hit.get("seen") or 1)
@@ -287,6 +310,11 @@ class LiveWatch:
         self.log_hits: list[dict[str, Any]] = []
         self._open_block: dict[str, Any] | None = None  # an ``exit`` rule's match awaiting its block's end
         self._seen: dict[str, int] = {}  # lines seen per rule (``count``)
+        #: A repeat's watch (``core.confirm.stop_early``): only a certain FAIL that decides the verification's
+        #: outcome stops it (``confirming``); None: a first run, stopped by any certain FAIL.
+        self.confirms: dict[str, list[float]] | None = (
+            {str(k): [float(x) for x in v] for k, v in config["confirms"].items()} if config.get("confirms") else None)
+        self._passed_over = False  # a repeat's certain FAIL of other metrics was logged once
 
     def start(self) -> str:
         """Rebuild the engine's check; say in one line what the watch will do."""
@@ -372,7 +400,15 @@ class LiveWatch:
         result = self.checker.check(tracker, elapsed_s)
         self.last = result
         lines = [progress(result, self.expected_steps, elapsed_s)]
-        if result.certain and self.doomed is None:
+        if result.certain and self.doomed is None and self.confirms is not None \
+                and not confirming(result.certain, self.confirms):
+            if not self._passed_over:
+                self._passed_over = True
+                lines.append("This repeat's own FAIL is certain at step %d of %d (%s), but not by enough to decide the "
+                             "confirmation: it goes on, to measure its other points" % (
+                                 result.steps, self.expected_steps,
+                                 ", ".join(sorted({c.metric for c in result.certain}))))
+        elif result.certain and self.doomed is None:
             self.doomed = result
             lines.append("FAIL is certain at step %d of %d: %s" % (
                 result.steps, self.expected_steps, "; ".join(f"[{c.rule}] {c.text}" for c in result.certain)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -118,15 +118,18 @@ def criteria(specs: Iterable[SuiteSpec],
 
 
 def live_config(spec: SuiteSpec, work_dir: str, early_abort: bool, baseline: bytes | None, data: Any,
-                baseline_where: str | None) -> dict[str, Any]:
+                baseline_where: str | None, confirms: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON the trigger's ``core.live.LiveWatch`` runs a training's live check from: the spec's step
     count and log rules, and the engine's check in serialised form (``Engine.live`` with the baseline
     tracker's bytes and the data model in use), or ``note`` saying why there is none. A check that
-    cannot be built only switches the live check off: the final comparison judges the run."""
+    cannot be built only switches the live check off: the final comparison judges the run. ``confirms``
+    (a repeat: ``core.confirm.stop_early``): only a certain FAIL that decides the outcome stops it."""
     config: dict[str, Any] = {"suite": spec.name, "work_dir": work_dir, "tracker_glob": spec.tracker,
                               "expected_steps": spec.expected_steps, "early_abort": bool(early_abort),
                               "log_rules": [rule.model_dump() for rule in spec.log_rules], "check": None,
                               "note": None}
+    if confirms:
+        config["confirms"] = {str(k): [float(x) for x in v] for k, v in confirms.items()}
     try:
         check = engine_of(spec).live(spec, baseline, data)
     except Exception as err:  # bad data must never stop a training

@@ -148,8 +148,17 @@ class SuiteTrainingOperator(BaseOperator):
             else:
                 self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
             version = (resolved.get("baselines") or {}).get(self.suite) or {}
-            live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context)
+            live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
+                                self._confirms(context))
         return conn, job_dir, marker, live
+
+    def _confirms(self, context: Any) -> dict[str, list[float]] | None:
+        """A repeat's: what its gate wrote of the certain FAIL that may stop it early (``STOP_EARLY_FILE``,
+        ``core.confirm.stop_early``); None for a first run."""
+        if self.attempt == 0:
+            return None
+        return record.get_json(context["run_id"], f"{self.job_name}/{settings.STOP_EARLY_FILE}",
+                               dag_id=context["dag_run"].dag_id) or None
 
 
 #: The most of a baseline tracker on the node's share read for the live check.
@@ -157,7 +166,7 @@ LIVE_BASELINE_MAX_BYTES = 64 << 20
 
 
 def _live_config(spec: SuiteSpec, client: Any, version: dict[str, Any], work_dir: str, early_abort: bool,
-                 context: Any) -> dict[str, Any]:
+                 context: Any, confirms: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The live check's config for the trigger (``engines.live_config``), its baseline read here, in the
     worker: the run's baseline version (in the record) or the tracker on the node's share. A problem
     reading it only switches the live check off."""
@@ -179,8 +188,9 @@ def _live_config(spec: SuiteSpec, client: Any, version: dict[str, Any], work_dir
             status, out = node.read_file(client, where, LIVE_BASELINE_MAX_BYTES)
             baseline = out if status == 0 else None
     except Exception as err:  # bad data must never stop a training: the final comparison judges it
-        return {**live_config(spec, work_dir, early_abort, None, None, where), "check": None, "note": str(err)}
-    return live_config(spec, work_dir, early_abort, baseline, data, where)
+        return {**live_config(spec, work_dir, early_abort, None, None, where, confirms), "check": None,
+                "note": str(err)}
+    return live_config(spec, work_dir, early_abort, baseline, data, where, confirms)
 
 
 def _record_early_abort(context: Any, folder: str, live: dict[str, Any], applied: bool) -> None:

@@ -41,7 +41,7 @@ from rl_verify.suites.spec import SuiteSpec
 log = logging.getLogger(__name__)
 
 #: What the confirmation rule needs of one run (``core.confirm.RunPoints``), beside its result.json.
-POINTS_FILE = "points.json"
+POINTS_FILE = settings.POINTS_FILE
 #: A suite's outcome over its runs (``confirm_<suite>``), beside its first run's files.
 OUTCOME_FILE = "outcome.json"
 
@@ -301,6 +301,7 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str,
                                "off, so the run went on")
     record.write_json(suite_dir / "result.json", result.to_dict())
     points = engine_of(spec).run_points(spec, suite_dir, result, version)
+    points.complete = not (meta or {}).get("early_abort")  # a run stopped early cannot clear a FAIL
     record.write_json(suite_dir / POINTS_FILE, asdict(points))
     log.info("%s: %s%s", name or suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     if not result.passed:
@@ -317,7 +318,7 @@ def _run_points(run_dir: Path, suite: str, attempt: int) -> confirm.RunPoints | 
         return None
     return confirm.RunPoints(data["verdict"], data["failure_class"],
                              [confirm.Point(**p) for p in data.get("points") or []], dict(data.get("breached") or {}),
-                             list(data.get("not_repeatable") or []))
+                             list(data.get("not_repeatable") or []), bool(data.get("complete", True)))
 
 
 def _spread(run_dir: Path, suite: str) -> confirm.Spread | None:
@@ -338,6 +339,11 @@ def _decision(run_dir: Path, suite: str, budget: int) -> tuple[confirm.Decision,
             break
         repeats.append(points)
     return confirm.decide(first, repeats, _spread(run_dir, suite), confirm.Rule(budget=budget), budget), len(repeats)
+
+
+def _stop_early(run_dir: Path, suite: str) -> dict[str, list[float]]:
+    first = _run_points(run_dir, suite, 0)
+    return confirm.stop_early(first, _spread(run_dir, suite)) if first is not None else {}
 
 
 def _confirm_parts(suite: str) -> list[str]:
@@ -363,8 +369,12 @@ def repeat_gate(suite: str, attempt: int, dag_run_id: str) -> bool:
         if decision.outcome is not None:
             log.info("No repeat %d of %s: %s (%s)", attempt, suite, decision.outcome, decision.reason)
             return False
-        log.warning("%s: repeat %d of %d at the same commit with a new seed: %s", suite, attempt, budget,
-                    decision.reason)
+        stop = _stop_early(run_dir, suite)
+        record.write_json(run_dir / settings.attempt_name(suite, attempt) / settings.STOP_EARLY_FILE, stop)
+        log.warning("%s: repeat %d of %d at the same commit with a new seed: %s. It stops early only on a "
+                    "certain FAIL that decides the outcome: %s", suite, attempt, budget, decision.reason,
+                    ", ".join(f"{m} {'either way' if s == 0 else 'up' if s > 0 else 'down'} by >= {d:.4g}"
+                              for m, (s, d) in stop.items()) or "none")
         return True
 
 
