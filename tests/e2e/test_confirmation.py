@@ -90,7 +90,8 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     assert first["seed"] is None and isinstance(repeat["seed"], int) and repeat["folder"] == "opd-r1"
     # Every judged metric weighed over the repeat, the first run's one breach among them, all within the noise.
     evidence = {e["metric"]: e for e in outcome["evidence"]}
-    assert len(evidence) == 6 and [m for m, e in evidence.items() if e["breached_first"]] == ["response/response_len/mean"]
+    breached_first = [m for m, e in evidence.items() if e["breached_first"]]
+    assert len(evidence) == 6 and breached_first == ["response/response_len/mean"]
     assert all(abs(e["z"]) < 2.63 and e["points_seen"] >= 5 for e in evidence.values()), evidence
     assert outcome["estimates"]["metrics"]["distillation/reduced_distillation_kl"]["healthy_breach"] > 0
     # Both runs' reports are reachable from the run's report view, each with its own runbook verdict.
@@ -106,7 +107,17 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     _assert_node_clean(node_state)
 
 
-def test_a_regression_is_reproduced_by_a_repeat_that_is_aborted_early(rig, node_state):
+@pytest.fixture()
+def slow_steps(rig):
+    """Steps slow enough (OPD: 25 x 0.4 s) that the live check, polling every second, sees a run before its end."""
+    sim_json = Path(rig.node["root"]) / "sim.json"
+    before = json.loads(sim_json.read_text())
+    sim_json.write_text(json.dumps({**before, "step_seconds": 0.4}))
+    yield
+    sim_json.write_text(json.dumps(before))
+
+
+def test_a_regression_is_reproduced_by_a_repeat_that_is_aborted_early(rig, node_state, slow_steps):
     out = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": "rl_gpu_node"})
     assert out.state == "failed"
     assert (out.tasks["run_opd"], out.tasks["run_opd-r1"], out.tasks["confirm_opd"]) == ("failed", "failed", "failed")
