@@ -20,13 +20,18 @@ accuracy aligned with the baselines, following the team's runbook:
 
 Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id with a pinned host key, or
 one per suite: `grpo=node_a,opd=node_b`),
-`early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there).
+`early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there),
+`repeats`, `baseline_versions`, and `bisection` (set only by a bisection's probes).
+
+Asset events: a PASS emits `rl-verify://verified-commit` (sha, suites, baseline versions, report link);
+a scheduled run whose FAIL reproduced in the accuracy class, with a verified PASS of its suites in the
+record, emits `rl-verify://reproduced-fail`, on which `rl_regression_bisect` is scheduled.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import CronTriggerTimetable, Param, chain, dag, task
+from airflow.sdk import Asset, CronTriggerTimetable, Param, chain, dag, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
@@ -45,7 +50,9 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
     schedule=CronTriggerTimetable(settings.SCHEDULE, timezone=settings.TIMEZONE) if settings.SCHEDULE else None,
     start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
     catchup=False,
-    max_active_runs=1,
+    # Probes of a bisection run beside the nightly, one per node: each node's one-slot pool keeps one training
+    # per node.
+    max_active_runs=settings.MAX_ACTIVE_VERIFICATIONS,
     tags=settings.TAGS,
     doc_md=__doc__,
     default_args=settings.DEFAULT_ARGS,
@@ -83,6 +90,11 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                                                "(rl-verify baselines list). To pin other versions, give suite=version "
                                                "pairs, e.g. opd=2 or grpo=1,opd=3.",
                                    maxLength=500, pattern=settings.BASELINE_PIN_PATTERN),
+        "bisection": Param(None, type=["null", "string"], title="Bisection (set by a bisection's probes)",
+                           description="Empty for a normal run. A bisection's probes carry its run id: their card is "
+                                       "then approved by the bisection's one approval, verified against Airflow's "
+                                       "record of it, and refused for a commit outside its range.",
+                           maxLength=250, pattern=r"^[A-Za-z0-9_.:+-]*$"),
     },
 )
 def rl_accuracy_verification():
@@ -155,6 +167,21 @@ def rl_accuracy_verification():
         # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
         return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, verification.failed_tasks(ti))
 
+    # Asset events for downstream DAGs: a PASS's verified commit, a nightly's reproduced FAIL (a bisection's start).
+    @task(outlets=[Asset(settings.VERIFIED_COMMIT_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def announce_verified(run_id=None, ti=None, outlet_events=None):
+        from rl_verify.orchestration import bisection
+
+        bisection.announce(outlet_events, Asset(settings.VERIFIED_COMMIT_ASSET),
+                           bisection.verified_commit_extra(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id))
+
+    @task(outlets=[Asset(settings.REPRODUCED_FAIL_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def announce_reproduced_fail(run_id=None, ti=None, dag_run=None, outlet_events=None):
+        from rl_verify.orchestration import bisection
+
+        bisection.announce(outlet_events, Asset(settings.REPRODUCED_FAIL_ASSET), bisection.reproduced_fail_extra(
+            ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id, dag_run.run_type))
+
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)
     card = experiment_card(resolved, prereq)
@@ -188,7 +215,7 @@ def rl_accuracy_verification():
     chain(watched, cleaned)
     # The report comes after the cleanup: it lists (and its manifest holds) what cleanup archived.
     chain([*confirmed, cleaned], summary)
-    chain(summary, verdict())
+    chain(summary, [verdict(), announce_verified(), announce_reproduced_fail()])
 
 
 rl_accuracy_verification()

@@ -252,3 +252,36 @@ def suite_of_training_task(task_id: str) -> str | None:
     name = task_id[len(TRAINING_TASK_PREFIX):]
     suite, mark, attempt = name.partition(REPEAT_MARK)
     return suite if not mark or attempt.isdigit() else None
+
+
+# --- bisection of a reproduced FAIL (dags/rl_regression_bisect.py, rl_verify.orchestration.bisection) ---
+BISECT_DAG_ID = "rl_regression_bisect"
+BISECT_TAGS = ["rl-verify", "xtuner", "bisection", "gpu"]
+#: The most commits after good a bisection accepts (the param ``max_commits``' default and ceiling).
+BISECT_MAX_COMMITS = 64
+#: The nodes a bisection probes on unless its run says otherwise (comma-separated SSH connection ids).
+BISECT_NODES = os.environ.get("RL_VERIFY_BISECT_NODES", "").strip() or DEFAULT_NODE_CONN_ID
+#: The bisection task waits (deferred) for its probes: a long range takes days at the runbook's scale.
+BISECT_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(days=4)}
+#: Concurrent verification runs: the nightly, manual runs and a bisection's probes (one per node; each
+#: node's one-slot pool keeps one training per node).
+MAX_ACTIVE_VERIFICATIONS = int(_number("RL_VERIFY_MAX_ACTIVE_VERIFICATIONS", 4, int, 1))
+#: How often the bisection's trigger asks the API for its probes' states.
+BISECT_POLL_S = _number("RL_VERIFY_BISECT_POLL_S", 10, float, 0.2)
+#: The runbook's scale of one run (§ minimal scale), for the bisection card's GPU-hours.
+RUN_MINUTES = {"grpo": 40, "opd": 15}
+GPUS_PER_RUN = 8
+#: Task ids of the bisection DAG that the package names.
+BISECT_APPROVE_TASK = "approve"
+BISECT_TASK = "bisect"
+#: Written into a probe's record by the bisection that stops it: its repeat gates then launch nothing.
+STOPPED_BY_BISECTION_FILE = "stopped_by_bisection.json"
+
+# --- asset events (Airflow assets; downstream DAGs schedule on them) ---
+#: Emitted by a verification run whose verdict is PASS: sha, suites, baseline versions, report link.
+VERIFIED_COMMIT_ASSET = "rl-verify://verified-commit"
+#: Emitted by a scheduled verification whose FAIL reproduced in the accuracy class with a known last
+#: PASS: good, bad, suites, metrics; the bisection DAG is scheduled on it.
+REPRODUCED_FAIL_ASSET = "rl-verify://reproduced-fail"
+#: Emitted by a bisection that named its culprit: sha, subject, author, date, suites, report link.
+CULPRIT_ASSET = "rl-verify://culprit"

@@ -83,6 +83,39 @@ def resolve_commit(client: "paramiko.SSHClient", checkout: str, runs_root: str, 
     }
 
 
+class RangeError(NodeError):
+    """A bisection range the checkout refuses; ``param`` names the parameter to change (good or bad)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        self.param = param
+        super().__init__(message)
+
+
+def commit_range(client: "paramiko.SSHClient", checkout: str, good: str, bad: str,
+                 limit: int) -> tuple[int, list[dict[str, str]]]:
+    """(commits after good, the range): good then each first-parent commit up to bad, oldest first, each with
+    ``sha``, ``author``, ``date`` (ISO) and ``subject``; the list is empty when more than ``limit`` commits
+    follow good. Raises ``RangeError`` naming the end that does not exist or is not an ancestor of bad."""
+    status, out, err = run_script(client, remote.commit_range_script(checkout, good, bad, limit))
+    message = err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
+    if status == 3:
+        raise RangeError(message + ": give an existing branch, tag or SHA", message.split(":", 1)[0])
+    if status == 6:
+        raise RangeError(message + ": give as good an older commit on bad's first-parent history (the last "
+                         "verified PASS)", "good")
+    if status != 0:
+        raise NodeError(f"listing the range {good}..{bad} failed (exit {status}): {err.strip()}")
+    count, commits = 0, []
+    for line in out.splitlines():
+        fields = line.split("\t")
+        if fields[0] == "COUNT":
+            count = int(fields[1])
+        elif len(fields) == 4:
+            author, date, subject = (base64.b64decode(f).decode("utf-8", errors="replace").strip() for f in fields[1:])
+            commits.append({"sha": fields[0], "author": author, "date": date, "subject": subject})
+    return count, commits
+
+
 @dataclass
 class Prerequisites:
     ok: list[dict[str, str]] = field(default_factory=list)

@@ -176,6 +176,14 @@ def resolve_commit_script(checkout: str, runs_root: str, key: str, commit: str) 
                   ref=validate_commit(commit))
 
 
+def commit_range_script(checkout: str, good: str, bad: str, limit: int) -> str:
+    """Script: the first-parent range good..bad of the node checkout (``sh/commit_range.sh``): a COUNT line,
+    then, when at most ``limit`` commits follow good, one line per commit from good on. Exit 3: an end does
+    not exist; 4: no checkout; 6: good is not an ancestor of bad."""
+    return render("commit_range", checkout=validate_path(checkout, "node checkout"),
+                  good=validate_commit(good), bad=validate_commit(bad), limit=int(limit))
+
+
 def _check_field(value: str, what: str) -> str:
     """A suite or input kind placed in a tab-separated line: non-empty, no tab or line break."""
     if not isinstance(value, str) or not value or re.search(r"[\t\r\n]", value):
@@ -263,14 +271,15 @@ def cleanup_script(run_dir: str, key: str) -> str:
 
     TERM first so the launch scripts' EXIT traps can stop their teacher servers, then KILL
     whatever still carries the run marker, then ``ray stop --force``. Prints KILLED/LEFT lines.
-    Ray is stopped only when this run launched a job: a run that failed its prerequisites because
-    another run is training must not stop that run's Ray.
+    Ray is stopped only when this run launched a job and no other run's job is alive on the node: a run
+    that failed its prerequisites because another run is training, or that ends while another run's
+    training (queued behind it on the node's pool) has started, must not stop that run's Ray.
     """
     return _stop_script(RUN_MARKER_ENV, validate_key(key), run_dir=validate_path(run_dir, "run dir"))
 
 
 def _stop_script(marker: str, value: str, job_dir: str = "", run_dir: str = "") -> str:
-    return _marked_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir, value=value)
+    return _alive_fn() + _marked_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir, value=value)
 
 
 def job_state_script(job_dir: str) -> str:

@@ -116,3 +116,36 @@ def pool(conn_id: str, name: str) -> dict[str, Any] | None:
         except NotFoundException:
             return None
     return {"slots": found.slots, "include_deferred": bool(found.include_deferred)}
+
+
+def trigger_run(conn_id: str, dag_id: str, dag_run_id: str, conf: dict[str, Any], note: str | None = None) -> str:
+    """Trigger a run of ``dag_id`` with ``conf`` (its params) under the id ``dag_run_id``; an id that already
+    exists is taken as this same run, triggered before a retry. Returns the run id."""
+    import airflow_client.client as ac
+    from airflow_client.client.exceptions import ConflictException
+
+    with api_client(conn_id) as client:
+        try:
+            ac.DagRunApi(client).trigger_dag_run(dag_id, ac.TriggerDAGRunPostBody(
+                dag_run_id=dag_run_id, conf=conf, note=(note or "")[:1000] or None, logical_date=None))
+        except ConflictException:
+            pass
+    return dag_run_id
+
+
+def task_states(conn_id: str, dag_id: str, dag_run_id: str) -> dict[str, str]:
+    """Every task instance of the run and its state ("none" for a task not scheduled yet)."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        found = ac.TaskInstanceApi(client).get_task_instances(dag_id, dag_run_id, limit=1000)
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state) or "none") for ti in found.task_instances}
+
+
+def fail_task(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: str) -> None:
+    """Mark one task instance failed (a running one is stopped by Airflow), with ``note`` saying why."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        ac.TaskInstanceApi(client).patch_task_instance(
+            dag_id, dag_run_id, task_id, ac.PatchTaskInstanceBody(new_state="failed", note=note[:1000]))

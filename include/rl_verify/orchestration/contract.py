@@ -80,6 +80,8 @@ class Decision(TypedDict, total=False):
     at: str
     standing: bool
     granted_in: str | None
+    #: A bisection's probe: the bisection run whose approval pre-approved this card.
+    bisection: str | None
     timed_out: bool
     timeout: str | None
 

@@ -13,6 +13,7 @@ APP_PREFIX = "/rl-verify"
 #: ``url_route`` of the plugin's views inside the Airflow UI.
 REPORT_VIEW_ROUTE = "verification-report"
 HISTORY_VIEW_ROUTE = "verification-history"
+BISECTION_VIEW_ROUTE = "bisection"
 
 
 def report_path(dag_id: str, run_id: str) -> str:
@@ -24,6 +25,11 @@ def run_report_path(dag_id: str, run_id: str, folder: str) -> str:
     """The plugin route serving the report of one run of a suite (``folder``: its record folder, e.g.
     ``opd`` for the first run, ``opd-r1`` for its first repeat)."""
     return f"{report_path(dag_id, run_id)}/{quote(folder, safe='')}"
+
+
+def bisection_path(dag_id: str, run_id: str) -> str:
+    """The plugin route serving a bisection run's result page (culprit, evidence table, plot)."""
+    return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/bisection"
 
 
 def history_path(dag_id: str) -> str:

@@ -29,9 +29,10 @@ def _ui(path: str) -> str:
     return links.absolute(links.ui_base_url(), path)
 
 
-def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: str | None) -> tuple[str, str]:
-    """(title, body) of "a card waits for approval"."""
-    where = _ui(links.run_page_path(settings.DAG_ID, dag_run_id) + "/required_actions")
+def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: str | None,
+                 dag_id: str = settings.DAG_ID) -> tuple[str, str]:
+    """(title, body) of "a card waits for approval" (``commit``: the commit, or a bisection's range)."""
+    where = _ui(links.run_page_path(dag_id, dag_run_id) + "/required_actions")
     body = [f"Commit: {commit}", f"Suites: {', '.join(suites)}", f"Approve or reject: {where}"]
     if deadline:
         body.append(f"Unanswered by {deadline}, the run ends NOT APPROVED.")
@@ -57,6 +58,29 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
         lines.append(f"Next step: {next_step}")
     lines.append(f"Report: {report}")
     return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def bisection(result: dict[str, Any]) -> tuple[str, str]:
+    """(title, body) of a bisection's answer: the culprit (SHA, subject, author, date) or why there is none,
+    the probes it took and the link to its page."""
+    answer = result["answer"]
+    page = _ui(result["link"])
+    culprit = answer.get("culprit")
+    head = f"{result['good']}..{result['bad']} ({', '.join(result['suites'])})"
+    lines = [answer["reason"]]
+    if culprit:
+        lines = [f"Culprit: {culprit['sha'][:12]} {culprit['subject']}", f"Author: {culprit['author']}",
+                 f"Date: {culprit['date']}"]
+    elif answer.get("range"):
+        lines.append("Culprit range: " + ", ".join(f"{c['sha'][:12]} {c['subject']}" for c in answer["range"]))
+    if answer.get("skipped"):
+        lines.append("Skipped (could not be checked out or launched): "
+                     + ", ".join(c["sha"][:12] for c in answer["skipped"]))
+    lines += [f"Probes: {len(result['probes'])} verification(s), {result['runs']} training run(s)",
+              f"Bisection: {page}"]
+    title = (f"rl-verify bisection: culprit {culprit['sha'][:12]} for {head}" if culprit else
+             f"rl-verify bisection of {head}: {answer['kind']}")
+    return title, "\n".join(lines)
 
 
 def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanup_lines: list[str],

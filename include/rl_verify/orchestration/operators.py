@@ -1,4 +1,4 @@
-"""Airflow operators of rl-verify: the training job and the card approval.
+"""Airflow operators of rl-verify: the training job, the card approval and the bisection's probes.
 
 Imported by the DAG file at parse time: the package modules it imports at module level hold no
 heavy import (paramiko, pandas, matplotlib and the SSH provider are imported where they are used).
@@ -27,7 +27,7 @@ from rl_verify.node import remote
 from rl_verify.orchestration import airflow_api, notify, standing
 from rl_verify.orchestration.contract import Card, Resolved
 from rl_verify.orchestration.nodes import expanded_specs, node_settings, ssh_client, suite_node
-from rl_verify.orchestration.triggers import RLJobTrigger
+from rl_verify.orchestration.triggers import ProbesTrigger, RLJobTrigger
 from rl_verify.store import record
 from rl_verify.store.baselines import RECORD_FOLDER
 from rl_verify.suites.spec import SuiteSpec
@@ -245,13 +245,17 @@ class CardApprovalOperator(ApprovalOperator):
 
     template_fields = (*ApprovalOperator.template_fields, "card")
 
-    def __init__(self, *, card: Any, **kwargs: Any) -> None:
-        """``card``: ``experiment_card``'s output (an XComArg in the DAG, a ``contract.Card`` when run)."""
+    def __init__(self, *, card: Any, subject: str | None = None, standing_offered: bool = True,
+                 **kwargs: Any) -> None:
+        """``card``: ``experiment_card``'s output (an XComArg in the DAG, a ``contract.Card`` when run);
+        ``standing_offered``: False for a card no standing approval may cover (a bisection's)."""
         approvers = settings.approvers()
         kwargs.pop("params", None)  # DAG-level params are not form fields of the approval
         self.card = card
+        self.standing_offered = standing_offered
         super().__init__(
-            subject="{{ params.commit }} ({{ params.suites | join(', ') }}): approve the RL accuracy experiment card",
+            subject=subject or
+            "{{ params.commit }} ({{ params.suites | join(', ') }}): approve the RL accuracy experiment card",
             body=None,  # the card's Markdown, set once the card is known (execute)
             params={"standing_approval": Param(
                 False, type=["boolean", "null"], title="Standing approval for nightly runs (optional)",
@@ -264,9 +268,12 @@ class CardApprovalOperator(ApprovalOperator):
     def execute(self, context: Any) -> Any:
         card: Card = self.card
         self.body = card["markdown"]
-        if context["dag_run"].run_type != "scheduled":
+        params = context.get("params") or {}
+        if params.get("bisection"):
+            return self._preapproved(context, str(params["bisection"]))
+        if context["dag_run"].run_type != "scheduled" or not self.standing_offered:
             self.params = ParamsDict({})  # a standing approval only ever applies to scheduled runs: not offered
-        if context["dag_run"].run_type == "scheduled":
+        if context["dag_run"].run_type == "scheduled" and self.standing_offered:
             grant = self._verified_grant(card["fingerprint"])
             if grant is not None:
                 self.log.info("Standing approval granted by %s at %s in run %s, verified against its approval "
@@ -281,10 +288,30 @@ class CardApprovalOperator(ApprovalOperator):
             self.log.info("Waiting for a person for at most %s; unanswered, the run ends NOT APPROVED (timed out)",
                           self.response_timeout)
             deadline = (datetime.now(timezone.utc) + self.response_timeout).strftime("%Y-%m-%d %H:%M UTC")
-        params = context.get("params") or {}
-        notify.send(*notify.card_waiting(str(params.get("commit")), params.get("suites") or [], context["run_id"],
-                                         deadline))
+        what = params.get("commit") or f"{params.get('good')}..{params.get('bad')}"
+        notify.send(*notify.card_waiting(str(what), params.get("suites") or [], context["run_id"], deadline,
+                                         context["dag_run"].dag_id))
         return super().execute(context)
+
+    def _preapproved(self, context: Any, bisection_run_id: str) -> Any:
+        """A bisection's probe: proceed on the bisection's one approval, verified against Airflow's record of
+        it and the bisection's plan (the commit in its range, the suites its own); refused, fail at once."""
+        from rl_verify.orchestration import bisection
+
+        resolved = context["ti"].xcom_pull(task_ids="resolve_commit") or {}
+        reasons, approval = bisection.preapproval_refusals(bisection_run_id, str(resolved.get("sha") or ""),
+                                                           list(resolved.get("suites") or []))
+        if reasons:
+            raise AirflowFailException(f"pre-approval by bisection {bisection_run_id} refused: " + "; ".join(reasons)
+                                       + ". Nothing is launched; a person may trigger this commit without the "
+                                       "'bisection' param to approve its own card")
+        at = approval.responded_at.isoformat() if hasattr(approval.responded_at, "isoformat") else str(
+            approval.responded_at)
+        self.log.info("Pre-approved by %s at %s through bisection %s (verified against its approval record): "
+                      "proceeding without waiting", approval.responded_by, at, bisection_run_id)
+        _push_decision(context, [self.APPROVE], approval.responded_by, at, standing=False,
+                       bisection=bisection_run_id)
+        return {"chosen_options": [self.APPROVE], "bisection": bisection_run_id}
 
     def _verified_grant(self, fingerprint: str) -> Any:
         """The standing approval if every check passes, else None (every reason logged)."""
@@ -330,7 +357,7 @@ class CardApprovalOperator(ApprovalOperator):
                 self._revoke(card["fingerprint"], who, at)
         else:
             self.log.info("Experiment card approved by %s", who)
-            if (event.get("params_input") or {}).get("standing_approval"):
+            if self.standing_offered and (event.get("params_input") or {}).get("standing_approval"):
                 self._grant(context, card["fingerprint"], who, at, scheduled)
         return super().execute_complete(context=context, event=event)
 
@@ -372,6 +399,85 @@ def _now() -> Any:
 
 
 def _push_decision(context: Any, chosen: list[str], who: str, at: str, standing: bool,
-                   granted_in: str | None = None) -> None:
+                   granted_in: str | None = None, bisection: str | None = None) -> None:
     context["ti"].xcom_push(key="decision", value={
-        "chosen_options": chosen, "by": who, "at": at, "standing": standing, "granted_in": granted_in})
+        "chosen_options": chosen, "by": who, "at": at, "standing": standing, "granted_in": granted_in,
+        "bisection": bisection})
+
+
+class BisectOperator(BaseOperator):
+    """Runs a bisection's probes: asks the planner (``core.bisect.plan``) what to probe, triggers each probe as
+    a verification run on a free node, defers until one ends (``ProbesTrigger``), reads its outcome from the
+    record store, stops probes that can no longer change the answer, and repeats until the answer is known.
+
+    Its state (probes, readings, evidence rows) travels in the deferral's kwargs: a resumed task picks up where
+    it was. Returns the result summary (answer, link); the DAG's next task emits the culprit's asset event.
+    """
+
+    template_fields = ("plan",)
+
+    def __init__(self, *, plan: Any, poll_interval: float | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.poll_interval = poll_interval
+
+    def execute(self, context: Any) -> Any:
+        state = {"started": time.time(), "running": {}, "stopping": {}, "readings": {}, "rows": [], "count": {}}
+        return self._step(context, state, {})
+
+    def resume(self, context: Any, event: dict[str, Any] | None = None, state: dict[str, Any] | None = None) -> Any:
+        return self._step(context, state or {}, (event or {}).get("ended") or {})
+
+    def _step(self, context: Any, state: dict[str, Any], ended: dict[str, str]) -> Any:
+        from rl_verify.core import bisect
+        from rl_verify.orchestration import bisection
+
+        plan: dict[str, Any] = self.plan
+        shas = [c["sha"] for c in plan["commits"]]
+        run_id = context["run_id"]
+        for probe_id in ended:
+            if probe_id in state["stopping"]:
+                self.log.info("Stopped probe %s has ended: its node is free", probe_id)
+                state["stopping"].pop(probe_id)
+                continue
+            probe = state["running"].pop(probe_id, None)
+            if probe is None:
+                continue
+            reading, row = bisection.probe_reading(probe_id, plan)
+            state["readings"].setdefault(probe["sha"], []).append(reading.value)
+            state["rows"].append({**row, "sha": probe["sha"], "node": probe["node"], "reading": reading.value})
+            self.log.info("Probe %s of %s on %s: %s (%s)", probe_id, probe["sha"][:12], probe["node"], reading.value,
+                          row["outcome"])
+        recorded = {c: bisect.Reading(r) for c, r in (plan.get("recorded") or {}).items()}
+        busy = {p["node"] for p in [*state["running"].values(), *state["stopping"].values()]}
+        free = [n for n in plan["nodes"] if n not in busy]
+        running = {p["sha"]: probe_id for probe_id, p in state["running"].items()}
+        step = bisect.plan(shas, {c: [bisect.Reading(r) for r in rs] for c, rs in state["readings"].items()},
+                           list(running), len(free), record=recorded, max_commits=len(shas))
+        for sha in step.stop:
+            probe_id = running[sha]
+            why = step.why.get(sha, "its outcome can no longer change the answer")
+            stopped = bisection.stop_probe(probe_id, run_id, why)
+            self.log.info("Stopping probe %s of %s (%s): %s", probe_id, sha[:12], why, ", ".join(stopped) or
+                          "no training left to stop")
+            probe = state["running"].pop(probe_id)
+            state["stopping"][probe_id] = probe
+            state["rows"].append({"run_id": probe_id, "sha": sha, "node": probe["node"], "outcome": "stopped",
+                                  "stopped": why, "runs": 0, "report": None, "reading": None})
+        if step.done:
+            answer = bisection.answer_summary(plan, step.answer)
+            return bisection.finish(plan, state["rows"], answer, time.time() - state["started"], run_id)
+        for sha, conn in zip(step.probe, free):
+            attempt = state["count"].get(sha, 0)
+            state["count"][sha] = attempt + 1
+            why = step.why.get(sha, "")
+            probe_id = bisection.trigger_probe(plan, sha, conn, attempt, why)
+            state["running"][probe_id] = {"sha": sha, "node": conn}
+            self.log.info("Probe %s: %s on %s (%s)", probe_id, sha[:12], conn, why)
+        watched = [*state["running"], *state["stopping"]]
+        if not watched:
+            raise AirflowFailException(f"the bisection cannot go on: nothing to probe and no probe running "
+                                       f"({len(free)} free node(s) of {len(plan['nodes'])})")
+        self.defer(trigger=ProbesTrigger(dag_id=settings.DAG_ID, run_ids=watched,
+                                         poll_interval=self.poll_interval or settings.BISECT_POLL_S),
+                   method_name="resume", kwargs={"state": state})

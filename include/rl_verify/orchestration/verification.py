@@ -347,7 +347,7 @@ def _stop_early(run_dir: Path, suite: str) -> dict[str, list[float]]:
 
 
 def _confirm_parts(suite: str) -> list[str]:
-    return ["commit.json", f"{suite}/{baselines.RECORD_FOLDER}"] + [
+    return ["commit.json", settings.STOPPED_BY_BISECTION_FILE, f"{suite}/{baselines.RECORD_FOLDER}"] + [
         f"{settings.attempt_name(suite, k)}/{name}" for k in range(settings.MAX_REPEATS + 1)
         for name in (POINTS_FILE, "result.json", "fetch.json")]
 
@@ -361,6 +361,11 @@ def repeat_gate(suite: str, attempt: int, dag_run_id: str) -> bool:
         if suite not in (resolved.get("suites") or []) or attempt > budget:
             log.info("No repeat %d of %s: %s", attempt, suite, "not selected" if suite not in
                      (resolved.get("suites") or []) else f"the budget is {budget} extra run(s)")
+            return False
+        stopped = record.read_json(run_dir / settings.STOPPED_BY_BISECTION_FILE)
+        if stopped:
+            log.info("No repeat %d of %s: this probe was stopped by bisection %s (%s)", attempt, suite,
+                     stopped.get("bisection"), stopped.get("why"))
             return False
         decision, seen = _decision(run_dir, suite, budget)
         if seen != attempt - 1:
@@ -476,7 +481,9 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
     elif decision["by"]:
         notes.append(f"Approved by {decision['by']} at {decision['at']}"
                      + (f" (standing approval granted in scheduled run {decision['granted_in']}, verified against "
-                        "its approval record)" if decision["standing"] else "") + ".")
+                        "its approval record)" if decision["standing"] else "")
+                     + (f" (pre-approved as a probe of bisection {decision['bisection']}, verified against its approval "
+                        "record)" if decision.get("bisection") else "") + ".")
     notes += gaps or []
     results = []
     outcomes: dict[str, dict[str, Any]] = {}
@@ -565,10 +572,12 @@ def approval_decision(decision: Decision | None) -> dict[str, Any]:
     """Who approved or rejected, when, whether by standing approval (and granted in which run) or
     whether nobody answered in time (from approve's XCom)."""
     if not decision:
-        return {"rejected": False, "timed_out": False, "by": None, "at": None, "standing": False, "granted_in": None}
+        return {"rejected": False, "timed_out": False, "by": None, "at": None, "standing": False, "granted_in": None,
+                "bisection": None}
     return {"rejected": "Reject" in (decision.get("chosen_options") or []),
             "timed_out": bool(decision.get("timed_out")), "by": decision.get("by"), "at": decision.get("at"),
-            "standing": bool(decision.get("standing")), "granted_in": decision.get("granted_in")}
+            "standing": bool(decision.get("standing")), "granted_in": decision.get("granted_in"),
+            "bisection": decision.get("bisection")}
 
 
 def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_ID) -> list[str]:

@@ -25,8 +25,21 @@ for p in $(marked "$value"); do
   echo "KILLED $p $(tr '\0' ' ' < "/proc/$p/cmdline" 2>/dev/null | cut -c1-200)"
   kill -KILL "$p" 2>/dev/null
 done
-# Only a run that launched a job stops Ray: a run refused as busy must not stop another run's.
+# Only a run that launched a job stops Ray: a run refused as busy must not stop another run's, and a run
+# that ended while another run's job trains on this node (its training waited for the node's pool) leaves
+# that job's Ray alone.
+other=""
 if [ "$launched" = 1 ]; then
+  mine=$(cd "${run_dir:-$(dirname "$(dirname "$job_dir")")}" 2>/dev/null && pwd -P)
+  for pidf in "$(dirname "$mine")"/*/jobs/*/pid; do
+    [ -f "$pidf" ] || continue
+    case "$pidf" in "$mine"/*) continue;; esac
+    if group_alive "$(cat "$pidf" 2>/dev/null)"; then other=$(dirname "$pidf"); break; fi
+  done
+fi
+if [ "$launched" = 1 ] && [ -n "$other" ]; then
+  echo "ray left running: job $other of another run is training on this node"
+elif [ "$launched" = 1 ]; then
   if ray stop --force >/dev/null 2>&1; then echo "ray stopped"; else echo "ray stop failed or ray absent"; fi
 fi
 sleep 0.5

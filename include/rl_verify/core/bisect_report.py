@@ -1,0 +1,141 @@
+"""A bisection's result page: the culprit, the evidence table (one row per probe, linked to its report) and a
+plot of the followed metric across the range's commits. Pure (matplotlib, no Airflow): the bisection
+DAG writes it into its record and the UI plugin serves it."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+from typing import Any, Mapping
+
+from rl_verify.core.files import write_atomic
+
+REPORT_MD = "bisection.md"
+REPORT_HTML = "bisection.html"
+PLOT = "bisection.png"
+
+
+def _short(sha: str | None) -> str:
+    return (sha or "")[:12]
+
+
+def _error(row: Mapping[str, Any]) -> str:
+    if row.get("error") is None:
+        return "n/a"
+    fraction = f" ({row['fraction']:.0%} of its threshold)" if row.get("fraction") is not None else ""
+    step = f" at step {row['step']}" if row.get("step") is not None else ""
+    return f"{row['error']:.4g}{step}{fraction}"
+
+
+def headline(result: Mapping[str, Any]) -> str:
+    """One line: the culprit with its subject, author and date, or why there is none."""
+    answer = result["answer"]
+    culprit = answer.get("culprit")
+    if culprit:
+        return (f"Culprit: {_short(culprit['sha'])} {culprit['subject']} ({culprit['author']}, {culprit['date']})")
+    return f"{answer['kind'].capitalize()}: {answer['reason']}"
+
+
+def rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The evidence table's rows, in range order (a commit probed twice has two rows)."""
+    index = {c["sha"]: i for i, c in enumerate(result["commits"])}
+    return sorted(result["probes"], key=lambda r: (index.get(r["sha"], -1), r.get("run_id", "")))
+
+
+def markdown(result: Mapping[str, Any]) -> str:
+    """The result as Markdown (what the task log prints and the record keeps)."""
+    subjects = {c["sha"]: c["subject"] for c in result["commits"]}
+    lines = [f"# Bisection {result['good']}..{result['bad']} ({', '.join(result['suites'])})", "",
+             f"**{headline(result)}**", "", result["answer"]["reason"], ""]
+    if result["answer"].get("skipped"):
+        lines += ["Skipped (could not be checked out or launched): "
+                  + ", ".join(f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"]), ""]
+    lines += [f"{len(result['probes'])} probe(s), {result['runs']} training run(s) in {result['wall_s'] / 60:.1f} min "
+              f"on {', '.join(result['nodes'])}.", "",
+              "| commit | subject | node | runs | outcome | followed metric: error at first breach | report |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows(result):
+        lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} | {r.get('runs', 0)} "
+                     f"| {r['outcome']}{' (stopped: ' + r['stopped'] + ')' if r.get('stopped') else ''} "
+                     f"| {r.get('metric') or ''} {_error(r)} | {r.get('report', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: Mapping[str, Any]) -> bytes | None:
+    """PNG: the followed metric's error (as a fraction of its threshold) of each probe across the range's
+    commits, the threshold at 1, the culprit marked; None when no probe measured it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    commits = result["commits"]
+    index = {c["sha"]: i for i, c in enumerate(commits)}
+    points = [(index[r["sha"]], r["fraction"], r["outcome"]) for r in result["probes"]
+              if r.get("fraction") is not None and r["sha"] in index]
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(commits) + 2), 3.6), dpi=110)
+    for x, y, outcome in points:
+        bad = "FAIL" in outcome
+        ax.scatter([x], [y], color="#c0392b" if bad else "#27ae60", marker="x" if bad else "o", s=46, zorder=3)
+    ax.axhline(1.0, color="#7f8c8d", linestyle="--", linewidth=1, label="threshold")
+    culprit = result["answer"].get("culprit")
+    if culprit and culprit["sha"] in index:
+        ax.axvline(index[culprit["sha"]] - 0.5, color="#c0392b", linewidth=1, label=f"culprit {_short(culprit['sha'])}")
+    ax.set_xticks(range(len(commits)), [_short(c["sha"])[:7] for c in commits], rotation=60, fontsize=8)
+    metric = next((r["metric"] for r in result["probes"] if r.get("metric")), "followed metric")
+    ax.set_ylabel("|error| / threshold", fontsize=9)
+    ax.set_title(f"{metric} across the range (good left, bad right)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    plt.close(fig)
+    return out.getvalue()
+
+
+def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
+    """The result page (self-contained; every shown value escaped)."""
+    e = html.escape
+    subjects = {c["sha"]: c["subject"] for c in result["commits"]}
+    culprit = result["answer"].get("culprit")
+    tone = "#c0392b" if culprit else "#7f6000"
+    body = [f"<h1>Bisection {e(result['good'])}..{e(result['bad'])} ({e(', '.join(result['suites']))})</h1>",
+            f'<p style="font-size:1.25em;color:{tone}"><b>{e(headline(result))}</b></p>',
+            f"<p>{e(result['answer']['reason'])}</p>"]
+    if result["answer"].get("skipped"):
+        body.append("<p>Skipped (could not be checked out or launched): " + e(", ".join(
+            f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"])) + "</p>")
+    body.append(f"<p>{len(result['probes'])} probe(s), {result['runs']} training run(s) in "
+                f"{result['wall_s'] / 60:.1f} min on {e(', '.join(result['nodes']))}.</p>")
+    if png:
+        body.append(f'<img alt="followed metric across the range" style="max-width:100%" '
+                    f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    body.append('<div style="overflow-x:auto"><table><thead><tr><th>commit</th><th>subject</th><th>node</th>'
+                "<th>runs</th><th>outcome</th><th>followed metric: error at first breach</th><th>report</th>"
+                "</tr></thead><tbody>")
+    for r in rows(result):
+        stopped = f" (stopped: {r['stopped']})" if r.get("stopped") else ""
+        link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else "none")
+        body.append(f"<tr><td><code>{e(_short(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
+                    f"<td>{e(str(r.get('node', '')))}</td><td>{int(r.get('runs') or 0)}</td>"
+                    f"<td>{e(r['outcome'] + stopped)}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"
+                    f"<td>{link}</td></tr>")
+    body.append("</tbody></table></div>")
+    style = ("body{font-family:system-ui,sans-serif;margin:1.2em;max-width:1400px}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Bisection</title><style>{style}</style>"
+            f"</head><body>{''.join(body)}</body></html>")
+
+
+def write(run_dir: Path, result: Mapping[str, Any]) -> dict[str, Path]:
+    """Write bisection.md, bisection.html and (when a probe measured the metric) bisection.png into ``run_dir``."""
+    png = plot(result)
+    out = {"md": write_atomic(run_dir / REPORT_MD, markdown(result)),
+           "html": write_atomic(run_dir / REPORT_HTML, html_page(result, png))}
+    if png:
+        out["png"] = write_atomic(run_dir / PLOT, png)
+    return out
