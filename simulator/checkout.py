@@ -6,7 +6,10 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import asdict
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 from types import ModuleType
 
 from simulator.common import (
@@ -17,6 +20,16 @@ from simulator.common import (
     GRPO_BASELINE,
     OPD_BASELINE,
     REGRESSION_BRANCHES,
+    BISECT_AUTHORS,
+    BISECT_BAD_TAG,
+    BISECT_BRANCH,
+    BISECT_CULPRIT_SUBJECT,
+    BISECT_FIX_SUBJECT,
+    BISECT_GOOD_TAG,
+    BISECT_LAUNCH_FAIL_SUBJECT,
+    BISECT_SUBJECTS,
+    LAUNCH_HELPER,
+    BisectLayout,
     HIDDEN_SUFFIX,
     GIT_DATE,
     _write_json,
@@ -137,17 +150,18 @@ def _source_files() -> dict[str, Path]:
     return files
 
 
-def _fingerprint(files: dict[str, Path]) -> str:
-    h = hashlib.sha256(b"rlsim-checkout-v1")
+def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
+    h = hashlib.sha256(b"rlsim-checkout-v2")
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
+    h.update(json.dumps(asdict(layout), sort_keys=True).encode())
     for rel, p in sorted(files.items()):
         h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0" + str(os.access(p, os.X_OK)).encode())
     return h.hexdigest()
 
 
-def _git(repo: Path, *args: str) -> str:
-    env = dict(os.environ, GIT_AUTHOR_DATE=GIT_DATE, GIT_COMMITTER_DATE=GIT_DATE,
-               GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0")
+def _git(repo: Path, *args: str, **env_extra: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_DATE": GIT_DATE, "GIT_COMMITTER_DATE": GIT_DATE,
+           "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", **env_extra}
     env.pop("GIT_DIR", None)
     env.pop("GIT_WORK_TREE", None)
     return _run(["git", *args], cwd=repo, env=env).strip()
@@ -157,16 +171,18 @@ def build_checkout(root: Path) -> dict[str, str]:
     """Create (or rebuild when the simulator's sources changed) ROOT/xtuner; return name -> SHA.
 
     Commits on main: "initial", then "feature" (the healthy tip, key "good"); one branch per
-    regression, each a single commit on top of main changing xtuner_sim/behaviour.json.
+    regression, each a single commit on top of main changing xtuner_sim/behaviour.json; and the linear
+    bisection history after main (:func:`_build_bisect_history`, layout from sim.json ``"bisect"``).
     The checker double under simulator/xtuner_checkout/autotest/ is included whenever present;
     a later change of any source file changes the fingerprint and rebuilds the checkout.
     """
     repo = root / "xtuner"
     files = _source_files()
-    fp = _fingerprint(files)
+    layout = BisectLayout.from_sim(_read_json(root / "sim.json", {}))
+    fp = _fingerprint(files, layout)
     stamp = root / "state" / "checkout.json"
     known = _read_json(stamp, {})
-    if known.get("fingerprint") == fp and (repo / ".git").exists():
+    if known.get("fingerprint") == fp and (repo / ".git").exists() and "bisect" in known:
         return known["commits"]
     if repo.exists():
         shutil.rmtree(repo)
@@ -181,8 +197,8 @@ def build_checkout(root: Path) -> dict[str, str]:
         shutil.copy2(src, dst)
     behaviour = repo / "xtuner_sim" / "behaviour.json"
 
-    def set_behaviour(regression: str | None, note: str) -> None:
-        behaviour.write_text(json.dumps({"regression": regression, "note": note}, indent=2) + "\n")
+    def set_behaviour(regression: str | None, note: str, **shape: Any) -> None:
+        behaviour.write_text(json.dumps({"regression": regression, **shape, "note": note}, indent=2) + "\n")
 
     set_behaviour(None, "healthy")
     _git(repo, "add", "-A")
@@ -200,7 +216,78 @@ def build_checkout(root: Path) -> dict[str, str]:
         _git(repo, "commit", "-q", "-am", message)
         commits[key] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "main")
+    bisect = _build_bisect_history(repo, commits["good"], layout, set_behaviour)
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(stamp, {"fingerprint": fp, "commits": commits})
+    _write_json(stamp, {"fingerprint": fp, "commits": commits, "bisect": bisect})
     return commits
+
+
+def bisect_history(root: Path) -> dict[str, Any]:
+    """The bisection history of the checkout built under ROOT (node.json ``"bisect"``; see
+    :func:`_build_bisect_history`). Raises RuntimeError when no checkout was built."""
+    known = _read_json(Path(root) / "state" / "checkout.json", {})
+    if "bisect" not in known:
+        raise RuntimeError(f"no simulated checkout built under {root}: start_node first")
+    return known["bisect"]
+
+
+def _build_bisect_history(repo: Path, good: str, layout: BisectLayout, set_behaviour: Any) -> dict[str, Any]:
+    """The linear history for bisection: ``layout.commits`` commits on ``BISECT_BRANCH`` after ``good`` (main),
+    one author in turn, each dated an hour after its parent; tags ``BISECT_GOOD_TAG`` (good) and
+    ``BISECT_BAD_TAG`` (the tip). Returns what tests and the demo assert on: ``good``, ``bad``, ``commits``
+    (every SHA oldest first, ``commits[0]`` = good, ``commits[i]`` = position i), ``subjects`` (the same
+    order), ``culprit`` / ``culprit_at``, ``launch_fails`` / ``launch_fails_at`` (None / 0 when the layout has
+    none), ``healthy`` (positions 0..culprit-1) and the regression (``regression``, ``scale``, ``from_step``,
+    ``suite``), ``refs`` (the tag and branch names) and ``layout`` (as given)."""
+    _git(repo, "checkout", "-q", "-b", BISECT_BRANCH, good)
+    _git(repo, "tag", BISECT_GOOD_TAG, good)
+    start = datetime.fromisoformat(GIT_DATE)
+    shas, subjects, ordinary = [good], [_git(repo, "log", "-1", "--format=%s", good)], 0
+    scripts = ("examples/v1/scripts/run_rl.sh", "recipe/on_policy_distillation/scripts/run_sampled_token_mopd.sh")
+    for pos in range(1, layout.commits + 1):
+        if pos == layout.culprit:
+            subject = BISECT_CULPRIT_SUBJECT
+            set_behaviour(layout.regression, f"bisection culprit: {_load_curves().REGRESSIONS[layout.regression]}; "
+                                             f"x{layout.scale:.3g} from step {layout.from_step}",
+                          scale=layout.scale, from_step=layout.from_step)
+        elif pos == layout.launch_fails:
+            subject = BISECT_LAUNCH_FAIL_SUBJECT
+            for rel in scripts:
+                script = repo / rel
+                text = script.read_text()
+                assert "\nset -ex\n" in text, rel
+                script.write_text(text.replace(
+                    "\nset -ex\n", '\nset -ex\n# shellcheck source=/dev/null\n'
+                    f'. "$(dirname "${{BASH_SOURCE[0]}}")/../../../{LAUNCH_HELPER}"\n', 1))
+        elif layout.launch_fails and pos == layout.launch_fails + 1:
+            subject = BISECT_FIX_SUBJECT
+        else:
+            subject = BISECT_SUBJECTS[ordinary % len(BISECT_SUBJECTS)]
+            if ordinary >= len(BISECT_SUBJECTS):
+                subject += f" ({ordinary // len(BISECT_SUBJECTS) + 1})"
+            ordinary += 1
+        if layout.launch_fails and pos == layout.launch_fails + 1:
+            helper = repo / LAUNCH_HELPER
+            helper.parent.mkdir(parents=True, exist_ok=True)
+            helper.write_text("# Shared launch environment of the XTuner launch scripts (SIMULATED).\n"
+                              "export XTUNER_LAUNCH_ENV=1\n")
+        with (repo / "CHANGELOG.md").open("a") as log:
+            log.write(f"- {subject}\n")
+        name, email = BISECT_AUTHORS[(pos - 1) % len(BISECT_AUTHORS)]
+        date = (start + timedelta(hours=pos)).isoformat()
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", subject, GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email,
+             GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+        shas.append(_git(repo, "rev-parse", "HEAD"))
+        subjects.append(subject)
+    _git(repo, "tag", BISECT_BAD_TAG, shas[-1])
+    _git(repo, "checkout", "-q", "main")
+    return {"good": good, "bad": shas[-1], "commits": shas, "subjects": subjects,
+            "culprit": shas[layout.culprit], "culprit_at": layout.culprit,
+            "launch_fails": shas[layout.launch_fails] if layout.launch_fails else None,
+            "launch_fails_at": layout.launch_fails, "healthy": list(range(layout.culprit)),
+            "regression": layout.regression, "scale": layout.scale, "from_step": layout.from_step,
+            "suite": "grpo" if layout.regression == "mismatch" else "opd" if layout.regression in ("teacher", "rewards")
+            else "both", "refs": {"good": BISECT_GOOD_TAG, "bad": BISECT_BAD_TAG, "branch": BISECT_BRANCH},
+            "layout": asdict(layout)}
 

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import asdict, dataclass, fields
 from types import ModuleType
 from typing import Any
 
@@ -39,6 +40,97 @@ REGRESSION_BRANCHES = {
     "regress-rewards": ("sim/regress-rewards", "rewards",
                         "Change judger answer extraction (simulated OPD rewards-only regression)"),
 }
+#: The regression kinds of the replay trainer (xtuner_sim/curves.py REGRESSIONS).
+REGRESSION_KINDS = ("init", "divergence", "mismatch", "teacher", "rewards")
+
+# ----------------------------------------------------------------------------------------------------
+# The linear history for bisection (issue 22): ``sim/bisect-good`` (= main, the known-good commit) and
+# ``commits`` commits after it on the branch ``sim/bisect`` (tip tagged ``sim/bisect-bad``), first-parent
+# linear. Positions count from the good commit: 0 = good, 1 = its child, ..., ``commits`` = the bad tip.
+BISECT_BRANCH = "sim/bisect"
+BISECT_GOOD_TAG = "sim/bisect-good"
+BISECT_BAD_TAG = "sim/bisect-bad"
+#: The helper the launch-failing commit sources from both launch scripts before it exists (the next commit adds it).
+LAUNCH_HELPER = "scripts/launch_env.sh"
+
+
+@dataclass(frozen=True)
+class BisectLayout:
+    """Where things are in the simulated bisection history (positions 1..``commits`` after the good commit).
+
+    * ``culprit``: the commit that introduces the regression; it and every later commit carry it (their
+      ``xtuner_sim/behaviour.json``: ``regression``, ``scale``, ``from_step``), every earlier one is healthy.
+    * ``regression`` / ``scale`` / ``from_step``: the regression's kind (curves.REGRESSIONS), its size as a
+      fraction of that kind's shifts, and the first training step it shows at. Default: the OPD teacher
+      path at 1/3 of ``sim/regress-teacher``'s shifts - distillation KL +0.030 and abs loss +0.0267, one
+      runbook threshold (0.03) - from step 10 (eval points 10..25); GRPO stays healthy on every commit.
+    * ``launch_fails``: the commit whose launch scripts (both suites) source ``LAUNCH_HELPER`` before the
+      file exists: under ``set -e`` they exit 1 ("No such file or directory") before Ray, teachers or any
+      tracker; the next commit adds the file. 0: no such commit.
+
+    Default layout: 16 commits, launch failure at 4, culprit at 11, from step 10. Configure a node with
+    ``sim.json`` ``"bisect": {"commits": N, "culprit": C, "launch_fails": L, "from_step": S, "scale": X,
+    "regression": K}`` (any subset; ``start_node(state, bisect={...})`` writes it) before the checkout is built;
+    a changed layout rebuilds the checkout.
+    """
+
+    commits: int = 16
+    culprit: int = 11
+    launch_fails: int = 4
+    regression: str = "teacher"
+    scale: float = 1 / 3
+    from_step: int = 10
+
+    def __post_init__(self) -> None:
+        def bad(what: str) -> None:
+            raise ValueError(f"sim.json bisect: {what} (layout {asdict(self)})")
+        if not 2 <= self.commits <= 64:
+            bad("commits must be 2..64")
+        if not 1 <= self.culprit <= self.commits:
+            bad("culprit must be a position 1..commits")
+        if not 0 <= self.launch_fails < self.commits or (self.launch_fails and self.launch_fails == self.culprit):
+            bad("launch_fails must be 0 (none) or a position 1..commits-1 other than the culprit")
+        if self.regression not in REGRESSION_KINDS:
+            bad(f"regression must be one of {', '.join(REGRESSION_KINDS)}")
+        if not 0 < self.scale <= 10 or self.from_step < 0:
+            bad("scale must be in (0, 10] and from_step >= 0")
+
+    @classmethod
+    def from_sim(cls, sim: dict[str, Any]) -> "BisectLayout":
+        """The layout ``sim.json`` asks for (its ``"bisect"`` object; missing keys take the defaults)."""
+        given = dict(sim.get("bisect") or {})
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"sim.json bisect: unknown key(s) {', '.join(sorted(unknown))}")
+        return cls(**given)
+
+    def carries_regression(self, position: int) -> bool:
+        """True for the culprit and every later commit."""
+        return position >= self.culprit
+
+
+#: The commits' authors (name, email), taken in turn; every commit is dated one hour after its parent.
+BISECT_AUTHORS = (
+    ("Wei Lin", "wei.lin@example.com"), ("Priya Raman", "priya.raman@example.com"),
+    ("Jonas Becker", "jonas.becker@example.com"), ("Mei Tanaka", "mei.tanaka@example.com"),
+    ("Carlos Ortega", "carlos.ortega@example.com"),
+)
+#: Subjects of the ordinary commits (no accuracy effect), taken in turn (numbered past the end of the list).
+BISECT_SUBJECTS = (
+    "rollout: reuse tokenizer across workers", "docs: describe MOPD teacher endpoints",
+    "config: expose eval temperature", "logging: add step time breakdown to tracker",
+    "ray: raise object store memory default", "tests: cover empty eval batches",
+    "judger: normalise whitespace before comparing answers", "data: skip empty prompts in the loader",
+    "trainer: move checkpoint saving to a helper", "lmdeploy: pin backend session length",
+    "rollout: log dropped samples", "refactor: rename advantage helpers",
+    "ci: cache pip downloads", "docs: fix the GRPO quick start", "eval: report sample counts",
+    "trainer: free rollout buffers after each step", "config: document TRAIN_BATCH_SIZE",
+    "utils: faster JSONL writer", "rollout: retry a lost teacher connection once", "deps: bump transformers pin",
+)
+BISECT_CULPRIT_SUBJECT = "teacher: batch rollout-teacher logprob requests per sample group"
+BISECT_LAUNCH_FAIL_SUBJECT = "launch: source shared launch environment from scripts/launch_env.sh"
+BISECT_FIX_SUBJECT = "launch: add the forgotten scripts/launch_env.sh"
+
 FAULT_KINDS = ("crash", "hang", "truncated", "nan", "missing-input", "slow", "hold", "oom")
 # What a missing-input fault hides by default, per suite (relative to ROOT).
 DEFAULT_MISSING = {"grpo": "share/model/Qwen3-8B", "opd": "share/model/Qwen3-VL-4B-Instruct"}

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 # The public surface of the simulated node, one module per concern.
-from simulator.checkout import build_checkout, grpo_baseline_rows, opd_baseline_rows  # noqa: F401
-from simulator.common import FAULT_KINDS, REGRESSION_BRANCHES, SSHD  # noqa: F401
+from simulator.checkout import bisect_history, build_checkout, grpo_baseline_rows, opd_baseline_rows  # noqa: F401
+from simulator.common import FAULT_KINDS, REGRESSION_BRANCHES, SSHD, BisectLayout  # noqa: F401
 from simulator.faults import clear_faults, release, set_fault  # noqa: F401
 from simulator.noise import noise_settings, set_noise  # noqa: F401
 from simulator.processes import kill_node_processes, node_processes, ray_running  # noqa: F401

@@ -13,6 +13,9 @@ from typing import Any
 from simulator.common import (
     SSHD,
     REGRESSION_BRANCHES,
+    BISECT_BAD_TAG,
+    BISECT_GOOD_TAG,
+    BisectLayout,
     _root,
     _write_json,
     _read_json,
@@ -23,6 +26,7 @@ from simulator.common import (
 from simulator.checkout import (
     _build_share,
     _build_bin,
+    bisect_history,
     build_checkout,
 )
 from simulator import traps
@@ -111,8 +115,13 @@ def _wait_port(port: int, timeout: float) -> None:
     raise RuntimeError(f"sshd did not accept connections on 127.0.0.1:{port} within {timeout}s")
 
 
-def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) -> dict[str, Any]:
+def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None,
+               bisect: dict[str, Any] | None = None) -> dict[str, Any]:
     """Build the node under ``state`` (idempotent), start its sshd, write and return node.json.
+
+    ``bisect``: the layout of the checkout's bisection history (``common.BisectLayout`` fields, e.g.
+    ``{"culprit": 5, "from_step": 5}``), kept in sim.json; None keeps the node's (default: the documented
+    layout). A changed layout rebuilds the checkout (worktrees of the old one are then stale).
 
     Promises: on return sshd accepts SSH on 127.0.0.1:<port> with the pinned host key, the client key
     logs in as the current user, and node.json is complete. If this node's sshd already runs, it is
@@ -127,6 +136,9 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
     sim = _read_json(root / "sim.json", {})
     sim.update({"step_seconds": float(step_seconds), "flush_steps": sim.get("flush_steps", 3.0),
                 "gpus": sim.get("gpus", 8), "simulated": True})
+    if bisect is not None:
+        BisectLayout.from_sim({"bisect": bisect})  # refused before anything is written
+        sim["bisect"] = dict(bisect)
     _write_json(root / "sim.json", sim)
     if not (root / "faults.json").exists():
         _write_json(root / "faults.json", {})
@@ -175,7 +187,10 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None) 
         },
         "commits": commits,
         "refs": {"initial": "main~1", "good": "main",
-                 **{k: v[0] for k, v in REGRESSION_BRANCHES.items()}},
+                 **{k: v[0] for k, v in REGRESSION_BRANCHES.items()},
+                 "bisect-good": BISECT_GOOD_TAG, "bisect-bad": BISECT_BAD_TAG},
+        # The linear history for bisection (simulator/README.md): SHAs oldest first, culprit, launch failure.
+        "bisect": bisect_history(root),
         "step_seconds": float(step_seconds),
         # The node's readiness settings (simulator/traps.py): gpus, ray_ports, nofile_hard, tmp, ray_log.
         **trap_settings,

@@ -249,6 +249,32 @@ def apply_opd_regression(regression: str | None, step: int, row: dict[str, float
             _add(row, "response/rewards/mean", -0.16)
 
 
+def regression_applier(suite: str, regression: str | None, scale: float = 1.0, from_step: int = 0):
+    """``apply(regression, step, row)`` for ``suite``: the regression's shifts, each multiplied by ``scale``
+    and applied only from training step ``from_step`` on (0: from the start, as the regression branches do).
+
+    ``scale`` 1 and ``from_step`` 0 give exactly :func:`apply_grpo_regression` / :func:`apply_opd_regression`.
+    A scaled regression keeps its kind's shape: every metric it moves moves by ``scale`` x its usual shift
+    (a multiplicative one by ``scale`` x its usual change). The simulated bisection history uses it:
+    its culprit's behaviour.json names a kind, a ``scale`` and a ``from_step``.
+    """
+    base = apply_grpo_regression if suite == "grpo" else apply_opd_regression
+    scale, from_step = float(scale), int(from_step)
+    if regression is None or (scale == 1.0 and from_step <= 0):
+        return base
+
+    def apply(name: str | None, step: int, row: dict[str, float]) -> None:
+        if name is None or step < from_step:
+            return
+        before = dict(row)
+        base(name, step, row)
+        for key, value in row.items():
+            if key in before and value != before[key]:
+                row[key] = before[key] + (value - before[key]) * scale
+
+    return apply
+
+
 # --------------------------------------------------------------------------------------------------
 class Noise:
     """Bounded, seeded noise: ``u(key, half_width)`` is uniform in [-half_width, +half_width]."""
@@ -309,25 +335,27 @@ def eval_row(suite: str, step: int, noise: Noise) -> dict[str, float]:
     return opd_eval(step, noise)
 
 
-def first_row(suite: str, noise: Noise, regression: str | None) -> dict[str, float]:
-    """The step-0 eval row of a run."""
+def first_row(suite: str, noise: Noise, regression: str | None, apply=None) -> dict[str, float]:
+    """The step-0 eval row of a run (``apply``: a :func:`regression_applier`, default the plain one)."""
     row = {"step": 0, **eval_row(suite, 0, noise)}
-    (apply_grpo_regression if suite == "grpo" else apply_opd_regression)(regression, 0, row)
+    (apply or (apply_grpo_regression if suite == "grpo" else apply_opd_regression))(regression, 0, row)
     return row
 
 
-def summary_row(suite: str, step: int, noise: Noise, regression: str | None, eval_every: int) -> dict[str, float]:
-    """A run's step-summary row at ``step`` (eval keys merged on eval steps), regression applied."""
+def summary_row(suite: str, step: int, noise: Noise, regression: str | None, eval_every: int,
+                apply=None) -> dict[str, float]:
+    """A run's step-summary row at ``step`` (eval keys merged on eval steps), regression applied
+    (``apply``: a :func:`regression_applier`, default the plain one)."""
     if suite == "grpo":
         row = grpo_summary(step, noise)
         if step % eval_every == 0:
             row.update(eval_row(suite, step, noise))
-        apply_grpo_regression(regression, step, row)
+        (apply or apply_grpo_regression)(regression, step, row)
         return row
     row = opd_summary(step, noise)
     if step % eval_every == 0:
         row.update(eval_row(suite, step, noise))
-    apply_opd_regression(regression, step, row)
+    (apply or apply_opd_regression)(regression, step, row)
     row["distillation/opd_reverse_kl"] = row["distillation/reduced_distillation_kl"]
     row["distillation/opd_abs_logprob_loss"] = row["distillation/reduced_distillation_abs_loss"]
     return row
@@ -524,7 +552,8 @@ def _realistic_row(suite: str, step: int, truth: dict[str, float], noise: Noise,
 
 def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: str = DEFAULT_NOISE, *,
              steps: int | None = None, eval_every: int | None = None,
-             baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED) -> list[dict[str, float]]:
+             baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED, regression_scale: float = 1.0,
+             regression_from: int = 0) -> list[dict[str, float]]:
     """Every row the simulated trainer writes for one run, in order: the step-0 eval row, then per step
     its two mini-batch rows and its step-summary row (eval keys merged on eval steps).
 
@@ -533,7 +562,10 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     ``seed`` is the run's seed (the trainer's RLSIM_SEED / RL_VERIFY_SEED / node seed / experiment
     folder); ``regression`` a key of REGRESSIONS or None (healthy); ``mode`` one of NOISE_MODES;
     ``steps`` / ``eval_every`` default to the runbook's (GRPO 45 / 15, OPD 25 / 5);
-    ``baseline_error_seed`` fixes the node's true curve in the realistic modes (ignored when bounded).
+    ``baseline_error_seed`` fixes the node's true curve in the realistic modes (ignored when bounded);
+    ``regression_scale`` / ``regression_from``: the regression's size (x its kind's shifts) and the first
+    training step it shows at (:func:`regression_applier`; behaviour.json's ``scale`` / ``from_step``).
+    The noise draws never depend on the regression: the same seed gives the same noise on every commit.
     Bounded mode reproduces the rows of the earlier trainer exactly.
     """
     _check_suite(suite)
@@ -541,12 +573,12 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     steps = _DEFAULT_STEPS[suite] if steps is None else int(steps)
     eval_every = _DEFAULT_EVAL_EVERY[suite] if eval_every is None else int(eval_every)
     noise = Noise(f"{suite}:{seed}")
-    apply = apply_grpo_regression if suite == "grpo" else apply_opd_regression
+    apply = regression_applier(suite, regression, regression_scale, regression_from)
     if mode == "bounded":
-        rows = [first_row(suite, noise, regression)]
+        rows = [first_row(suite, noise, regression, apply)]
         for step in range(1, steps + 1):
             rows += _minibatch_rows(step, noise)
-            rows.append({"step": step, **summary_row(suite, step, noise, regression, eval_every)})
+            rows.append({"step": step, **summary_row(suite, step, noise, regression, eval_every, apply)})
         return rows
 
     truth = true_means(suite, steps, mode, baseline_error_seed)

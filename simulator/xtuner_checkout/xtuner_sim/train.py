@@ -10,7 +10,9 @@ Inputs it honours (all optional outside a simulated node):
 - ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed, and the noise
   mode ``noise`` with its ``baseline_error_seed``, see curves.py) and ``faults.json`` (per-suite
   fault: crash | hang | truncated | nan | slow, with ``at_step``);
-- ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries;
+- ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries
+  (``regression``: a kind of curves.REGRESSIONS or null; optional ``scale`` and ``from_step``: its size and
+  the first step it shows at, see curves.regression_applier);
 - ``RLSIM_SEED``, else ``RL_VERIFY_SEED`` (a calibration run's seed, as a launch config would read it):
   fixes the noise (otherwise every launch draws its own).
 The metric rows are ``curves.run_rows(...)``'s, exactly (a benchmark calling it gets the same rows);
@@ -249,14 +251,19 @@ def run(args: argparse.Namespace) -> int:
     writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
     seed = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or exp.name
     rows = curves.run_rows(suite, seed, regression, node.noise, steps=total, eval_every=eval_every,
-                           baseline_error_seed=node.baseline_error_seed)
+                           baseline_error_seed=node.baseline_error_seed,
+                           regression_scale=float(behaviour.get("scale", 1.0)),
+                           regression_from=int(behaviour.get("from_step", 0)))
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
     lmdeploy_log = open(args.lmdeploy_log, "a") if args.lmdeploy_log else None
     fault = node.fault
     kind, at_step = fault.get("kind"), int(fault.get("at_step") or 0)
-    _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}, fault={fault or None}, "
+    shape = "".join(text for key, text in (("scale", f" x{behaviour.get('scale')}"),
+                                             ("from_step", f" from step {behaviour.get('from_step')}"))
+                    if key in behaviour)
+    _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}{shape}, fault={fault or None}, "
          f"noise={node.noise}, seed={seed}")
     wanted = {"noise": node.noise,
               "baseline_error_seed": None if node.noise == "bounded" else node.baseline_error_seed}
