@@ -89,7 +89,7 @@ def rl_regression_bisect():
                                            "{{ ti.xcom_pull(task_ids='plan_range')['bad'] }}: approve its probes")
     result = BisectOperator(task_id=settings.BISECT_TASK, plan=plan, **settings.BISECT_TASK_ARGS)
     chain(approve, result)
-    publish_culprit(result)
+    publish_culprit(result.output)
 
 
 rl_regression_bisect()

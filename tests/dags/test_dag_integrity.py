@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "rl_accuracy_verification"
 CALIBRATION_DAG_ID = "rl_baseline_calibration"
+BISECT_DAG_ID = "rl_regression_bisect"
 
 # Parses the DAG folder in a fresh interpreter with connection and Variable lookups booby-trapped,
 # then prints what the tests check. A fresh process is the only honest way to see parse-time imports.
@@ -49,6 +50,20 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                                  if "rl_baseline_calibration" in bag.dags else {},
                   "calibration_params": sorted(bag.dags["rl_baseline_calibration"].params.keys())
                                         if "rl_baseline_calibration" in bag.dags else [],
+                  "bisect": {t.task_id: {"trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+                                         "upstream": sorted(t.upstream_task_ids), "retries": t.retries,
+                                         "outlets": sorted(getattr(o, "name", str(o)) for o in t.outlets),
+                                         "standing_offered": getattr(t, "standing_offered", None)}
+                             for t in bag.dags["rl_regression_bisect"].tasks} if "rl_regression_bisect" in bag.dags else {},
+                  "bisect_dag": {"params": sorted(bag.dags["rl_regression_bisect"].params.keys()),
+                                 "schedule": [a.name for a in
+                                              bag.dags["rl_regression_bisect"].timetable.asset_condition.objects],
+                                 "tags": sorted(bag.dags["rl_regression_bisect"].tags),
+                                 "doc_md": bool(bag.dags["rl_regression_bisect"].doc_md),
+                                 "max_active_runs": bag.dags["rl_regression_bisect"].max_active_runs}
+                                if "rl_regression_bisect" in bag.dags else {},
+                  "outlets": {t.task_id: sorted(getattr(o, "name", str(o)) for o in t.outlets) for t in (dag.tasks if dag else [])
+                              if t.outlets},
                   "param_help": {k: {"title": p.schema.get("title"), "description": p.description}
                                  for k, p in (dag.params.items() if dag else [])}}))
 """
@@ -66,7 +81,8 @@ def parsed(tmp_path_factory):
 
 def test_dag_imports_without_errors_and_without_lookups(parsed):
     assert parsed["errors"] == {}
-    assert parsed["dag_ids"] == [DAG_ID, CALIBRATION_DAG_ID] and parsed["tasks"] and parsed["calibration"]
+    assert parsed["dag_ids"] == [DAG_ID, CALIBRATION_DAG_ID, BISECT_DAG_ID]
+    assert parsed["tasks"] and parsed["calibration"] and parsed["bisect"]
 
 
 def test_no_heavy_imports_at_parse_time(parsed):
@@ -79,7 +95,8 @@ def test_dag_shape_matches_the_spec(parsed):
                for kind in ("repeat", "run", "fetch", "compare")}
     assert set(tasks) == {"resolve_commit", "check_prerequisites", "experiment_card", "approve",
                           "run_grpo", "fetch_grpo", "compare_grpo", "run_opd", "fetch_opd", "compare_opd",
-                          "confirm_grpo", "confirm_opd", "report", "verdict", "cleanup"} | repeats
+                          "confirm_grpo", "confirm_opd", "report", "verdict", "cleanup",
+                          "announce_verified", "announce_reproduced_fail"} | repeats
     assert tasks["check_prerequisites"]["upstream"] == ["resolve_commit"]
     assert tasks["approve"]["upstream"] == ["experiment_card"]
     for suite in ("grpo", "opd"):
@@ -97,6 +114,10 @@ def test_dag_shape_matches_the_spec(parsed):
         assert tasks[f"confirm_{suite}"]["upstream"] == [previous]
     assert tasks["report"]["upstream"] == ["cleanup", "confirm_grpo", "confirm_opd"]
     assert tasks["verdict"]["upstream"] == ["report"]
+    # The asset events come from the report, whatever the verdict task does with a FAIL.
+    assert tasks["announce_verified"]["upstream"] == tasks["announce_reproduced_fail"]["upstream"] == ["report"]
+    assert parsed["outlets"] == {"announce_verified": ["rl-verify://verified-commit"],
+                                 "announce_reproduced_fail": ["rl-verify://reproduced-fail"]}
 
 
 def test_trigger_rules_as_designed(parsed):
@@ -124,8 +145,25 @@ def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parse
 
 def test_tags_params_and_scheduling(parsed):
     assert "rl-verify" in parsed["tags"]
-    assert parsed["params"] == ["baseline_versions", "commit", "early_abort", "node", "repeats", "suites"]
-    assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
+    assert parsed["params"] == ["baseline_versions", "bisection", "commit", "early_abort", "node", "repeats", "suites"]
+    # A bisection's probes run beside each other and the nightly, one per node (each node's one-slot pool).
+    assert parsed["max_active_runs"] == 4 and parsed["catchup"] is False and parsed["doc_md"]
+
+
+def test_bisection_dag_is_scheduled_on_a_reproduced_fail_and_asks_one_approval_no_standing_one_covers(parsed):
+    tasks, dag = parsed["bisect"], parsed["bisect_dag"]
+    assert dag["schedule"] == ["rl-verify://reproduced-fail"] and dag["max_active_runs"] == 1 and dag["doc_md"]
+    assert "rl-verify" in dag["tags"] and "bisection" in dag["tags"]
+    assert dag["params"] == ["bad", "good", "max_commits", "metrics", "nodes", "repeats", "suites"]
+    assert set(tasks) == {"plan_range", "bisection_card", "approve", "bisect", "publish_culprit"}
+    assert tasks["bisection_card"]["upstream"] == ["plan_range"]
+    assert tasks["approve"]["upstream"] == ["bisection_card"]
+    assert tasks["bisect"]["upstream"] == ["approve", "plan_range"]
+    assert tasks["publish_culprit"]["upstream"] == ["bisect"] and tasks["publish_culprit"]["outlets"] == [
+        "rl-verify://culprit"]
+    # Nothing is probed without a person's approval: a nightly's standing approval is never offered or used.
+    assert tasks["approve"]["standing_offered"] is False
+    assert tasks["bisect"]["retries"] == 0 and tasks["bisect"]["trigger_rule"] == "all_success"
 
 
 
@@ -145,8 +183,9 @@ def test_every_pulled_task_id_names_a_task_of_the_dag(parsed):
     named = {(path.name, m.group(1)) for path in sources for m in pulled.finditer(path.read_text())}
     assert named, "the scan found no xcom_pull(task_ids=...) at all"
     calibration = {"rl_baseline_calibration.py", "calibrate.py"}
-    assert {(f, t) for f, t in named if t not in (parsed["calibration"] if f in calibration else parsed["tasks"])} \
-        == set()
+    bisect = {"rl_regression_bisect.py"}
+    assert {(f, t) for f, t in named if t not in (parsed["calibration"] if f in calibration else parsed["bisect"]
+                                                  if f in bisect else parsed["tasks"])} == set()
 
 
 def test_calibration_trains_mapped_runs_and_promotes_only_after_the_approval(parsed):

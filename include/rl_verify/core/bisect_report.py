@@ -57,7 +57,8 @@ def markdown(result: Mapping[str, Any]) -> str:
               "| commit | subject | node | runs | outcome | followed metric: error at first breach | report |",
               "|---|---|---|---|---|---|---|"]
     for r in rows(result):
-        lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} | {r.get('runs', 0)} "
+        lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
+                     f"| {r.get('runs', 0)} "
                      f"| {r['outcome']}{' (stopped: ' + r['stopped'] + ')' if r.get('stopped') else ''} "
                      f"| {r.get('metric') or ''} {_error(r)} | {r.get('report', '')} |")
     return "\n".join(lines) + "\n"

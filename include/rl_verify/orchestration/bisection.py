@@ -121,8 +121,9 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
         p = validated_params(params, event)
         unknown = _unknown_metrics(p["metrics"], p["suites"])
         if unknown:
-            raise BisectParamError(f"param 'metrics': {', '.join(unknown)} is not a metric of {', '.join(p['suites'])}. "
-                                   "Fix: give metric names from the suites' reports, or leave it empty")
+            raise BisectParamError(f"param 'metrics': {', '.join(unknown)} is not a metric of "
+                                   f"{', '.join(p['suites'])}. Fix: give metric names from the suites' reports, "
+                                   "or leave it empty")
         problems = [line for conn in p["nodes"] for line in node_problems(conn)]
         if problems:
             raise BisectParamError(f"param 'nodes': {len(problems)} problem(s); nothing was launched:\n"
@@ -225,15 +226,18 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
     commits, worst = plan["commits"], plan["worst"]
     minutes = " + ".join(f"{s} {settings.RUN_MINUTES.get(s, 40)} min" for s in plan["suites"])
     lines = [f"# Bisection of {plan['bad']} against {plan['good']}", "",
-             f"Suites: {', '.join(plan['suites'])}; followed metric(s): {', '.join(plan['metrics']) or 'each suite’s first breach'}.",
+             f"Suites: {', '.join(plan['suites'])}; followed metric(s): "
+             f"{', '.join(plan['metrics']) or 'each suite’s first breach'}.",
              "", "| # | commit | subject | author | date |", "|---|---|---|---|---|"]
     for i, c in enumerate(commits):
         tag = " (good end)" if i == 0 else " (bad end)" if i == len(commits) - 1 else ""
-        lines.append(f"| {i} | `{c['sha'][:12]}`{tag} | {_cell(c['subject'])} | {_cell(c['author'])} | {c['date'][:10]} |")
+        lines.append(f"| {i} | `{c['sha'][:12]}`{tag} | {_cell(c['subject'])} | {_cell(c['author'])} "
+                     f"| {c['date'][:10]} |")
     recorded = plan.get("recorded") or {}
     lines += ["", f"**Probes at most: {worst['probes']}** (verifications, {worst['rounds']} round(s) on "
               f"{len(plan['nodes'])} node(s): {', '.join(plan['nodes'])}), each up to {1 + plan['repeats']} run(s) "
-              f"(the confirmation's repeats): at most **{worst['runs']} training runs, {worst['gpu_hours']} GPU-hours** "
+              f"(the confirmation's repeats): at most **{worst['runs']} training runs, "
+              f"{worst['gpu_hours']} GPU-hours** "
               f"at the runbook's scale ({minutes} per run, {settings.GPUS_PER_RUN} GPUs), about "
               f"{worst['wall_hours']} h of wall time. Early abort usually ends a FAILing probe sooner.",
               "", "Ends: " + "; ".join(
@@ -414,9 +418,9 @@ def announce(outlet_events: Any, asset: Any, extra: dict[str, Any] | None) -> No
     from airflow.sdk.exceptions import AirflowSkipException
 
     if extra is None:
-        raise AirflowSkipException(f"no {asset.uri} event for this run")
+        raise AirflowSkipException(f"no {asset.name} event for this run")
     outlet_events[asset].extra = extra
-    log.info("Asset event %s: %s", asset.uri, json.dumps(extra, sort_keys=True))
+    log.info("Asset event %s: %s", asset.name, json.dumps(extra, sort_keys=True))
 
 
 def triggering_extra(events: Any) -> dict[str, Any] | None:
@@ -425,7 +429,8 @@ def triggering_extra(events: Any) -> dict[str, Any] | None:
         return None
     newest = None
     for asset, found in events.items():
-        if getattr(asset, "uri", None) == settings.REPRODUCED_FAIL_ASSET and found:
+        if settings.REPRODUCED_FAIL_ASSET in (getattr(asset, "name", None), str(getattr(asset, "uri", "")).rstrip("/")) \
+                and found:
             newest = found[-1]
     return dict(newest.extra or {}) if newest is not None else None
 

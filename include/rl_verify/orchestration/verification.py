@@ -482,8 +482,8 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
         notes.append(f"Approved by {decision['by']} at {decision['at']}"
                      + (f" (standing approval granted in scheduled run {decision['granted_in']}, verified against "
                         "its approval record)" if decision["standing"] else "")
-                     + (f" (pre-approved as a probe of bisection {decision['bisection']}, verified against its approval "
-                        "record)" if decision.get("bisection") else "") + ".")
+                     + (f" (pre-approved as a probe of bisection {decision['bisection']}, verified against its "
+                        "approval record)" if decision.get("bisection") else "") + ".")
     notes += gaps or []
     results = []
     outcomes: dict[str, dict[str, Any]] = {}

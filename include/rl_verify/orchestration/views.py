@@ -38,9 +38,9 @@ def _dag_access():
 
 def dag_records(dag_id: str) -> Any:
     """The records of a DAG rl-verify knows, in the record store (404 for any other DAG id)."""
-    if dag_id != settings.DAG_ID:
+    if dag_id not in (settings.DAG_ID, settings.BISECT_DAG_ID):
         raise HTTPException(404, f"no verification records for DAG {dag_id!r}")
-    return record.store_root() / settings.DAG_ID
+    return record.store_root() / dag_id
 
 
 def _listed(folder: Any, name: str) -> Any | None:
@@ -75,6 +75,37 @@ def run_report(dag_id: str, run_id: str, folder: str) -> Any:
     if page is None or not page.is_file():
         raise HTTPException(404, f"no report of run {folder!r} in verification run {run_id!r}")
     return page
+
+
+def bisection_page(dag_id: str, run_id: str) -> str:
+    """The bisection run's result page (404 for another DAG or before the bisection has its answer)."""
+    if dag_id != settings.BISECT_DAG_ID:
+        raise HTTPException(404, f"DAG {dag_id!r} runs no bisections")
+    folder = _record_folder(dag_records(dag_id), run_id)
+    page = _listed(folder, "bisection.html") if folder is not None else None
+    if page is None or not page.is_file():
+        raise HTTPException(404, f"no bisection result for run {run_id!r} (yet): see its bisect task's log")
+    return page.read_bytes().decode("utf-8")
+
+
+def _with_bisection_link(folder: Any, page: str) -> str:
+    """A verification report with a banner linking the bisection its FAIL started (when there is one)."""
+    import html
+    import json
+
+    linked = _listed(folder, "bisection.json")
+    if linked is None:
+        return page
+    try:
+        data = json.loads(linked.read_bytes())
+    except (OSError, ValueError):
+        return page
+    banner = (f'<p style="padding:6px 10px;border:1px solid #c0392b;background:#fdf2f2">Bisection of this FAIL: '
+              f'<a href="{html.escape(str(data.get("link", "")))}">{html.escape(str(data.get("bisection", "")))}</a>: '
+              f'{html.escape(str(data.get("answer", "")))}</p>')
+    at = page.find("<body")
+    at = page.find(">", at) + 1 if at >= 0 else 0
+    return page[:at] + banner + page[at:]
 
 
 def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
@@ -136,7 +167,13 @@ def create_app() -> FastAPI:
     @app.get("/dags/{dag_id}/runs/{run_id}/report", response_class=HTMLResponse, dependencies=[access])
     def report(dag_id: str, run_id: str) -> Response:
         """The run's HTML report (self-contained: its plots are embedded)."""
-        return HTMLResponse((run_folder(dag_id, run_id) / "report.html").read_bytes().decode("utf-8"))
+        folder = run_folder(dag_id, run_id)
+        return HTMLResponse(_with_bisection_link(folder, (folder / "report.html").read_bytes().decode("utf-8")))
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/bisection", response_class=HTMLResponse, dependencies=[access])
+    def bisection_view(dag_id: str, run_id: str) -> Response:
+        """A bisection's result page: the culprit, the evidence table linked to each probe's report, the plot."""
+        return HTMLResponse(bisection_page(dag_id, run_id))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report/{folder}", response_class=HTMLResponse, dependencies=[access])
     def one_run_report(dag_id: str, run_id: str, folder: str) -> Response:
@@ -169,6 +206,8 @@ def plugin_views() -> list[dict[str, Any]]:
          "destination": "dag_run", "url_route": links.REPORT_VIEW_ROUTE, "category": "rl-verify"},
         {"name": "Verification history", "href": links.APP_PREFIX + "/dags/{DAG_ID}/history",
          "destination": "dag", "url_route": links.HISTORY_VIEW_ROUTE, "category": "rl-verify"},
+        {"name": "Bisection", "href": links.APP_PREFIX + "/dags/{DAG_ID}/runs/{RUN_ID}/bisection",
+         "destination": "dag_run", "url_route": links.BISECTION_VIEW_ROUTE, "category": "rl-verify"},
     ]
 
 
