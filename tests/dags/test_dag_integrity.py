@@ -54,7 +54,8 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                                          "upstream": sorted(t.upstream_task_ids), "retries": t.retries,
                                          "outlets": sorted(getattr(o, "name", str(o)) for o in t.outlets),
                                          "standing_offered": getattr(t, "standing_offered", None)}
-                             for t in bag.dags["rl_regression_bisect"].tasks} if "rl_regression_bisect" in bag.dags else {},
+                             for t in bag.dags["rl_regression_bisect"].tasks}
+                            if "rl_regression_bisect" in bag.dags else {},
                   "bisect_dag": {"params": sorted(bag.dags["rl_regression_bisect"].params.keys()),
                                  "schedule": [a.name for a in
                                               bag.dags["rl_regression_bisect"].timetable.asset_condition.objects],
@@ -62,8 +63,8 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                                  "doc_md": bool(bag.dags["rl_regression_bisect"].doc_md),
                                  "max_active_runs": bag.dags["rl_regression_bisect"].max_active_runs}
                                 if "rl_regression_bisect" in bag.dags else {},
-                  "outlets": {t.task_id: sorted(getattr(o, "name", str(o)) for o in t.outlets) for t in (dag.tasks if dag else [])
-                              if t.outlets},
+                  "outlets": {t.task_id: sorted(getattr(o, "name", str(o)) for o in t.outlets)
+                              for t in (dag.tasks if dag else []) if t.outlets},
                   "param_help": {k: {"title": p.schema.get("title"), "description": p.description}
                                  for k, p in (dag.params.items() if dag else [])}}))
 """

@@ -84,10 +84,10 @@ def resolve_commit(client: "paramiko.SSHClient", checkout: str, runs_root: str, 
 
 
 class RangeError(NodeError):
-    """A bisection range the checkout refuses; ``param`` names the parameter to change (good or bad)."""
+    """A bisection range the checkout refuses: ``param`` names the parameter to change (good or bad), ``fix`` how."""
 
-    def __init__(self, message: str, param: str) -> None:
-        self.param = param
+    def __init__(self, message: str, param: str, fix: str) -> None:
+        self.param, self.fix = param, fix
         super().__init__(message)
 
 
@@ -99,10 +99,12 @@ def commit_range(client: "paramiko.SSHClient", checkout: str, good: str, bad: st
     status, out, err = run_script(client, remote.commit_range_script(checkout, good, bad, limit))
     message = err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
     if status == 3:
-        raise RangeError(message + ": give an existing branch, tag or SHA", message.split(":", 1)[0])
+        param, _, rest = message.partition(": ")
+        raise RangeError(rest or message, param if param in ("good", "bad") else "good",
+                         "give an existing branch, tag or SHA of the node's checkout")
     if status == 6:
-        raise RangeError(message + ": give as good an older commit on bad's first-parent history (the last "
-                         "verified PASS)", "good")
+        raise RangeError(message, "good", "give as good an older commit on bad's first-parent history (the last "
+                         "verified PASS)")
     if status != 0:
         raise NodeError(f"listing the range {good}..{bad} failed (exit {status}): {err.strip()}")
     count, commits = 0, []

@@ -36,9 +36,9 @@ class BadInput(ValueError):
     """A user-supplied value broke a rule; the message names the field, the rule and the fix."""
 
 
-def validate_commit(value: object) -> str:
-    """Return ``value`` if it is a safe git ref or SHA, else raise BadInput naming the rule."""
-    field = "commit"
+def validate_commit(value: object, field: str = "commit") -> str:
+    """Return ``value`` if it is a safe git ref or SHA, else raise BadInput naming the rule (and the param
+    ``field``)."""
     if not isinstance(value, str) or not value.strip():
         raise BadInput(f"param {field!r} is empty: give a branch, tag or SHA (e.g. main)")
     if len(value) > COMMIT_MAX_LEN:

@@ -49,10 +49,10 @@ def _nodes(value: Any) -> list[str]:
     nodes = [v for v in items if v]
     bad = [n for n in nodes if not re.fullmatch(r"[A-Za-z0-9_.-]{1,200}", str(n))]
     if not nodes or bad:
-        raise BisectParamError(f"param 'nodes': {', '.join(map(repr, bad)) or 'no node'}: give one or more SSH "
+        raise BisectParamError(f"param 'nodes': {', '.join(map(repr, bad)) or 'no node'}. Fix: give one or more SSH "
                                f"connection ids separated by commas, e.g. {settings.DEFAULT_NODE_CONN_ID},node_b")
     if len(set(nodes)) != len(nodes):
-        raise BisectParamError("param 'nodes' names a node twice: list each node once")
+        raise BisectParamError("param 'nodes' names a node twice. Fix: list each node once")
     return nodes
 
 
@@ -67,9 +67,9 @@ def validated_params(params: Mapping[str, Any], event: Mapping[str, Any] | None 
     out: dict[str, Any] = {"source": dict(event or {})}
     for end in ("good", "bad"):
         try:
-            out[end] = remote.validate_commit(source.get(end))
+            out[end] = remote.validate_commit(source.get(end), end)
         except remote.BadInput as err:
-            problems.append(f"param {end!r}: {err}. Fix: give a branch, tag or SHA of the node's checkout")
+            problems.append(f"{err}. Fix: give a branch, tag or SHA of the node's checkout")
     try:
         out["suites"] = remote.validate_suites(source.get("suites"), engines.known_suites())
     except remote.BadInput as err:
@@ -107,8 +107,9 @@ def _unknown_metrics(metrics: list[str], suites: list[str]) -> list[str]:
     """The metrics no one of ``suites`` judges (by its shipped thresholds data)."""
     known: set[str] = set()
     for suite in suites:
-        engine = engines.engine_of(engines.load_suite(suite))
-        known |= set(engine.judged_metrics(engine.load_data(data_file(suite))))
+        spec = engines.load_suite(suite)
+        engine = engines.engine_of(spec)
+        known |= set(engine.judged_metrics(engine.load_data(data_file(spec.data))))
     return [m for m in metrics if m not in known]
 
 
@@ -117,7 +118,7 @@ def _unknown_metrics(metrics: list[str], suites: list[str]) -> list[str]:
 def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Validate the params, list the range on the first node (good an ancestor of bad, at most
     ``max_commits`` commits), find ends the record already decided, and keep the plan in the record."""
-    with no_retry_on(BisectParamError, ValueError, node.RangeError):
+    with no_retry_on(BisectParamError, ValueError):
         p = validated_params(params, event)
         unknown = _unknown_metrics(p["metrics"], p["suites"])
         if unknown:
@@ -130,8 +131,11 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
                                    + "\n".join(f"  - {line}" for line in problems))
         conn = p["nodes"][0]
         with ssh_client(conn) as client:
-            count, commits = node.commit_range(client, node_settings(conn)["RL_VERIFY_NODE_CHECKOUT"], p["good"],
-                                               p["bad"], p["max_commits"])
+            try:
+                count, commits = node.commit_range(client, node_settings(conn)["RL_VERIFY_NODE_CHECKOUT"], p["good"],
+                                                   p["bad"], p["max_commits"])
+            except node.RangeError as err:
+                raise BisectParamError(f"param {err.param!r}: {err}. Fix: {err.fix}; nothing was launched") from err
         if count == 0:
             raise BisectParamError(f"params 'good' and 'bad': {p['good']} and {p['bad']} are the same commit. Fix: "
                                    "give the failing commit as bad and an older, passing commit as good")
@@ -429,8 +433,8 @@ def triggering_extra(events: Any) -> dict[str, Any] | None:
         return None
     newest = None
     for asset, found in events.items():
-        if settings.REPRODUCED_FAIL_ASSET in (getattr(asset, "name", None), str(getattr(asset, "uri", "")).rstrip("/")) \
-                and found:
+        names = (getattr(asset, "name", None), str(getattr(asset, "uri", "")).rstrip("/"))
+        if settings.REPRODUCED_FAIL_ASSET in names and found:
             newest = found[-1]
     return dict(newest.extra or {}) if newest is not None else None
 

@@ -1,0 +1,171 @@
+"""Bisection of a reproduced FAIL to its culprit, end to end (real Airflow, two simulated nodes at realistic
+noise, the simulated checkout's 16-commit history): probes are verification runs triggered through the REST
+API, in parallel on both nodes, each with its own report; the launch-failing commit is skipped; the culprit
+is named with its asset event and its page; the nodes are clean. Bad input is refused before anything is
+launched. Every wait is for a state, never a guessed duration.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.rig import CONN_ID, DAG_ID, Rig
+from rl_verify.core.names import run_key
+from simulator import node as sim
+from simulator.checkout import bisect_history
+
+pytestmark = pytest.mark.e2e
+BISECT_DAG_ID = "rl_regression_bisect"
+STEP_SECONDS = 0.05
+NODE_B = f"{CONN_ID}_2"
+NOISE_SEED, BASELINE_ERROR_SEED = "3", "46"
+# The culprit at 11 of 16 (the documented default); the launch failure at 5, where the first ternary split lands.
+LAYOUT = {"culprit": 11, "launch_fails": 5}
+RUN_ID = "manual__bisect-e2e"
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory):
+    if not sim.SSHD.exists():
+        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+    state = tmp_path_factory.mktemp("e2e-bisect")
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2)
+    rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
+    for conn in rig.nodes:
+        rig.nodes[conn] = sim.start_node(rig.node_state(conn), step_seconds=STEP_SECONDS, bisect=LAYOUT)
+        sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
+        sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
+        sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+    rig.client.wait_for_dag(BISECT_DAG_ID)
+    rig.client.unpause(BISECT_DAG_ID)
+    try:
+        yield rig
+    finally:
+        rig.stop()
+        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def history(rig):
+    found = {conn: bisect_history(Path(node["root"])) for conn, node in rig.nodes.items()}
+    assert found[CONN_ID]["commits"] == found[NODE_B]["commits"]  # the same SHAs on both nodes
+    return found[CONN_ID]
+
+
+def _get(rig: Rig, path: str) -> httpx.Response:
+    token = rig.client.login()
+    return httpx.get(rig.stack.base_url + path, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _record(rig: Rig, dag_id: str, run_id: str, rel: str) -> dict:
+    return json.loads((Path(rig.record_root) / dag_id / run_key(run_id) / rel).read_text())
+
+
+def _bisect(rig: Rig, conf: dict, run_id: str | None = None, decision: str | None = "Approve",
+            timeout: float = 1500) -> tuple[str, str, dict | None]:
+    run_id = rig.client.trigger(BISECT_DAG_ID, conf=conf, run_id=run_id)
+    detail = None
+    if decision is not None:
+        detail = rig.client.wait_for_hitl(BISECT_DAG_ID, run_id, task_id="approve", timeout=timeout)
+        rig.client.respond_hitl(BISECT_DAG_ID, run_id, "approve", [decision])
+    return run_id, rig.client.wait_for_run(BISECT_DAG_ID, run_id, timeout=timeout), detail
+
+
+def _at(value) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _probe_runs(rig: Rig) -> list[dict]:
+    return [r for r in rig.client.dag_runs(DAG_ID, limit=200) if r["dag_run_id"].startswith("bisect__")]
+
+
+@pytest.mark.parametrize("conf, param, words", [
+    ({"good": "sim/bisect-bad", "bad": "sim/bisect-bad"}, "good", "same commit"),
+    ({"good": "sim/bisect-bad", "bad": "sim/bisect-good"}, "good", "not an ancestor"),
+    ({"good": "sim/bisect-good", "bad": "sim/bisect-bad", "max_commits": 8}, "good", "more than the maximum of 8"),
+    ({"good": "sim/bisect-good", "bad": "sim/no-such-branch"}, "bad", "does not exist"),
+], ids=["same-commit", "not-ancestor", "range-over-max", "unknown-ref"])
+def test_bad_input_is_refused_before_anything_is_launched_naming_the_param_and_the_fix(rig, history, conf, param,
+                                                                                       words):
+    before = len(_probe_runs(rig))
+    run_id, state, _ = _bisect(rig, {"suites": ["opd"], "nodes": CONN_ID, **conf}, decision=None, timeout=300)
+    assert state == "failed"
+    tasks = rig.client.task_states(BISECT_DAG_ID, run_id)
+    assert tasks["plan_range"] == "failed" and tasks["approve"] in ("upstream_failed", None)
+    log = rig.client.task_log(BISECT_DAG_ID, run_id, "plan_range")
+    error = log[log.find("problem"):][:1500] if "problem" in log else log[-3000:]
+    assert f"param '{param}'" in log or "params 'good' and 'bad'" in log, error
+    assert words in log and "Fix:" in log, error
+    assert len(_probe_runs(rig)) == before  # no probe, no node touched
+    for conn in rig.nodes:
+        assert sim.node_processes(rig.node_state(conn)) == []
+
+
+def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_unlaunchable_commit_and_cleans_up(
+        rig, history):
+    t0 = datetime.now().astimezone()
+    run_id, state, detail = _bisect(rig, {"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"],
+                                          "nodes": f"{CONN_ID},{NODE_B}"}, run_id=RUN_ID)
+    wall = (datetime.now().astimezone() - t0).total_seconds()
+    assert state == "success", rig.client.task_log(BISECT_DAG_ID, run_id, "bisect")[-4000:]
+    # One approval for the whole bisection: the range with every SHA and subject, the cost, the nodes.
+    body = detail["body"]
+    for sha, subject in zip(history["commits"], history["subjects"]):
+        assert sha[:12] in body and subject.replace("|", "\\|")[:60] in body
+    assert "Probes at most:" in body and "GPU-hours" in body and NODE_B in body
+    assert "standing approval of the nightly does not cover a bisection" in body
+
+    result = _record(rig, BISECT_DAG_ID, run_id, "bisection.json")
+    answer = result["answer"]
+    assert answer["kind"] == "culprit" and answer["culprit"]["sha"] == history["culprit"], answer
+    assert answer["culprit"]["subject"] == history["subjects"][LAYOUT["culprit"]]
+    assert answer["culprit"]["author"] and answer["culprit"]["date"]
+    rows = result["probes"]
+    # The launch-failing commit was probed (the first split lands on it), read as SKIP and reported.
+    skipped = [r for r in rows if r["sha"] == history["launch_fails"]]
+    assert skipped and all(r["reading"] == "skip" for r in skipped), rows
+    # Both ends re-checked (nothing in the record), the deciding pair confirmed by a second probe each.
+    probed = [r["sha"] for r in rows if r.get("reading")]
+    assert history["good"] in probed and history["bad"] in probed
+    assert probed.count(history["culprit"]) >= 2 and probed.count(history["commits"][LAYOUT["culprit"] - 1]) >= 2
+    # Every probe is a verification run with its own report, reachable through the plugin.
+    runs = {r["dag_run_id"]: r for r in _probe_runs(rig) if r["dag_run_id"].startswith(f"bisect__{run_key(run_id)}")}
+    assert {r["run_id"] for r in rows} <= set(runs)
+    for row in rows:
+        if row.get("runs"):
+            assert _get(rig, row["report"]).status_code == 200, row
+    # In parallel on both nodes: two probes on different nodes overlapped in time.
+    spans = sorted((_at(r["start_date"]), _at(r["end_date"]), r["dag_run_id"])
+                   for r in runs.values() if r.get("start_date") and r.get("end_date"))
+    node_of = {r["run_id"]: r["node"] for r in rows}
+    assert any(a[1] > b[0] and node_of.get(a[2]) != node_of.get(b[2]) for a, b in zip(spans, spans[1:])), spans
+    assert set(node_of.values()) == {CONN_ID, NODE_B}
+    # The result page (the "Bisection" view) and the culprit's asset event.
+    page = _get(rig, f"/rl-verify/dags/{BISECT_DAG_ID}/runs/{run_id}/bisection")
+    assert page.status_code == 200 and history["culprit"][:12] in page.text and "<table" in page.text
+    events = _get(rig, "/api/v2/assets/events?source_dag_id=rl_regression_bisect").json()["asset_events"]
+    assert any(e["extra"].get("sha") == history["culprit"] for e in events), events
+    verified = _get(rig, f"/api/v2/assets/events?source_dag_id={DAG_ID}").json()["asset_events"]
+    assert any(e["extra"].get("sha") == history["good"] and e["extra"].get("report") for e in verified)
+    # The nodes are clean: no process of any probe, no Ray.
+    for conn in rig.nodes:
+        assert sim.node_processes(rig.node_state(conn)) == []
+        assert not sim.ray_running(rig.node_state(conn))
+    print(f"\nbisection of 16 commits on 2 nodes: {len([r for r in rows if r.get('reading')])} probes, "
+          f"{result['runs']} runs, {wall:.0f} s wall")
+
+
+def test_a_probe_of_a_commit_outside_the_approved_range_is_refused_before_anything_is_launched(rig, history):
+    out = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": CONN_ID, "bisection": RUN_ID},
+                  decision=None, timeout=300)
+    assert out.state == "failed" and out.tasks["approve"] == "failed"
+    assert out.tasks["run_opd"] in ("upstream_failed", None)
+    log = rig.client.task_log(DAG_ID, out.run_id, "approve")
+    assert f"pre-approval by bisection {RUN_ID} refused" in log and "not in the approved range" in log
+    assert sim.node_processes(rig.node_state(CONN_ID)) == []

@@ -1,0 +1,251 @@
+"""The bisection DAG's task bodies that need no node or API: params, the record's decided ends, a probe's
+reading, the asset events that start a bisection, the probes' pre-approval, the result page."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from rl_verify import settings
+from rl_verify.core import bisect, bisect_report
+from rl_verify.core.names import run_key
+from rl_verify.orchestration import airflow_api, bisection
+from rl_verify.orchestration.standing import ApprovalRecord
+
+GOOD, BAD = "a" * 40, "f" * 40
+MIDDLE = ["b" * 40, "c" * 40, "d" * 40]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def _verification(store, run_id, sha, outcomes, fingerprint="0123456789abcdef", classes=None, baselines=None,
+                  checks=None):
+    folder = store / settings.DAG_ID / run_key(run_id)
+    folder.mkdir(parents=True)
+    suites = [{"suite": s, "verdict": "PASS" if o.startswith("PASS") else "FAIL",
+               "failure_class": (classes or {}).get(s, None if o.startswith("PASS") else "accuracy"),
+               "outcome": {"outcome": o, "reason": f"{s} {o}", "runs": [{}, {}]}, "checks": checks or []}
+              for s, o in outcomes.items()]
+    (folder / "report.json").write_text(json.dumps({"commit": sha, "dag_run_id": run_id, "suites": suites,
+                                                    "baselines": baselines or {"opd": "v1"}}))
+    (folder / "card.md").write_text(f"...\nExperiment fingerprint: `{fingerprint}` (suites, specs...)\n")
+    return folder
+
+
+def _params(**over):
+    return {"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"], "nodes": "rl_gpu_node",
+            "metrics": [], "max_commits": 64, "repeats": 2, **over}
+
+
+# --- params -------------------------------------------------------------------------------------------
+
+def test_params_are_validated_and_every_problem_is_named_with_its_fix_at_once():
+    with pytest.raises(bisection.BisectParamError) as err:
+        bisection.validated_params(_params(good="bad commit;rm", suites=["nope"], nodes="a b", max_commits=500,
+                                           metrics=["eval/gsm8k/acc", "rm -rf"]))
+    text = str(err.value)
+    assert text.startswith("5 problem(s)") and "nothing was launched" in text
+    for param in ("'good'", "'suites'", "'nodes'", "'max_commits'", "'metrics'"):
+        assert f"param {param}" in text
+    assert text.count("Fix:") == 5
+
+
+def test_the_same_commit_as_good_and_bad_is_refused_naming_both_params():
+    with pytest.raises(bisection.BisectParamError, match="params 'good' and 'bad' are the same commit.*Fix:"):
+        bisection.validated_params(_params(good="v1.2", bad="v1.2"))
+
+
+def test_an_unknown_metric_to_follow_is_refused_with_the_suites_metrics_named():
+    assert bisection._unknown_metrics(["eval/gsm8k/acc", "eval/nope"], ["opd"]) == ["eval/nope"]
+
+
+def test_the_reproduced_fail_event_fills_the_params_of_an_automatic_bisection():
+    p = bisection.validated_params({"nodes": "n1,n2", "good": "", "bad": "", "suites": []},
+                                   {"good": GOOD, "bad": BAD, "suites": ["opd"], "metrics": ["eval/gsm8k/acc"]})
+    assert (p["good"], p["bad"], p["suites"], p["metrics"], p["nodes"]) == (GOOD, BAD, ["opd"], ["eval/gsm8k/acc"],
+                                                                          ["n1", "n2"])
+
+
+def test_a_node_named_twice_is_refused():
+    with pytest.raises(bisection.BisectParamError, match="names a node twice"):
+        bisection.validated_params(_params(nodes="n1,n1"))
+
+
+# --- the record's decided ends -------------------------------------------------------------------------
+
+def test_an_end_is_taken_from_the_record_only_when_commit_fingerprint_and_baseline_match_and_it_was_decided(store):
+    _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
+    _verification(store, "scheduled__2026-12-01T18:00:00+00:00", BAD, {"opd": "FAIL (reproduced)"})
+    shas = [GOOD, *MIDDLE, BAD]
+    assert bisection.recorded_readings(shas, ["opd"], "0123456789abcdef") == {GOOD: bisect.Reading.GOOD,
+                                                                               BAD: bisect.Reading.BAD}
+    # Another experiment (fingerprint), another baseline version, no fingerprint at all: re-checked.
+    assert bisection.recorded_readings(shas, ["opd"], "fedcba9876543210") == {}
+    assert bisection.recorded_readings(shas, ["opd"], "0123456789abcdef", {"opd": "v2"}) == {}
+    assert bisection.recorded_readings(shas, ["opd"], None) == {}
+
+
+def test_an_undecided_or_middle_commit_in_the_record_is_not_taken(store):
+    _verification(store, "manual__1", GOOD, {"opd": "INCONCLUSIVE"})
+    _verification(store, "manual__2", MIDDLE[0], {"opd": "PASS"})
+    assert bisection.recorded_readings([GOOD, *MIDDLE, BAD], ["opd"], "0123456789abcdef") == {}
+
+
+# --- a probe's reading -----------------------------------------------------------------------------------
+
+def test_a_probe_without_a_report_could_not_be_checked_out_and_reads_skip(store):
+    reading, row = bisection.probe_reading("bisect__x__aaaa__0", {"suites": ["opd"], "metrics": []})
+    assert reading == bisect.Reading.SKIP and row["runs"] == 0 and "could not be checked out" in row["why"]
+
+
+@pytest.mark.parametrize("outcome, klass, want", [
+    ("FAIL (reproduced)", "accuracy", bisect.Reading.BAD),
+    ("PASS (not reproduced)", None, bisect.Reading.GOOD),
+    ("PASS", None, bisect.Reading.GOOD),
+    ("FAIL", "infrastructure", bisect.Reading.SKIP),
+    ("INCONCLUSIVE", "accuracy", bisect.Reading.UNSURE),
+])
+def test_a_probes_outcome_is_its_reading_and_its_row_carries_the_followed_metrics_first_breach(store, outcome, klass,
+                                                                                               want):
+    checks = [{"metric": "eval/gsm8k/acc", "step": 5, "error": 0.01, "threshold": 0.03, "passed": True},
+              {"metric": "distillation/reduced_distillation_kl", "step": 10, "error": 0.041, "threshold": 0.03,
+               "passed": False},
+              {"metric": "distillation/reduced_distillation_kl", "step": 15, "error": 0.05, "threshold": 0.03,
+               "passed": False}]
+    _verification(store, "bisect__b__x__0", MIDDLE[0], {"opd": outcome}, classes={"opd": klass}, checks=checks)
+    reading, row = bisection.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": []})
+    assert reading == want and row["runs"] == 2 and row["report"].endswith("/report")
+    assert (row["metric"], row["error"], row["step"]) == ("distillation/reduced_distillation_kl", 0.041, 10)
+    # A followed metric named by the bisection wins (its largest error when it did not breach).
+    _, row = bisection.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": ["eval/gsm8k/acc"]})
+    assert (row["metric"], row["error"]) == ("eval/gsm8k/acc", 0.01)
+
+
+# --- asset events ------------------------------------------------------------------------------------------
+
+def _summary(verdict, outcome="FAIL (reproduced)", klass="accuracy"):
+    return {"verdict": verdict, "failure_classes": [klass] if verdict == "FAIL" else [],
+            "suites": [{"suite": "opd", "verdict": "FAIL", "failure_class": klass, "outcome": outcome,
+                        "breached": [{"metric": "distillation/reduced_distillation_kl", "step": 10}]}]}
+
+
+def test_a_scheduled_reproduced_accuracy_fail_with_a_known_last_pass_starts_a_bisection(store):
+    _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
+    nightly = "scheduled__2026-12-01T18:00:00+00:00"
+    _verification(store, nightly, BAD, {"opd": "FAIL (reproduced)"})
+    extra = bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled")
+    assert extra["good"] == GOOD and extra["bad"] == BAD and extra["suites"] == ["opd"]
+    assert extra["metrics"] == ["distillation/reduced_distillation_kl"] and extra["fingerprint"] == "0123456789abcdef"
+    assert extra["run_id"] == nightly and extra["report"].endswith("/verification-report")
+
+
+def test_no_bisection_for_a_manual_run_an_infrastructure_fail_an_unreproduced_fail_or_no_known_pass(store):
+    nightly = "scheduled__2026-12-01T18:00:00+00:00"
+    _verification(store, nightly, BAD, {"opd": "FAIL (reproduced)"})
+    assert bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled") is None  # no PASS known
+    _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
+    assert bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "manual") is None
+    assert bisection.reproduced_fail_extra(_summary("FAIL", "FAIL", "infrastructure"), nightly, "scheduled") is None
+    assert bisection.reproduced_fail_extra(_summary("FAIL", "FAIL", "accuracy"), nightly, "scheduled") is None
+    assert bisection.reproduced_fail_extra(_summary("PASS", "PASS"), nightly, "scheduled") is None
+
+
+def test_a_pass_emits_the_verified_commit_and_nothing_else_does(store):
+    run = "manual__ok"
+    _verification(store, run, GOOD, {"opd": "PASS"})
+    extra = bisection.verified_commit_extra({"verdict": "PASS", "suites": [{"suite": "opd"}]}, run)
+    assert extra["sha"] == GOOD and extra["suites"] == ["opd"] and extra["baselines"] == {"opd": "v1"}
+    assert extra["report"].endswith("/verification-report")
+    assert bisection.verified_commit_extra({"verdict": "FAIL", "suites": []}, run) is None
+
+
+def test_an_event_is_emitted_with_its_extra_and_a_missing_one_skips_the_task():
+    from airflow.sdk import Asset
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    events = {Asset("rl-verify://x"): SimpleNamespace(extra={})}
+    bisection.announce(events, next(iter(events)), {"sha": GOOD})
+    assert next(iter(events.values())).extra == {"sha": GOOD}
+    with pytest.raises(AirflowSkipException):
+        bisection.announce(events, next(iter(events)), None)
+
+
+# --- the probes' pre-approval --------------------------------------------------------------------------------
+
+@pytest.fixture
+def approved(store, monkeypatch):
+    plan = {"commits": [{"sha": s} for s in (GOOD, *MIDDLE, BAD)], "suites": ["opd"]}
+    (store / settings.BISECT_DAG_ID / run_key("manual__b")).mkdir(parents=True)
+    (store / settings.BISECT_DAG_ID / run_key("manual__b") / bisection.PLAN_FILE).write_text(json.dumps(plan))
+    answer = {"record": ApprovalRecord(run_type="manual", responded_by="alice", responded_at="2026-12-02T03:00:00Z",
+                                       chosen_options=["Approve"], params_input={}, body="")}
+    monkeypatch.setattr(airflow_api, "approval_record", lambda *a: answer["record"])
+    return answer
+
+
+def test_a_probe_in_the_approved_range_proceeds_on_the_bisections_one_human_approval(approved):
+    reasons, record = bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])
+    assert reasons == [] and record.responded_by == "alice"
+
+
+def test_a_probe_outside_the_range_of_other_suites_or_of_an_unapproved_bisection_is_refused(approved):
+    reasons, _ = bisection.preapproval_refusals("manual__b", "9" * 40, ["opd", "grpo"])
+    assert any("not in the approved range" in r for r in reasons) and any("not the approved" in r for r in reasons)
+    approved["record"] = ApprovalRecord(run_type="manual", responded_by="alice", responded_at=None,
+                                        chosen_options=["Reject"], params_input={}, body="")
+    assert bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == [
+        "the bisection's card was not approved (Reject)"]
+    approved["record"] = None
+    assert bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == ["nobody approved the bisection's card"]
+    assert "no plan" in bisection.preapproval_refusals("manual__other", MIDDLE[1], ["opd"])[0][0]
+
+
+# --- the card and the result page ------------------------------------------------------------------------------
+
+def _plan():
+    commits = [{"sha": s, "subject": f"change {i} | with a pipe", "author": "Ana <ana@x>", "date": "2026-11-30T10:00"}
+               for i, s in enumerate((GOOD, *MIDDLE, BAD))]
+    return {"good": "v1", "bad": "main", "suites": ["opd"], "metrics": [], "nodes": ["n1", "n2"], "repeats": 2,
+            "commits": commits, "recorded": {GOOD: "good"}, "fingerprint": "0123456789abcdef", "dag_run_id": "manual__b",
+            "worst": {"probes": 6, "rounds": 3, "runs": 18, "gpu_hours": 36.0, "wall_hours": 2.2}}
+
+
+def test_the_card_lists_every_commit_the_cost_at_the_runbooks_scale_and_says_no_standing_approval_covers_it():
+    text = bisection.card(_plan())["markdown"]
+    for s in (GOOD, *MIDDLE, BAD):
+        assert s[:12] in text
+    assert "change 2 \\| with a pipe" in text  # a subject cannot break the table
+    assert "**Probes at most: 6**" in text and "18 training runs, 36.0 GPU-hours" in text and "opd 15 min" in text
+    assert "taken from the record (good)" in text and "bad ffffffffffff: re-checked" in text
+    assert "A standing approval of the nightly does not cover a bisection" in text
+
+
+def test_the_result_page_names_the_culprit_links_each_probes_report_escapes_what_it_shows_and_plots_the_metric(
+        tmp_path):
+    plan = _plan()
+    culprit = plan["commits"][2]
+    result = {"good": "v1", "bad": "main<script>", "suites": ["opd"], "nodes": ["n1", "n2"], "commits": plan["commits"],
+              "runs": 5, "wall_s": 600.0,
+              "answer": {"kind": "culprit", "reason": "the culprit is cccc", "culprit": culprit, "skipped": [],
+                         "range": [culprit]},
+              "probes": [{"sha": MIDDLE[0], "node": "n1", "runs": 2, "outcome": "opd PASS (not reproduced)",
+                          "metric": "eval/gsm8k/acc", "error": 0.01, "threshold": 0.03, "fraction": 0.33, "step": 5,
+                          "report": "/rl-verify/dags/x/runs/a/report", "run_id": "a"},
+                         {"sha": MIDDLE[1], "node": "n2", "runs": 3, "outcome": "opd FAIL (reproduced)",
+                          "metric": "eval/gsm8k/acc", "error": -0.05, "threshold": 0.03, "fraction": 1.67, "step": 10,
+                          "report": "/rl-verify/dags/x/runs/b/report", "run_id": "b"},
+                         {"sha": MIDDLE[2], "node": "n1", "runs": 0, "outcome": "SKIP", "run_id": "c",
+                          "report": "/r/c"}]}
+    written = bisect_report.write(tmp_path, result)
+    page = written["html"].read_text()
+    assert "Culprit: cccccccccccc change 2" in page and "main&lt;script&gt;" in page and "<script>" not in page
+    assert page.count('<a href="/rl-verify/dags/x/runs/') == 2  # the skipped probe has no report to link
+    assert "data:image/png;base64," in page and written["png"].read_bytes()[:4] == b"\x89PNG"
+    assert "| `cccccccccccc` |" in written["md"].read_text()
+    assert "error at first breach" in page and "-0.05 at step 10 (167% of its threshold)" in page
