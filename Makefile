@@ -8,6 +8,7 @@
 #                        main (PASS) and sim/regress-teacher (FAIL) against the new version
 #   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
 #                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
+#   make demo-bisect     a nightly FAIL bisected to its culprit commit, probes in parallel on two nodes
 #   make gallery         report headline, class and first next step for every simulated regression
 #   make lint            byte-compile + ruff + the layer contract (lint-imports) + shellcheck (pinned in
 #                        requirements-dev.txt; ruff and import-linter config in pyproject.toml); shellcheck:
@@ -18,8 +19,10 @@
 #   COMMIT=<branch|tag|sha>  demo, demo-distributed, demo-calibration (default main)
 #   KEEP=1                   demo: leave Airflow and the node running
 #   SEQUENTIAL=1             demo-distributed: also run both suites on one node
-#   STEP_SECONDS=<seconds>   simulated seconds per training step (demo, demo-distributed 1.0; demo-calibration 0.2)
+#   STEP_SECONDS=<seconds>   simulated seconds per training step (demo, demo-distributed 1.0; demo-calibration 0.2;
+#                            demo-bisect 0.1)
 #   RUNS=<N>                 demo-calibration: calibration runs (default 3, from 2 to 20)
+#   NODES=<1|2>              demo-bisect: nodes the bisection probes on (default 2)
 #   PYTEST_ARGS=<args>       test: extra pytest arguments, e.g. PYTEST_ARGS="-k history"
 
 SHELL := /bin/bash
@@ -29,11 +32,12 @@ KEEP ?=
 SEQUENTIAL ?=
 STEP_SECONDS ?=
 RUNS ?=
+NODES ?=
 PYTEST_ARGS ?=
 # $(call q,TEXT): TEXT as one single-quoted shell word, whatever it holds (the script judges the value).
 q = '$(subst ','\'',$(1))'
 
-.PHONY: venv test demo demo-distributed demo-calibration demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
+.PHONY: venv test demo demo-distributed demo-calibration demo-bisect demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
 
 venv:
 	./scripts/bootstrap.sh
@@ -67,6 +71,10 @@ demo-distributed: venv ensure-sshd ensure-services
 demo-calibration: venv ensure-sshd
 	COMMIT=$(call q,$(COMMIT)) RUNS=$(call q,$(RUNS)) STEP_SECONDS=$(call q,$(STEP_SECONDS)) \
 	  $(PY) -m scripts.demo_calibration
+
+# A reproduced FAIL bisected to its culprit commit on two nodes (NODES=1: one node, for the comparison).
+demo-bisect: venv ensure-sshd
+	STEP_SECONDS=$(call q,$(STEP_SECONDS)) NODES=$(call q,$(NODES)) $(PY) -m scripts.demo_bisect
 
 demo-stop: venv
 	$(PY) -m scripts.demo --stop

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import demo, demo_calibration, make_vars
+from scripts import demo, demo_bisect, demo_calibration, make_vars
 
 REPO = Path(__file__).resolve().parents[2]
 MAKEFILE = REPO / "Makefile"
@@ -32,6 +32,7 @@ TARGET_VARS: dict[str, tuple[str, ...]] = {
     "demo": ("COMMIT", "KEEP"),
     "demo-calibration": ("COMMIT", "RUNS", "STEP_SECONDS"),
     "demo-distributed": ("COMMIT", "SEQUENTIAL", "STEP_SECONDS"),
+    "demo-bisect": ("NODES", "STEP_SECONDS"),
     "demo-stop": (),
     "gallery": (),
     "bench": (),
@@ -42,7 +43,10 @@ ALL_VARS = sorted({v for names in TARGET_VARS.values() for v in names} | {"SUITE
 #: What the scripts use when nothing is given.
 DEMO_DEFAULTS = {"commit": "main", "suites": "grpo,opd", "keep": False, "step_seconds": 1.0, "sequential": False}
 CALIBRATION_DEFAULTS = {"commit": "main", "runs": 3, "step_seconds": 0.2}
-SCRIPTS = {"scripts.demo": demo, "scripts.demo_calibration": demo_calibration}
+BISECT_DEFAULTS = {"nodes": 2, "step_seconds": 0.1}
+SCRIPTS = {"scripts.demo": demo, "scripts.demo_calibration": demo_calibration, "scripts.demo_bisect": demo_bisect}
+DEFAULTS = {"scripts.demo": DEMO_DEFAULTS, "scripts.demo_calibration": CALIBRATION_DEFAULTS,
+            "scripts.demo_bisect": BISECT_DEFAULTS}
 
 
 def clean_env() -> dict[str, str]:
@@ -75,12 +79,11 @@ def script_command(lines: list[str]) -> tuple[dict[str, str], str, list[str], st
 def parse(module: str, argv: list[str], env: dict[str, str]) -> dict:
     """The settings the script would use, read in-process by its own parsing entry."""
     args = SCRIPTS[module].parse_args(argv, env)
-    keys = DEMO_DEFAULTS if module == "scripts.demo" else CALIBRATION_DEFAULTS
-    return {k: getattr(args, k) for k in keys}
+    return {k: getattr(args, k) for k in DEFAULTS[module]}
 
 
 def defaults(module: str) -> dict:
-    return DEMO_DEFAULTS if module == "scripts.demo" else CALIBRATION_DEFAULTS
+    return DEFAULTS[module]
 
 
 def check_args(line: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -108,7 +111,8 @@ def test_the_table_covers_every_documented_target_and_variable():
     demo_step, calibration_step, runs = (DEMO_DEFAULTS["step_seconds"], CALIBRATION_DEFAULTS["step_seconds"],
                                          CALIBRATION_DEFAULTS["runs"])
     assert f"calibration runs (default {runs}, from 2 to {MAX_RUNS})" in header
-    assert f"demo-distributed {demo_step}; demo-calibration {calibration_step})" in header
+    assert f"demo-distributed {demo_step}; demo-calibration {calibration_step};" in header
+    assert f"demo-bisect {BISECT_DEFAULTS['step_seconds']})" in header
 
 
 @pytest.mark.parametrize("target", sorted(TARGET_VARS))
@@ -139,7 +143,7 @@ def test_make_dry_run_with_variables_unset_and_empty(target):
         lines = dry_run(target, args, env)
         assert lines, (target, mode)
         scripted = [line for line in lines if "-m scripts." in line]
-        if target in ("demo", "demo-distributed", "demo-calibration"):
+        if target in ("demo", "demo-distributed", "demo-calibration", "demo-bisect"):
             assigned, module, argv, _ = script_command(lines)
             assert assigned == {n: "" for n in TARGET_VARS[target]}, (mode, assigned)
             settings = parse(module, argv, assigned)
@@ -170,7 +174,7 @@ def test_make_demo_distributed_without_step_seconds_uses_the_default():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {**DEMO_DEFAULTS, "distributed": True}
 
 
-@pytest.mark.parametrize("target", ["demo", "demo-distributed", "demo-calibration"])
+@pytest.mark.parametrize("target", ["demo", "demo-distributed", "demo-calibration", "demo-bisect"])
 def test_make_command_line_runs_with_defaults_in_a_real_shell(target):
     lines = {}  # each distinct command line once (unset and empty give the same one), with the variables empty
     for mode, args, env in modes(target):
@@ -193,6 +197,8 @@ BAD = [
     ("demo-calibration", "RUNS", "three"),
     ("demo-calibration", "RUNS", "1"),
     ("demo-calibration", "STEP_SECONDS", "0"),
+    ("demo-bisect", "NODES", "3"),
+    ("demo-bisect", "STEP_SECONDS", "fast"),
 ]
 
 

@@ -1,0 +1,121 @@
+"""`make demo-bisect`: a reproduced FAIL bisected to its culprit on two simulated GPU nodes.
+
+1. The last verified PASS: ``rl_accuracy_verification`` of ``sim/bisect-good`` (OPD).
+2. The nightly FAIL: the same of ``sim/bisect-bad``, 16 commits later (FAIL (reproduced)).
+3. ``rl_regression_bisect`` of that range on both nodes: its one approval (the card lists every commit,
+   the probes at most and the GPU-hours), then probes in parallel, the ends taken from the record.
+
+Prints the card, the evidence table and the culprit with the link to its page. The simulator runs at
+its realistic noise. Approvals go through the human-in-the-loop REST API as the demo user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from scripts import make_vars
+from simulator import node as sim
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / ".state" / "demo-bisect"
+TARGET = "demo-bisect"
+BISECT = "rl_regression_bisect"
+#: Seconds per simulated training step unless STEP_SECONDS says otherwise (many short probes).
+STEP_SECONDS = 0.1
+#: Noise and reference seeds for which the demo's story holds (the bench measures the error rates).
+NOISE_SEED, BASELINE_ERROR_SEED = "3", "46"
+
+
+def _say(text: str) -> None:
+    print(f"[demo-bisect] {text}", flush=True)
+
+
+def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """STEP_SECONDS and NODES from ``environ`` (empty: the default); a bad value raises ``make_vars.UsageError``."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=f"Settings: make variables STEP_SECONDS (default {STEP_SECONDS:g}), NODES "
+                                     "(1 or 2, default 2).")
+    parser.add_argument("--check-args", action="store_true",
+                        help="print the settings as JSON and exit without starting anything")
+    args = parser.parse_args(argv)
+    args.step_seconds = make_vars.number(environ, "STEP_SECONDS", STEP_SECONDS, TARGET, "seconds per simulated step")
+    args.nodes = make_vars.integer(environ, "NODES", 2, TARGET, "GPU nodes the bisection probes on", 1, 2)
+    return args
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    try:
+        args = parse_args(argv, os.environ if environ is None else environ)
+    except make_vars.UsageError as err:
+        print(f"[{TARGET}] {err}", file=sys.stderr, flush=True)
+        return 2
+    if args.check_args:
+        print(json.dumps({"step_seconds": args.step_seconds, "nodes": args.nodes}))
+        return 0
+    from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+    from rl_verify.core.names import run_key
+    from simulator.checkout import bisect_history
+
+    if STATE.exists():
+        for node in STATE.glob("node*"):
+            if (node / "node.json").exists():
+                sim.stop_node(node)
+        shutil.rmtree(STATE)
+    rig = Rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=2)
+    _say(f"starting two simulated GPU nodes and Airflow ({args.step_seconds} s simulated steps, realistic noise)...")
+    rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "2", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
+    try:
+        for conn in rig.nodes:
+            sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
+            sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
+            sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+        history = bisect_history(Path(rig.node["root"]))
+        rig.client.wait_for_dag(BISECT)
+        rig.client.unpause(BISECT)
+        verdicts = {}
+        for step, ref in (("1. the last verified PASS", "sim/bisect-good"), ("2. the nightly FAIL", "sim/bisect-bad")):
+            _say(f"{step}: verifying {ref} (opd)")
+            out = rig.run({"commit": ref, "suites": ["opd"], "node": CONN_ID}, timeout=900)
+            verdicts[ref] = (out.summary or {}).get("verdict")
+            _say(f"   {ref}: {verdicts[ref]}")
+        nodes = [CONN_ID, f"{CONN_ID}_2"][:args.nodes]
+        _say(f"3. bisecting sim/bisect-good..sim/bisect-bad on {', '.join(nodes)}")
+        t0 = time.monotonic()
+        run_id = rig.client.trigger(BISECT, conf={"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"],
+                                                  "nodes": ",".join(nodes)})
+        detail = rig.client.wait_for_hitl(BISECT, run_id, task_id="approve", timeout=900)
+        asked = time.monotonic()
+        print("\n" + detail["body"] + "\n")
+        rig.client.respond_hitl(BISECT, run_id, "approve", ["Approve"])
+        answered = time.monotonic()
+        state = rig.client.wait_for_run(BISECT, run_id, timeout=3600)
+        wall = (asked - t0) + (time.monotonic() - answered)
+        result_file = Path(rig.record_root) / BISECT / run_key(run_id) / "bisection.md"
+        if result_file.exists():
+            print("\n" + result_file.read_text())
+        result = json.loads((result_file.parent / "bisection.json").read_text()) if result_file.exists() else {}
+        culprit = (result.get("answer") or {}).get("culprit") or {}
+        link = f"{rig.stack.base_url}{result.get('link', '')}"
+        _say(f"bisection {run_id}: {state}; {len(result.get('probes') or [])} probe(s) on {len(nodes)} node(s), "
+             f"wall time {wall:.0f} s (answer excluded)")
+        _say(f"culprit: {culprit.get('sha', '?')[:12]} {culprit.get('subject', '')} ({culprit.get('author', '')}, "
+             f"{culprit.get('date', '')}); page: {link}")
+        ok = (state == "success" and culprit.get("sha") == history["culprit"]
+              and verdicts == {"sim/bisect-good": "PASS", "sim/bisect-bad": "FAIL"})
+        _say("PASS: the culprit is the commit that introduced the regression" if ok else
+             f"UNEXPECTED: {state}, culprit {culprit.get('sha')} vs {history['culprit']}, {verdicts}")
+        return 0 if ok else 1
+    finally:
+        rig.stop()
+        _say("stopped Airflow and the simulated nodes")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
