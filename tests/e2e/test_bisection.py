@@ -98,7 +98,8 @@ def test_bad_input_is_refused_before_anything_is_launched_naming_the_param_and_t
     assert state == "failed"
     tasks = rig.client.task_states(BISECT_DAG_ID, run_id)
     assert tasks["plan_range"] == "failed" and tasks["approve"] in ("upstream_failed", None)
-    log = rig.client.task_log(BISECT_DAG_ID, run_id, "plan_range")
+    tries = rig.client.task_instance(BISECT_DAG_ID, run_id, "plan_range")["try_number"]
+    log = rig.client.task_log(BISECT_DAG_ID, run_id, "plan_range", try_number=tries)
     error = log[log.find("problem"):][:1500] if "problem" in log else log[-3000:]
     assert f"param '{param}'" in log or "params 'good' and 'bad'" in log, error
     assert words in log and "Fix:" in log, error
@@ -113,7 +114,9 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
     run_id, state, detail = _bisect(rig, {"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"],
                                           "nodes": f"{CONN_ID},{NODE_B}"}, run_id=RUN_ID)
     wall = (datetime.now().astimezone() - t0).total_seconds()
-    assert state == "success", rig.client.task_log(BISECT_DAG_ID, run_id, "bisect")[-4000:]
+    assert state == "success", rig.client.task_log(
+        BISECT_DAG_ID, run_id, "bisect", try_number=rig.client.task_instance(BISECT_DAG_ID, run_id, "bisect")["try_number"]
+    )[-4000:]
     # One approval for the whole bisection: the range with every SHA and subject, the cost, the nodes.
     body = detail["body"]
     for sha, subject in zip(history["commits"], history["subjects"]):
@@ -166,6 +169,7 @@ def test_a_probe_of_a_commit_outside_the_approved_range_is_refused_before_anythi
                   decision=None, timeout=300)
     assert out.state == "failed" and out.tasks["approve"] == "failed"
     assert out.tasks["run_opd"] in ("upstream_failed", None)
-    log = rig.client.task_log(DAG_ID, out.run_id, "approve")
+    log = rig.client.task_log(DAG_ID, out.run_id, "approve",
+                              try_number=rig.client.task_instance(DAG_ID, out.run_id, "approve")["try_number"])
     assert f"pre-approval by bisection {RUN_ID} refused" in log and "not in the approved range" in log
     assert sim.node_processes(rig.node_state(CONN_ID)) == []
