@@ -114,9 +114,8 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
     run_id, state, detail = _bisect(rig, {"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"],
                                           "nodes": f"{CONN_ID},{NODE_B}"}, run_id=RUN_ID)
     wall = (datetime.now().astimezone() - t0).total_seconds()
-    assert state == "success", rig.client.task_log(
-        BISECT_DAG_ID, run_id, "bisect", try_number=rig.client.task_instance(BISECT_DAG_ID, run_id, "bisect")["try_number"]
-    )[-4000:]
+    tries = rig.client.task_instance(BISECT_DAG_ID, run_id, "bisect")["try_number"]
+    assert state == "success", rig.client.task_log(BISECT_DAG_ID, run_id, "bisect", try_number=tries)[-4000:]
     # One approval for the whole bisection: the range with every SHA and subject, the cost, the nodes.
     body = detail["body"]
     for sha, subject in zip(history["commits"], history["subjects"]):
