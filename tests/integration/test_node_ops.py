@@ -144,3 +144,46 @@ def test_a_live_job_of_another_suite_of_the_same_run_keeps_the_node_busy(sim_nod
     finally:
         node.cleanup(sim_node.client, resolved["run_dir"], key)
         simnode.clear_faults(sim_node.state)
+
+
+def test_a_run_ending_while_another_runs_job_trains_leaves_that_jobs_ray_alone(sim_node):
+    """Probes of a bisection and the nightly share a node one training at a time (its pool): a run whose
+    cleanup comes after the next run's training started must not stop that training's Ray."""
+    done, live = _resolve(sim_node, "it-ray-done"), _resolve(sim_node, "it-ray-live")
+    simnode.set_fault(sim_node.state, "opd", "hang", at_step=2)
+    try:
+        _wait_exit(sim_node, _launch(sim_node, done, "grpo"), timeout=300)
+        _launch(sim_node, live, "opd")
+        deadline = time.monotonic() + 30
+        while not simnode.ray_running(sim_node.state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert simnode.ray_running(sim_node.state), "the live job's Ray never started"
+        lines = node.cleanup(sim_node.client, done["run_dir"], done["run_dir"].rsplit("/", 1)[1])
+        assert "ray stopped" not in lines and any(line.startswith("ray left running: job") for line in lines), lines
+        assert simnode.ray_running(sim_node.state)
+        lines = node.cleanup(sim_node.client, live["run_dir"], live["run_dir"].rsplit("/", 1)[1])
+    finally:
+        simnode.clear_faults(sim_node.state)
+    assert "ray stopped" in lines  # the last run on the node stops Ray as before
+    assert sim_node.wait_no_processes(timeout=10) == []
+
+
+def test_the_bisection_range_lists_good_then_each_first_parent_commit_with_author_date_and_subject(sim_node):
+    from simulator.checkout import bisect_history
+
+    history = bisect_history(Path(sim_node.info["root"]))
+    count, commits = node.commit_range(sim_node.client, sim_node.checkout, "sim/bisect-good", "sim/bisect-bad", 64)
+    assert count == len(history["commits"]) - 1 >= 16
+    assert [c["sha"] for c in commits] == history["commits"]
+    assert [c["subject"] for c in commits] == history["subjects"]
+    assert all(c["author"] and "@" in c["author"] and c["date"][:2] == "20" for c in commits), commits[:2]
+    # More than the limit: only the count; good after bad, an end that does not exist: the param named.
+    assert node.commit_range(sim_node.client, sim_node.checkout, "sim/bisect-good", "sim/bisect-bad", 4) == (count, [])
+    with pytest.raises(node.RangeError, match="is not an ancestor of bad") as err:
+        node.commit_range(sim_node.client, sim_node.checkout, "sim/bisect-bad", "sim/bisect-good", 64)
+    assert err.value.param == "good"
+    with pytest.raises(node.RangeError, match="does not exist") as err:
+        node.commit_range(sim_node.client, sim_node.checkout, "sim/bisect-good", "no-such-ref", 64)
+    assert err.value.param == "bad"
+    with pytest.raises(remote.BadInput):
+        node.commit_range(sim_node.client, sim_node.checkout, "good;rm -rf /", "sim/bisect-bad", 64)
