@@ -133,10 +133,12 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
 
 
 def write(run_dir: Path, result: Mapping[str, Any]) -> dict[str, Path]:
-    """Write bisection.md, bisection.html and (when a probe measured the metric) bisection.png into ``run_dir``."""
+    """Write bisection.md, bisection.html (also as report.html: the run's report tab shows it too) and, when a
+    probe measured the followed metric, bisection.png into ``run_dir``."""
     png = plot(result)
+    page = html_page(result, png)
     out = {"md": write_atomic(run_dir / REPORT_MD, markdown(result)),
-           "html": write_atomic(run_dir / REPORT_HTML, html_page(result, png))}
+           "html": write_atomic(run_dir / REPORT_HTML, page), "report": write_atomic(run_dir / "report.html", page)}
     if png:
         out["png"] = write_atomic(run_dir / PLOT, png)
     return out
