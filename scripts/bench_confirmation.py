@@ -26,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import math
+import re
 import tempfile
 import time
 from dataclasses import replace
@@ -74,15 +75,50 @@ SCENARIOS: dict[str, list[tuple[str, str | None, Any]]] = {
 EVAL_EVERY = {"grpo": 15, "opd": 5}
 
 
-def _rows(suite: str, regression: str | None, shift: Any, verification: int, attempt: int, mode: str) -> list[dict]:
-    rows = CURVES.run_rows(suite, f"bench-{verification}-{attempt}", regression, mode,
-                           eval_every=EVAL_EVERY[suite], baseline_error_seed=f"bench-{verification}")
+_SCALED = re.compile(r"^(?P<kind>\w+) x(?P<scale>[0-9.]+) from step (?P<step>\d+)$")
+
+
+def scaled(regression: str, scale: float, from_step: int) -> str:
+    """The scenario name of a simulated regression kind at ``scale`` x its shifts from step ``from_step`` on
+    (``curves.run_rows``' regression_scale / regression_from, as the simulated bisection history's culprit)."""
+    return f"{regression} x{scale:.6g} from step {int(from_step)}"
+
+
+def _scenario(suite: str, name: str) -> tuple[str, Any, Any]:
+    """``(name, regression, shift)`` of a scenario: one of SCENARIOS, or a :func:`scaled` name (its regression
+    then is ``(kind, scale, from_step)``)."""
+    for scenario in SCENARIOS[suite]:
+        if scenario[0] == name:
+            return scenario
+    match = _SCALED.match(name)
+    if match is None or match["kind"] not in CURVES.REGRESSIONS:
+        raise KeyError(f"unknown scenario {name!r} of suite {suite}")
+    return name, (match["kind"], float(match["scale"]), int(match["step"])), None
+
+
+def _seeds(verification: int | tuple[str, str], attempt: int) -> tuple[str, str]:
+    """(the run's seed, the baseline error's seed) of one run. A verification is an int (its own baseline
+    error draw) or ``(baseline, probe)``: verifications of one bisection share their node's baseline error."""
+    if isinstance(verification, (tuple, list)):
+        base, probe = verification
+        return f"bisect-{base}-{probe}-{attempt}", f"bisect-{base}"
+    return f"bench-{verification}-{attempt}", f"bench-{verification}"
+
+
+def _rows(suite: str, regression: Any, shift: Any, verification: Any, attempt: int, mode: str) -> list[dict]:
+    seed, error_seed = _seeds(verification, attempt)
+    kind, shape = regression, {}
+    if isinstance(regression, tuple):
+        kind, scale, from_step = regression
+        shape = {"regression_scale": scale, "regression_from": from_step}
+    rows = CURVES.run_rows(suite, seed, kind, mode, eval_every=EVAL_EVERY[suite], baseline_error_seed=error_seed,
+                           **shape)
     rows = [r for r in rows if r["step"] == 0 or "response/rewards/mean" in r]  # mini-batch rows: never read
     return shift(rows) if shift else rows
 
 
-def _baseline(suite: str, verification: int, mode: str) -> bytes:
-    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=f"bench-{verification}")
+def _baseline(suite: str, verification: Any, mode: str) -> bytes:
+    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=_seeds(verification, 0)[1])
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
@@ -92,7 +128,7 @@ def _evaluate(args: tuple[str, int, int, str, str, dict[str, int] | None]) -> tu
     ``confirms`` (a repeat: the first run's breached metrics and directions): as in the DAG's repeats, only a
     certain FAIL of one of them stops the run early (``core.live.confirming``)."""
     suite, index, attempt, scenario, mode, confirms = args
-    name, regression, shift = next(s for s in SCENARIOS[suite] if s[0] == scenario)
+    name, regression, shift = _scenario(suite, scenario)
     spec = load_suite(suite)
     engine = engine_of(spec)
     rows = _rows(suite, regression, shift, index, attempt, mode)
@@ -147,29 +183,44 @@ class Runs:
             self.cache[k] = value
 
 
+def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: confirm.Rule,
+               spreads: dict[str, confirm.Spread | None]) -> dict[tuple[str, Any, str], tuple[str, list[tuple]]]:
+    """Verifications ``(suite, verification, scenario)`` decided by ``core.confirm`` as the DAG does: the first
+    run, then repeats (each stopped early only as ``confirm.stop_early`` allows) until ``confirm.decide`` gives an
+    outcome. Returns, per verification, its outcome and the cache keys of its runs (first run first), evaluated
+    together in the pool, one attempt at a time."""
+    alive = list(dict.fromkeys(verifications))
+    keys_of: dict[tuple, list[tuple]] = {v: [] for v in alive}
+    outcomes: dict[tuple, str] = {}
+    runs.get([(suite, i, 0, scenario, "") for suite, i, scenario in alive])
+    firsts = {v: _points(runs.cache[(v[0], v[1], 0, v[2], "")]) for v in alive}
+    stops = {v: json.dumps(confirm.stop_early(firsts[v], spreads[v[0]], rule), sort_keys=True) for v in alive}
+    repeats: dict[tuple, list[confirm.RunPoints]] = {v: [] for v in alive}
+    attempt = 0
+    while alive:
+        keys = {v: (v[0], v[1], attempt, v[2], stops[v] if attempt else "") for v in alive}
+        runs.get(list(keys.values()))
+        still = []
+        for v in alive:
+            keys_of[v].append(keys[v])
+            if attempt:
+                repeats[v].append(_points(runs.cache[keys[v]]))
+            decision = confirm.decide(firsts[v], repeats[v], spreads[v[0]], rule)
+            if decision.outcome is None:
+                still.append(v)
+            else:
+                outcomes[v] = decision.outcome
+        alive, attempt = still, attempt + 1
+    return {v: (outcomes[v], keys_of[v]) for v in keys_of}
+
+
 def verify(runs: Runs, suite: str, scenario: str, count: int, rule: confirm.Rule,
            spread: confirm.Spread | None) -> dict[str, float]:
     """``count`` verifications of one scenario under ``rule``: outcome rates and mean runs."""
-    alive = list(range(count))
-    repeats: dict[int, list[confirm.RunPoints]] = {i: [] for i in alive}
-    outcomes: dict[int, str] = {}
-    runs.get([(suite, i, 0, scenario, "") for i in alive])
-    firsts = {i: _points(runs.cache[(suite, i, 0, scenario, "")]) for i in alive}
-    stops = {i: json.dumps(confirm.stop_early(firsts[i], spread, rule), sort_keys=True) for i in alive}
-    attempt = 0
-    while alive:
-        keys = {i: (suite, i, attempt, scenario, stops[i] if attempt else "") for i in alive}
-        runs.get(list(keys.values()))
-        still = []
-        for i in alive:
-            if attempt:
-                repeats[i].append(_points(runs.cache[keys[i]]))
-            decision = confirm.decide(firsts[i], repeats[i], spread, rule)
-            if decision.outcome is None:
-                still.append(i)
-            else:
-                outcomes[i] = decision.outcome
-        alive, attempt = still, attempt + 1
+    decided = decide_all(runs, [(suite, i, scenario) for i in range(count)], rule, {suite: spread})
+    outcomes = {v[1]: outcome for v, (outcome, _) in decided.items()}
+    repeats = {v[1]: keys[1:] for v, (_, keys) in decided.items()}
+    firsts = {v[1]: _points(runs.cache[keys[0]]) for v, (_, keys) in decided.items()}
     first_fail = sum(firsts[i].verdict == "FAIL" for i in range(count)) / count
     final_fail = sum(o in confirm.FAILING for o in outcomes.values()) / count
     return {"first_fail": first_fail, "final_fail": final_fail,
