@@ -89,7 +89,7 @@ bench: venv
 	$(PY) -m scripts.bench_early_abort
 	$(PY) -m scripts.bench_verdict_time
 	$(PY) -m scripts.bench_confirmation
-	$(PY) -m scripts.bench_bisect
+	$(PY) -m scripts.bench_bisect --positions 20
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

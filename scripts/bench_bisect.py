@@ -1,10 +1,11 @@
 """Bisection, measured: right culprits, probes, training runs and time at realistic noise (issue 22).
 
-    python -m scripts.bench_bisect [--quick] [--seed 0] [--sizes 1] [--recheck-ends] [--workers 2]
+    python -m scripts.bench_bisect [--quick | --positions 20] [--seed 0] [--sizes 1] [--recheck-ends] [--workers 2]
 
 Every bisection is replayed through the real decision code. Its range is n commits after a good one (n = 8, 16,
-32), the regression introduced at every position 1..n (``--quick``: 4 random positions per range), carried
-by every later commit: the simulated bisection history's culprit (``simulator.common.BisectLayout``: the OPD
+32), the regression introduced at every position 1..n (``--quick``: 4 random positions per range; ``--positions K``:
+K random positions, every one when n <= K; ``make bench``: K = 20), carried by every later commit: the
+simulated bisection history's culprit (``simulator.common.BisectLayout``: the OPD
 teacher path at ``--sizes`` x one runbook threshold, distillation KL +0.03 per threshold, from step 10). Each
 probe is one simulated verification of one commit (``scripts.bench_confirmation.decide_all``: the simulator's
 realistic noise through the engine's live check, early abort, the engine's comparison and ``core.confirm``'s rule,
@@ -169,6 +170,8 @@ def _h(minutes: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 random positions per range size instead of every one")
+    parser.add_argument("--positions", type=int, default=0,
+                        help="at most this many random positions per range size (0: every position)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the runs and the --quick positions")
     parser.add_argument("--sizes", default="1", help="regression sizes in thresholds, comma-separated (e.g. 1,1.5)")
     parser.add_argument("--recheck-ends", action="store_true", help="probe both ends (default: taken from the record)")
@@ -197,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         scenario = bc.scaled(layout.regression, layout.scale * size, layout.from_step)
         for n in RANGES:
-            positions = list(range(1, n + 1)) if not args.quick else sorted(rng.sample(range(1, n + 1), 4))
+            most = 4 if args.quick else args.positions or n
+            positions = list(range(1, n + 1)) if most >= n else sorted(rng.sample(range(1, n + 1), most))
             commits = [str(i) for i in range(n + 1)]
             record = {} if args.recheck_ends else {commits[0]: bisect.Reading.GOOD, commits[-1]: bisect.Reading.BAD}
             gens: list[Generator] = []
