@@ -263,9 +263,19 @@ BISECT_MAX_COMMITS = 64
 BISECT_NODES = os.environ.get("RL_VERIFY_BISECT_NODES", "").strip() or DEFAULT_NODE_CONN_ID
 #: The bisection task waits (deferred) for its probes: a long range takes days at the runbook's scale.
 BISECT_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(days=4)}
-#: Concurrent verification runs: the nightly, manual runs and a bisection's probes (one per node; each
-#: node's one-slot pool keeps one training per node).
-MAX_ACTIVE_VERIFICATIONS = int(_number("RL_VERIFY_MAX_ACTIVE_VERIFICATIONS", 4, int, 1))
+#: A bisection's probes: the verification's tasks under a DAG of their own (``dags/rl_accuracy_probe.py``), so
+#: that they run at once, one per node (each node's one-slot pool keeps one training per node), while the
+#: nightly stays one run at a time. Their run ids start with PROBE_RUN_PREFIX; their records live with the
+#: verification's.
+PROBE_DAG_ID = "rl_accuracy_probe"
+PROBE_TAGS = ["rl-verify", "xtuner", "accuracy", "bisection", "gpu"]
+PROBE_RUN_PREFIX = "bisect__"
+MAX_ACTIVE_PROBES = int(_number("RL_VERIFY_MAX_ACTIVE_PROBES", 8, int, 1))
+
+
+def verification_dag_of(dag_run_id: str) -> str:
+    """The DAG a verification run belongs to: a bisection's probe (its id says so) or the verification."""
+    return PROBE_DAG_ID if str(dag_run_id).startswith(PROBE_RUN_PREFIX) else DAG_ID
 #: How often the bisection's trigger asks the API for its probes' states.
 BISECT_POLL_S = _number("RL_VERIFY_BISECT_POLL_S", 10, float, 0.2)
 #: The runbook's scale of one run (§ minimal scale), for the bisection card's GPU-hours.

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "rl_accuracy_verification"
 CALIBRATION_DAG_ID = "rl_baseline_calibration"
 BISECT_DAG_ID = "rl_regression_bisect"
+PROBE_DAG_ID = "rl_accuracy_probe"
 
 # Parses the DAG folder in a fresh interpreter with connection and Variable lookups booby-trapped,
 # then prints what the tests check. A fresh process is the only honest way to see parse-time imports.
@@ -56,6 +57,14 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                                          "standing_offered": getattr(t, "standing_offered", None)}
                              for t in bag.dags["rl_regression_bisect"].tasks}
                             if "rl_regression_bisect" in bag.dags else {},
+                  "probe": {t.task_id: {"trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
+                                        "retries": t.retries, "pool": t.pool, "upstream": sorted(t.upstream_task_ids)}
+                            for t in bag.dags["rl_accuracy_probe"].tasks} if "rl_accuracy_probe" in bag.dags else {},
+                  "probe_dag": {"params": sorted(bag.dags["rl_accuracy_probe"].params.keys()),
+                                "max_active_runs": bag.dags["rl_accuracy_probe"].max_active_runs,
+                                "schedule": type(bag.dags["rl_accuracy_probe"].timetable).__name__,
+                                "doc_md": bool(bag.dags["rl_accuracy_probe"].doc_md)}
+                               if "rl_accuracy_probe" in bag.dags else {},
                   "bisect_dag": {"params": sorted(bag.dags["rl_regression_bisect"].params.keys()),
                                  "schedule": [a.name for a in
                                               bag.dags["rl_regression_bisect"].timetable.asset_condition.objects],
@@ -82,7 +91,7 @@ def parsed(tmp_path_factory):
 
 def test_dag_imports_without_errors_and_without_lookups(parsed):
     assert parsed["errors"] == {}
-    assert parsed["dag_ids"] == [DAG_ID, CALIBRATION_DAG_ID, BISECT_DAG_ID]
+    assert parsed["dag_ids"] == [PROBE_DAG_ID, DAG_ID, CALIBRATION_DAG_ID, BISECT_DAG_ID]
     assert parsed["tasks"] and parsed["calibration"] and parsed["bisect"]
 
 
@@ -147,8 +156,15 @@ def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parse
 def test_tags_params_and_scheduling(parsed):
     assert "rl-verify" in parsed["tags"]
     assert parsed["params"] == ["baseline_versions", "bisection", "commit", "early_abort", "node", "repeats", "suites"]
-    # A bisection's probes run beside each other and the nightly, one per node (each node's one-slot pool).
-    assert parsed["max_active_runs"] == 4 and parsed["catchup"] is False and parsed["doc_md"]
+    # One at a time: a tick that comes while a run waits or trains is skipped and named in the next card.
+    assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
+
+
+def test_a_bisections_probe_is_the_verification_itself_under_a_dag_that_runs_one_probe_per_node_at_once(parsed):
+    assert parsed["probe"] == parsed["tasks"]  # the very same tasks, trigger rules, retries, pools and wiring
+    probe = parsed["probe_dag"]
+    assert probe["params"] == parsed["params"] and probe["doc_md"]
+    assert probe["schedule"] == "NullTimetable" and probe["max_active_runs"] == 8  # triggered by bisections only
 
 
 def test_bisection_dag_is_scheduled_on_a_reproduced_fail_and_asks_one_approval_no_standing_one_covers(parsed):

@@ -1,6 +1,7 @@
 """Bisection of a reproduced FAIL to its culprit, end to end (real Airflow, two simulated nodes at realistic
 noise, the simulated checkout's 16-commit history): probes are verification runs triggered through the REST
-API, in parallel on both nodes, each with its own report; the launch-failing commit is skipped; the culprit
+API (DAG rl_accuracy_probe: the verification's own tasks),
+in parallel on both nodes, each with its own report; the launch-failing commit is skipped; the culprit
 is named with its asset event and its page; the nodes are clean. Bad input is refused before anything is
 launched. Every wait is for a state, never a guessed duration.
 """
@@ -22,9 +23,12 @@ from simulator.checkout import bisect_history
 
 pytestmark = pytest.mark.e2e
 BISECT_DAG_ID = "rl_regression_bisect"
+PROBE_DAG_ID = "rl_accuracy_probe"
 STEP_SECONDS = 0.05
 NODE_B = f"{CONN_ID}_2"
-NOISE_SEED, BASELINE_ERROR_SEED = "3", "46"
+# A first-run noise seed for which a healthy commit's OPD run passes and the culprit's fails (each probe then
+# needs no repeat on the healthy side); the repeats' seeds come from the probes' run ids.
+NOISE_SEED, BASELINE_ERROR_SEED = "2", "46"
 # The culprit at 11 of 16 (the documented default); the launch failure at 5, where the first ternary split lands.
 LAYOUT = {"culprit": 11, "launch_fails": 5}
 RUN_ID = "manual__bisect-e2e"
@@ -42,8 +46,9 @@ def rig(tmp_path_factory):
         sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
         sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
         sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
-    rig.client.wait_for_dag(BISECT_DAG_ID)
-    rig.client.unpause(BISECT_DAG_ID)
+    for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
+        rig.client.wait_for_dag(dag_id)
+        rig.client.unpause(dag_id)
     try:
         yield rig
     finally:
@@ -82,7 +87,7 @@ def _at(value) -> datetime:
 
 
 def _probe_runs(rig: Rig) -> list[dict]:
-    return [r for r in rig.client.dag_runs(DAG_ID, limit=200) if r["dag_run_id"].startswith("bisect__")]
+    return rig.client.dag_runs(PROBE_DAG_ID, limit=200)
 
 
 # One refusal by the params, one by the node's checkout (the others: tests/unit/test_bisection.py and
@@ -153,7 +158,7 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
     assert page.status_code == 200 and history["culprit"][:12] in page.text and "<table" in page.text
     events = _get(rig, "/api/v2/assets/events?source_dag_id=rl_regression_bisect").json()["asset_events"]
     assert any(e["extra"].get("sha") == history["culprit"] for e in events), events
-    verified = _get(rig, f"/api/v2/assets/events?source_dag_id={DAG_ID}").json()["asset_events"]
+    verified = _get(rig, f"/api/v2/assets/events?source_dag_id={PROBE_DAG_ID}").json()["asset_events"]
     assert any(e["extra"].get("sha") == history["good"] and e["extra"].get("report") for e in verified)
     # The nodes are clean: no process of any probe, no Ray.
     for conn in rig.nodes:

@@ -202,7 +202,8 @@ def test_a_probe_outside_the_range_of_other_suites_or_of_an_unapproved_bisection
     assert bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == [
         "the bisection's card was not approved (Reject)"]
     approved["record"] = None
-    assert bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == ["nobody approved the bisection's card"]
+    refused = bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0]
+    assert refused == ["nobody approved the bisection's card"]
     assert "no plan" in bisection.preapproval_refusals("manual__other", MIDDLE[1], ["opd"])[0][0]
 
 
@@ -212,7 +213,8 @@ def _plan():
     commits = [{"sha": s, "subject": f"change {i} | with a pipe", "author": "Ana <ana@x>", "date": "2026-11-30T10:00"}
                for i, s in enumerate((GOOD, *MIDDLE, BAD))]
     return {"good": "v1", "bad": "main", "suites": ["opd"], "metrics": [], "nodes": ["n1", "n2"], "repeats": 2,
-            "commits": commits, "recorded": {GOOD: "good"}, "fingerprint": "0123456789abcdef", "dag_run_id": "manual__b",
+            "commits": commits, "recorded": {GOOD: "good"}, "fingerprint": "0123456789abcdef",
+            "dag_run_id": "manual__b",
             "worst": {"probes": 6, "rounds": 3, "runs": 18, "gpu_hours": 36.0, "wall_hours": 2.2}}
 
 

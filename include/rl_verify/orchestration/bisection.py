@@ -263,7 +263,7 @@ def _cell(text: str) -> str:
 
 def probe_run_id(dag_run_id: str, sha: str, attempt: int) -> str:
     """The id of a probe run: the bisection's key, the commit and the how-manieth probe of it."""
-    return f"bisect__{run_key(dag_run_id)[:60]}__{sha[:12]}__{attempt}"
+    return f"{settings.PROBE_RUN_PREFIX}{run_key(dag_run_id)[:60]}__{sha[:12]}__{attempt}"
 
 
 def probe_conf(plan: Mapping[str, Any], sha: str, conn: str) -> dict[str, Any]:
@@ -274,7 +274,7 @@ def probe_conf(plan: Mapping[str, Any], sha: str, conn: str) -> dict[str, Any]:
 
 def trigger_probe(plan: Mapping[str, Any], sha: str, conn: str, attempt: int, why: str) -> str:
     run_id = probe_run_id(plan["dag_run_id"], sha, attempt)
-    airflow_api.trigger_run(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, run_id, probe_conf(plan, sha, conn),
+    airflow_api.trigger_run(settings.AIRFLOW_API_CONN_ID, settings.PROBE_DAG_ID, run_id, probe_conf(plan, sha, conn),
                             note=f"probe of bisection {plan['dag_run_id']}: {why}")
     return run_id
 
@@ -284,7 +284,7 @@ def probe_reading(run_id: str, plan: Mapping[str, Any]) -> tuple[bisect.Reading,
     breach, the report link). No report: the commit could not be checked out or launched (SKIP)."""
     report = record.get_json(run_id, "report.json") or {}
     rows = [r for r in report.get("suites") or [] if r.get("suite") in plan["suites"]]
-    row: dict[str, Any] = {"run_id": run_id, "report": links.report_path(settings.DAG_ID, run_id),
+    row: dict[str, Any] = {"run_id": run_id, "report": links.report_path(settings.PROBE_DAG_ID, run_id),
                            "outcome": "SKIP", "runs": 0, "metric": None, "error": None, "threshold": None,
                            "step": None, "why": ""}
     if not rows:
@@ -330,11 +330,11 @@ def stop_probe(run_id: str, bisection_run_id: str, why: str) -> list[str]:
     repeat gates read) and its unfinished trainings marked failed, so that its cleanup stops its jobs."""
     record.put_json(run_id, settings.STOPPED_BY_BISECTION_FILE, {"bisection": bisection_run_id, "why": why})
     stopped = []
-    states = airflow_api.task_states(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, run_id)
+    states = airflow_api.task_states(settings.AIRFLOW_API_CONN_ID, settings.PROBE_DAG_ID, run_id)
     for task_id, state in states.items():
         if settings.suite_of_training_task(task_id) and state in ("none", "scheduled", "queued", "running",
                                                                   "deferred", "up_for_retry", "restarting"):
-            airflow_api.fail_task(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, run_id, task_id,
+            airflow_api.fail_task(settings.AIRFLOW_API_CONN_ID, settings.PROBE_DAG_ID, run_id, task_id,
                                   f"stopped by bisection {bisection_run_id}: {why}")
             stopped.append(task_id)
     return stopped
@@ -455,7 +455,8 @@ def verified_commit_extra(summary: Mapping[str, Any] | None, dag_run_id: str) ->
     report = record.get_json(dag_run_id, "report.json") or {}
     return {"sha": report.get("commit"), "commit_ref": report.get("commit_ref"),
             "suites": [s["suite"] for s in summary.get("suites") or []], "baselines": report.get("baselines") or {},
-            "report": links.report_view_path(settings.DAG_ID, dag_run_id), "dag_run_id": dag_run_id}
+            "report": links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id),
+            "dag_id": settings.verification_dag_of(dag_run_id), "dag_run_id": dag_run_id}
 
 
 def reproduced_fail_extra(summary: Mapping[str, Any] | None, dag_run_id: str, run_type: str) -> dict[str, Any] | None:

@@ -41,7 +41,7 @@ def card_waiting(commit: str, suites: Iterable[str], dag_run_id: str, deadline: 
 
 def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: str | None) -> tuple[str, str]:
     """(title, body) of the run's verdict: class, what breached, the next step, the report link."""
-    report = _ui(links.report_view_path(settings.DAG_ID, dag_run_id))
+    report = _ui(links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     confirmed = [f"{s['suite']} {s['outcome']} over {s['runs']} runs: {s.get('outcome_reason', '')}"
                  for s in summary.get("suites") or [] if s.get("runs", 1) > 1]
     if summary["verdict"] in ("PASS", "INCONCLUSIVE"):
@@ -86,7 +86,7 @@ def bisection(result: dict[str, Any]) -> tuple[str, str]:
 def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanup_lines: list[str],
                    node_clean: bool) -> tuple[str, str]:
     """(title, body) of an infrastructure failure: which tasks failed and whether the node is clean."""
-    run = _ui(links.run_page_path(settings.DAG_ID, dag_run_id))
+    run = _ui(links.run_page_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     state = ("the node is clean: no process of this run is left, Ray stopped if this run started it"
              if node_clean else "the node is NOT clean: " + "; ".join(line for line in cleanup_lines
                                                                      if line.startswith("LEFT")))

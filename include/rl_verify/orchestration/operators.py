@@ -478,6 +478,6 @@ class BisectOperator(BaseOperator):
         if not watched:
             raise AirflowFailException(f"the bisection cannot go on: nothing to probe and no probe running "
                                        f"({len(free)} free node(s) of {len(plan['nodes'])})")
-        self.defer(trigger=ProbesTrigger(dag_id=settings.DAG_ID, run_ids=watched,
+        self.defer(trigger=ProbesTrigger(dag_id=settings.PROBE_DAG_ID, run_ids=watched,
                                          poll_interval=self.poll_interval or settings.BISECT_POLL_S),
                    method_name="resume", kwargs={"state": state})

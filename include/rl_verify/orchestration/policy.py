@@ -21,7 +21,7 @@ from rl_verify.engines import default_suites
 from rl_verify.node import placement
 
 #: DAGs whose node tasks are placed by the run's ``node`` param.
-PLACED_DAGS = (settings.DAG_ID,)
+PLACED_DAGS = (settings.DAG_ID, settings.PROBE_DAG_ID)
 
 
 @hookimpl

@@ -524,8 +524,8 @@ def _with_run_reports(run_dir: Path, dag_run_id: str, outcome: dict[str, Any]) -
     runs = outcome.get("runs") or []
     if len(runs) < 2:
         return outcome
-    return {**outcome, "runs": [{**r, "report": links.run_report_path(settings.DAG_ID, dag_run_id, r["folder"])}
-                                for r in runs]}
+    dag_id = settings.verification_dag_of(dag_run_id)
+    return {**outcome, "runs": [{**r, "report": links.run_report_path(dag_id, dag_run_id, r["folder"])} for r in runs]}
 
 
 def _write_run_reports(run_dir: Path, results: list[SuiteResult], outcomes: Mapping[str, dict[str, Any]],
@@ -608,7 +608,8 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         raise RuntimeError("no report was written (see the report task's log): the verdict is unknown")
     if summary["verdict"] in ("REJECTED", "NOT APPROVED"):
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
-    view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id))
+    view = links.absolute(links.ui_base_url(),
+                          links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     _notify_verdict(summary, dag_run_id)
     said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" for s in summary.get("suites") or []
             if s.get("runs", 1) > 1]
@@ -631,7 +632,8 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
 def _note_run(dag_run_id: str, note: str) -> None:
     """The verdict line as the DAG run's note (through the REST API; the Task SDK cannot write notes)."""
     try:
-        airflow_api.set_run_note(settings.AIRFLOW_API_CONN_ID, settings.DAG_ID, dag_run_id, note)
+        airflow_api.set_run_note(settings.AIRFLOW_API_CONN_ID, settings.verification_dag_of(dag_run_id), dag_run_id,
+                                 note)
     except Exception as err:  # the verdict task's own message says the same
         log.warning("Could not set the run's note through %r (%s): the verdict is in this log and the report",
                     settings.AIRFLOW_API_CONN_ID, err)

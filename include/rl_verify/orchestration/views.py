@@ -38,9 +38,10 @@ def _dag_access():
 
 def dag_records(dag_id: str) -> Any:
     """The records of a DAG rl-verify knows, in the record store (404 for any other DAG id)."""
-    if dag_id not in (settings.DAG_ID, settings.BISECT_DAG_ID):
+    if dag_id not in (settings.DAG_ID, settings.PROBE_DAG_ID, settings.BISECT_DAG_ID):
         raise HTTPException(404, f"no verification records for DAG {dag_id!r}")
-    return record.store_root() / dag_id
+    # A bisection's probes are verifications: their records live with the verification's.
+    return record.store_root() / (settings.DAG_ID if dag_id == settings.PROBE_DAG_ID else dag_id)
 
 
 def _listed(folder: Any, name: str) -> Any | None:
@@ -224,7 +225,7 @@ def _report_link_class():
         name = "Verification report"
 
         def get_link(self, operator: Any, *, ti_key: Any) -> str | None:  # type: ignore[override]
-            if ti_key.dag_id != settings.DAG_ID or ti_key.task_id != settings.REPORT_TASK:
+            if ti_key.dag_id not in (settings.DAG_ID, settings.PROBE_DAG_ID) or ti_key.task_id != settings.REPORT_TASK:
                 return None  # the UI hides a link without a URL
             return links.absolute(links.ui_base_url(), links.report_view_path(ti_key.dag_id, ti_key.run_id))
 

@@ -1,0 +1,187 @@
+"""The verification DAG's task graph, built by the DAGs that verify one commit: ``rl_accuracy_verification``
+(the nightly and manual runs, one at a time) and ``rl_accuracy_probe`` (a bisection's probes, one per node
+at once). One definition, two DAG ids: a probe is a normal verification, not a copy of it.
+
+Called inside a ``@dag`` function at parse time: it imports only what the DAG files already import; each
+task imports ``rl_verify.orchestration.verification`` (and what it needs) when it runs.
+"""
+
+from __future__ import annotations
+
+from airflow.sdk import Asset, Param, chain, task
+
+from rl_verify import engines, settings
+from rl_verify.node import placement
+from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
+
+
+def params() -> dict[str, Param]:
+    """The verification's params (its trigger form): commit, suites, node(s), early abort, repeats, baseline
+    versions and, for a bisection's probes, the bisection."""
+    titles = engines.suite_titles()
+    return {
+        "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Commit under test",
+                        description="Branch, tag or SHA in the node's XTuner checkout, e.g. main, v1.2.0 or "
+                                    "4e7db028. Up to 200 characters: letters, digits and . _ / + - (no spaces), "
+                                    "starting with a letter or digit.",
+                        minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
+        "suites": Param(list(engines.default_suites()), type="array", title="Suites",
+                        description="One or more trainings to verify: " + "; ".join(titles.values())
+                                    + ". Each needs a whole 8-GPU node: on one node they run one after the other.",
+                        items={"type": "string", "enum": list(engines.known_suites())},
+                        values_display=titles, minItems=1, uniqueItems=True),
+        "node": Param(settings.DEFAULT_NODE_CONN_ID, type="string", title="GPU node(s) (SSH connection id)",
+                      description="The id of the Airflow SSH connection (Admin > Connections) of the 8-GPU node "
+                                  f"to train on, e.g. {settings.DEFAULT_NODE_CONN_ID}, or one per suite to train them "
+                                  "at the same time, e.g. grpo=node_a,opd=node_b. Each node's host key must be "
+                                  "pinned in its connection, and each node has a one-slot pool rl_node_<id>. "
+                                  "Letters, digits and _ . - only.",
+                      maxLength=1000, pattern=placement.NODE_PARAM_PATTERN),
+        "early_abort": Param(True, type="boolean", title="Early abort",
+                             description="End a suite's training as soon as its FAIL is certain (the live check "
+                                         "uses the final comparison's rules). Off: train to the end; the report "
+                                         "says where it would have stopped."),
+        # Optional (null allowed): an empty required text field would keep the form's Trigger button disabled.
+        "repeats": Param(settings.DEFAULT_REPEATS, type="integer", minimum=0, maximum=settings.MAX_REPEATS,
+                         title="Extra runs to confirm a doubtful FAIL",
+                         description="A suite whose FAIL run-to-run noise could have produced is repeated at the same "
+                                     "commit with a new seed, up to this many times, and ends FAIL (reproduced), PASS "
+                                     "(not reproduced) or INCONCLUSIVE. 0: the first run's verdict is final. Scheduled "
+                                     "runs use RL_VERIFY_SCHEDULED_REPEATS."),
+        "baseline_versions": Param(None, type=["null", "string"], title="Baseline versions",
+                                   description="Empty: each suite is judged against its current baseline version "
+                                               "(rl-verify baselines list). To pin other versions, give suite=version "
+                                               "pairs, e.g. opd=2 or grpo=1,opd=3.",
+                                   maxLength=500, pattern=settings.BASELINE_PIN_PATTERN),
+        "bisection": Param(None, type=["null", "string"], title="Bisection (set by a bisection's probes)",
+                           description="Empty for a normal run. A bisection's probes carry its run id: their card is "
+                                       "then approved by the bisection's one approval, verified against Airflow's "
+                                       "record of it, and refused for a commit outside its range.",
+                           maxLength=250, pattern=r"^[A-Za-z0-9_.:+-]*$"),
+    }
+
+
+def build() -> None:
+    """Add the verification's tasks to the DAG being defined (see the DAG files' docs for what each does)."""
+    suites = engines.known_suites()
+    # The default node's pool; a run that names other nodes gets theirs from the cluster policy rl_verify.policy.
+    pool = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
+
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def resolve_commit(params=None, run_id=None, dag_run=None):
+        from rl_verify.orchestration import verification
+
+        return verification.resolve_commit(params, run_id, dag_run.run_type)
+
+    @task(**settings.SHORT_SSH_TASK_ARGS)
+    def check_prerequisites(resolved):
+        from rl_verify.orchestration import verification
+
+        return verification.check_prerequisites(resolved)
+
+    @task(**settings.LOCAL_TASK_ARGS)
+    def experiment_card(resolved, prereq, run_id=None, dag_run=None):
+        from rl_verify.orchestration import verification
+
+        gaps = verification.schedule_gaps(dag_run.run_type, dag_run.logical_date)
+        return verification.experiment_card(resolved, prereq, run_id, gaps)
+
+    @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
+    def fetch(suite, resolved, attempt=0, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.fetch(suite, resolved, run_id, attempt)
+
+    @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
+    def compare(suite, attempt=0, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.compare(suite, run_id, attempt)
+
+    # all_done: a first run's FAIL fails its compare task; False skips the repeat's training (and, by their
+    # trigger rules, its fetch and compare); the later gates and the confirmation still run.
+    @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def repeat_gate(suite, attempt, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.repeat_gate(suite, attempt, run_id)
+
+    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def confirm(suite, run_id=None):
+        from rl_verify.orchestration import verification
+
+        return verification.confirm_outcome(suite, run_id)
+
+    @task(task_id=settings.REPORT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def report(params=None, run_id=None, ti=None):
+        from rl_verify.orchestration import verification
+
+        # Pulled, not passed: the report is written after any failure, when these may not exist.
+        card = ti.xcom_pull(task_ids="experiment_card") or {}
+        return verification.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
+
+    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def verdict(run_id=None, ti=None):
+        from rl_verify.orchestration import verification
+
+        # Pulled, not passed: a failed report task must still reach this task as "no report".
+        return verification.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
+
+    # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
+    # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
+    @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
+    def cleanup(run_id=None, ti=None):
+        from rl_verify.orchestration import verification
+
+        # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
+        return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, verification.failed_tasks(ti))
+
+    # Asset events for downstream DAGs: a PASS's verified commit, a nightly's reproduced FAIL (a bisection's start).
+    @task(outlets=[Asset(settings.VERIFIED_COMMIT_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def announce_verified(run_id=None, ti=None, outlet_events=None):
+        from rl_verify.orchestration import bisection
+
+        bisection.announce(outlet_events, Asset(settings.VERIFIED_COMMIT_ASSET),
+                           bisection.verified_commit_extra(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id))
+
+    @task(outlets=[Asset(settings.REPRODUCED_FAIL_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    def announce_reproduced_fail(run_id=None, ti=None, dag_run=None, outlet_events=None):
+        from rl_verify.orchestration import bisection
+
+        bisection.announce(outlet_events, Asset(settings.REPRODUCED_FAIL_ASSET), bisection.reproduced_fail_extra(
+            ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id, dag_run.run_type))
+
+    resolved = resolve_commit()
+    prereq = check_prerequisites(resolved)
+    card = experiment_card(resolved, prereq)
+    approve = CardApprovalOperator(task_id="approve", card=card)
+
+    confirmed = []
+    watched = [resolved, prereq]
+    for suite in suites:
+        last = approve
+        # The suite's run, then the repeat slots its confirmation may use (settings.MAX_REPEATS; the run's
+        # 'repeats' says how many), then its outcome over all its runs.
+        for attempt in range(settings.MAX_REPEATS + 1):
+            run = SuiteTrainingOperator(task_id=settings.training_task(suite, attempt), suite=suite,
+                                        resolved=resolved, attempt=attempt, pool=pool, **settings.TRAINING_TASK_ARGS)
+            fetched = fetch.override(task_id=settings.fetch_task(suite, attempt))(suite, resolved, attempt=attempt)
+            result = compare.override(task_id=settings.compare_task(suite, attempt))(suite, attempt=attempt)
+            if attempt:
+                chain(last, repeat_gate.override(task_id=settings.repeat_gate_task(suite, attempt))(suite, attempt),
+                      run)
+            else:
+                chain(last, run)
+            chain(run, fetched, result)
+            watched += [run, fetched]
+            last = result
+        outcome = confirm.override(task_id=settings.confirm_task(suite))(suite)
+        chain(last, outcome)
+        confirmed.append(outcome)
+
+    summary = report()
+    cleaned = cleanup()
+    chain(watched, cleaned)
+    # The report comes after the cleanup: it lists (and its manifest holds) what cleanup archived.
+    chain([*confirmed, cleaned], summary)
+    chain(summary, [verdict(), announce_verified(), announce_reproduced_fail()])
