@@ -145,4 +145,5 @@ def test_a_malformed_setting_is_the_dags_import_error_naming_it_and_the_fix(tmp_
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     errors = done.stdout.strip().splitlines()[-1]
-    assert errors.count("RL_VERIFY_JOB_POLL_INTERVAL_S='soon': give an integer") == 2, errors
+    dag_files = len(list((REPO / "dags").glob("*.py")))
+    assert dag_files == 4 and errors.count("RL_VERIFY_JOB_POLL_INTERVAL_S='soon': give an integer") == dag_files, errors

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import engines, settings
-from rl_verify.core import bisect
+from rl_verify.core import bisect, bisect_report
 from rl_verify.core.names import run_key
 from rl_verify.node import ops as node
 from rl_verify.node import remote
@@ -393,8 +393,6 @@ def finish(plan: Mapping[str, Any], rows: list[dict[str, Any]], answer: dict[str
            dag_run_id: str) -> dict[str, Any]:
     """Keep the result in the record (bisection.json, report.md/.html with the plot), link it from the
     nightly FAIL's record, tell the team; return the summary."""
-    from rl_verify.core import bisect_report
-
     result = {"schema": 1, "dag_run_id": dag_run_id, "good": plan["good"], "bad": plan["bad"],
               "suites": plan["suites"], "metrics": plan["metrics"], "nodes": plan["nodes"],
               "commits": plan["commits"], "answer": answer, "probes": rows, "wall_s": round(wall_s, 1),

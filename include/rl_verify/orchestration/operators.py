@@ -20,11 +20,12 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow.sdk.timezone import utcnow
 
 from rl_verify import settings
+from rl_verify.core import bisect
 from rl_verify.core.names import repeat_seed
 from rl_verify.engines import engine_of, live_config, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import remote
-from rl_verify.orchestration import airflow_api, notify, standing
+from rl_verify.orchestration import airflow_api, bisection, notify, standing
 from rl_verify.orchestration.contract import Card, Resolved
 from rl_verify.orchestration.nodes import expanded_specs, node_settings, ssh_client, suite_node
 from rl_verify.orchestration.triggers import ProbesTrigger, RLJobTrigger
@@ -296,8 +297,6 @@ class CardApprovalOperator(ApprovalOperator):
     def _preapproved(self, context: Any, bisection_run_id: str) -> Any:
         """A bisection's probe: proceed on the bisection's one approval, verified against Airflow's record of
         it and the bisection's plan (the commit in its range, the suites its own); refused, fail at once."""
-        from rl_verify.orchestration import bisection
-
         resolved = context["ti"].xcom_pull(task_ids="resolve_commit") or {}
         reasons, approval = bisection.preapproval_refusals(bisection_run_id, str(resolved.get("sha") or ""),
                                                            list(resolved.get("suites") or []))
@@ -429,9 +428,6 @@ class BisectOperator(BaseOperator):
         return self._step(context, state or {}, (event or {}).get("ended") or {})
 
     def _step(self, context: Any, state: dict[str, Any], ended: dict[str, str]) -> Any:
-        from rl_verify.core import bisect
-        from rl_verify.orchestration import bisection
-
         plan: dict[str, Any] = self.plan
         shas = [c["sha"] for c in plan["commits"]]
         run_id = context["run_id"]

@@ -2,8 +2,8 @@
 (the nightly and manual runs, one at a time) and ``rl_accuracy_probe`` (a bisection's probes, one per node
 at once). One definition, two DAG ids: a probe is a normal verification, not a copy of it.
 
-Called inside a ``@dag`` function at parse time: it imports only what the DAG files already import; each
-task imports ``rl_verify.orchestration.verification`` (and what it needs) when it runs.
+Called inside a ``@dag`` function at parse time. The task bodies' modules import nothing heavy at module level
+(paramiko, pandas, matplotlib and the providers are imported where they are used), so parsing stays fast.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from airflow.sdk import Asset, Param, chain, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
+from rl_verify.orchestration import bisection, verification
 from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
 
 
@@ -69,61 +70,43 @@ def build() -> None:
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def resolve_commit(params=None, run_id=None, dag_run=None):
-        from rl_verify.orchestration import verification
-
         return verification.resolve_commit(params, run_id, dag_run.run_type)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def check_prerequisites(resolved):
-        from rl_verify.orchestration import verification
-
         return verification.check_prerequisites(resolved)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def experiment_card(resolved, prereq, run_id=None, dag_run=None):
-        from rl_verify.orchestration import verification
-
         gaps = verification.schedule_gaps(dag_run.run_type, dag_run.logical_date)
         return verification.experiment_card(resolved, prereq, run_id, gaps)
 
     @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
     def fetch(suite, resolved, attempt=0, run_id=None):
-        from rl_verify.orchestration import verification
-
         return verification.fetch(suite, resolved, run_id, attempt)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
     def compare(suite, attempt=0, run_id=None):
-        from rl_verify.orchestration import verification
-
         return verification.compare(suite, run_id, attempt)
 
     # all_done: a first run's FAIL fails its compare task; False skips the repeat's training (and, by their
     # trigger rules, its fetch and compare); the later gates and the confirmation still run.
     @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def repeat_gate(suite, attempt, run_id=None):
-        from rl_verify.orchestration import verification
-
         return verification.repeat_gate(suite, attempt, run_id)
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def confirm(suite, run_id=None):
-        from rl_verify.orchestration import verification
-
         return verification.confirm_outcome(suite, run_id)
 
     @task(task_id=settings.REPORT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def report(params=None, run_id=None, ti=None):
-        from rl_verify.orchestration import verification
-
         # Pulled, not passed: the report is written after any failure, when these may not exist.
         card = ti.xcom_pull(task_ids="experiment_card") or {}
         return verification.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(run_id=None, ti=None):
-        from rl_verify.orchestration import verification
-
         # Pulled, not passed: a failed report task must still reach this task as "no report".
         return verification.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
 
@@ -131,23 +114,17 @@ def build() -> None:
     # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
     @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
-        from rl_verify.orchestration import verification
-
         # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
         return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, verification.failed_tasks(ti))
 
     # Asset events for downstream DAGs: a PASS's verified commit, a nightly's reproduced FAIL (a bisection's start).
     @task(outlets=[Asset(settings.VERIFIED_COMMIT_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def announce_verified(run_id=None, ti=None, outlet_events=None):
-        from rl_verify.orchestration import bisection
-
         bisection.announce(outlet_events, Asset(settings.VERIFIED_COMMIT_ASSET),
                            bisection.verified_commit_extra(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id))
 
     @task(outlets=[Asset(settings.REPRODUCED_FAIL_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def announce_reproduced_fail(run_id=None, ti=None, dag_run=None, outlet_events=None):
-        from rl_verify.orchestration import bisection
-
         bisection.announce(outlet_events, Asset(settings.REPRODUCED_FAIL_ASSET), bisection.reproduced_fail_extra(
             ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id, dag_run.run_type))
 
