@@ -251,3 +251,26 @@ def test_the_result_page_names_the_culprit_links_each_probes_report_escapes_what
     assert "data:image/png;base64," in page and written["png"].read_bytes()[:4] == b"\x89PNG"
     assert "| `cccccccccccc` |" in written["md"].read_text()
     assert "error at first breach" in page and "-0.05 at step 10 (167% of its threshold)" in page
+
+
+def test_the_nightly_fails_report_links_its_bisection_escaped(store):
+    from rl_verify.orchestration import views
+
+    folder = _verification(store, "scheduled__2026-12-01T18:00:00+00:00", BAD, {"opd": "FAIL (reproduced)"})
+    page = "<html><body><h1>FAIL</h1></body></html>"
+    assert views._with_bisection_link(folder, page) == page  # no bisection yet
+    linked = {"bisection": "asset_triggered__x", "answer": "the <b>culprit",
+              "link": "/rl-verify/dags/rl_regression_bisect/runs/x/bisection"}
+    (folder / bisection.RESULT_FILE).write_text(json.dumps(linked))
+    shown = views._with_bisection_link(folder, page)
+    assert shown.startswith('<html><body><p style=') and shown.endswith("<h1>FAIL</h1></body></html>")
+    assert 'href="/rl-verify/dags/rl_regression_bisect/runs/x/bisection"' in shown and "the &lt;b&gt;culprit" in shown
+
+
+def test_a_probes_report_link_names_the_probe_dag_and_its_record_is_the_verifications(store):
+    from rl_verify.orchestration import views
+
+    run = bisection.probe_run_id("manual__b", MIDDLE[0], 1)
+    assert run.startswith(settings.PROBE_RUN_PREFIX) and settings.verification_dag_of(run) == settings.PROBE_DAG_ID
+    assert settings.verification_dag_of("scheduled__2026-12-01T18:00:00+00:00") == settings.DAG_ID
+    assert str(views.dag_records(settings.PROBE_DAG_ID)) == str(views.dag_records(settings.DAG_ID))
