@@ -182,6 +182,10 @@ def missed_ticks(previous: datetime, current: datetime, schedule: str | None = S
 BASELINE_PIN_PATTERN = (r"^$|^[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5}"
                         r"(,[a-z][a-z0-9_]{0,39}=[vV]?[1-9][0-9]{0,5})*$")
 
+#: How long a run waits for a baseline version another run is writing (version.json comes last) before it
+#: calls the folder an interrupted write.
+BASELINE_WRITE_WAIT_S = 60.0
+
 #: The baseline calibration DAG (``dags/rl_baseline_calibration.py``).
 CALIBRATION_DAG_ID = "rl_baseline_calibration"
 CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]

@@ -69,6 +69,35 @@ def test_import_shipped_grpo_references_the_share_baseline_named_by_the_suite_sp
     assert sorted(p.name for p in version_dir(store, "grpo", 1).iterdir()) == ["version.json"]
 
 
+def test_runs_importing_v1_together_wait_for_its_writer_instead_of_calling_it_an_interrupted_write(store,
+                                                                                                  monkeypatch):
+    """A bisection's probes start together on a fresh store: one writes v1 (version.json last), the others wait."""
+    import threading
+
+    real_put, started = baselines._put, threading.Event()
+
+    def slow_put(path, data, root):
+        if path.name == "version.json":
+            started.set()
+            threading.Event().wait(1.0)  # the writer is slow: another run looks meanwhile
+        return real_put(path, data, root)
+
+    monkeypatch.setattr(baselines, "_put", slow_put)
+    writer = threading.Thread(target=baselines.import_shipped, args=("opd",))
+    writer.start()
+    assert started.wait(10)
+    other = baselines.in_use(["opd"], {})  # v1's folder exists, its version.json not yet
+    writer.join()
+    assert other["opd"]["version"] == 1 and other["opd"]["current"]
+
+
+def test_a_v1_folder_left_without_its_version_json_is_still_an_interrupted_write_after_the_wait(store, monkeypatch):
+    monkeypatch.setattr(settings, "BASELINE_WRITE_WAIT_S", 0.3)
+    version_dir(store, "opd", 1).mkdir(parents=True)
+    with pytest.raises(InputError, match="interrupted write"):
+        baselines.in_use(["opd"], {})
+
+
 def test_import_shipped_is_idempotent_and_never_writes_a_second_v1(store):
     first = baselines.import_shipped("opd")
     before = (version_dir(store, "opd", 1) / "version.json").read_bytes()

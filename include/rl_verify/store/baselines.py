@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -432,24 +433,40 @@ def promote(suite: str, version: int | str, by: str, root: str | None = None) ->
     return pointer
 
 
+def _written(spec: "SuiteSpec", version: int, root: str | None, wait_s: float | None = None) -> VersionRecord:
+    """Version ``version`` once its writer is done. Runs that start together on a fresh store (a bisection's
+    probes) import version 1 together: one claims the folder and writes it, ``version.json`` last; the others
+    wait up to ``wait_s`` (``settings.BASELINE_WRITE_WAIT_S``) for it before calling the folder an interrupted
+    write."""
+    deadline = time.monotonic() + (settings.BASELINE_WRITE_WAIT_S if wait_s is None else wait_s)
+    folder = suite_area(spec.name, root) / f"v{version}"
+    while not (folder / VERSION_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _load(spec, version, root).record
+
+
 def import_shipped(suite: str, root: str | None = None) -> Imported:
     """Version 1 of ``suite`` from what ships today; idempotent (an existing v1 is returned, never
     rewritten). Makes it current when the suite has no current version."""
     spec = _spec(suite)
     created = False
     if 1 in _version_numbers(suite, root):
-        rec = _load(spec, 1, root).record
+        rec = _written(spec, 1, root)
     else:
         provenance, files = engine_of(spec).shipped(spec)
         written = _write_version(spec, 1, provenance, files, root)
         created = written is not None
-        rec = written if written is not None else _load(spec, 1, root).record  # another import won the race
+        rec = written if written is not None else _written(spec, 1, root)  # another import won the race
     if rec.source != "shipped":
         raise InputError(f"baseline {suite} v1 is a {rec.source} baseline, not the shipped one",
                          location(suite, 1, VERSION_FILE, root), None,
                          "version 1 is reserved for the shipped baseline; keep this store's v1 as it is and add the "
                          "shipped data as a new version by hand if it is needed")
     made_current = False
+    if not created:  # the run that wrote v1 makes it current right after: wait for that, not promote it twice
+        deadline = time.monotonic() + settings.BASELINE_WRITE_WAIT_S
+        while current(suite, root) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
     if current(suite, root) is None:
         promote(suite, 1, IMPORT_PROMOTER, root)
         made_current = True
@@ -512,7 +529,9 @@ def in_use(suites: list[str], pins: Mapping[str, int], root: str | None = None) 
     problems: list[str] = []
     for suite in suites:
         try:
-            if not _version_numbers(suite, root):
+            numbers = _version_numbers(suite, root)
+            # No version yet, or only a v1 with no current pointer: another run may be importing it right now.
+            if not numbers or (numbers == [1] and current(suite, root) is None):
                 import_shipped(suite, root)
             pointer = current(suite, root)
             rec = resolve(suite, pins.get(suite), root)
