@@ -130,10 +130,10 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
 
     result = _record(rig, BISECT_DAG_ID, run_id, "bisection.json")
     answer = result["answer"]
-    assert answer["kind"] == "culprit" and answer["culprit"]["sha"] == history["culprit"], answer
+    rows = result["probes"]
+    assert answer["kind"] == "culprit" and answer["culprit"]["sha"] == history["culprit"], (answer, rows)
     assert answer["culprit"]["subject"] == history["subjects"][LAYOUT["culprit"]]
     assert answer["culprit"]["author"] and answer["culprit"]["date"]
-    rows = result["probes"]
     # The launch-failing commit was probed (the first split lands on it), read as SKIP and reported.
     skipped = [r for r in rows if r["sha"] == history["launch_fails"]]
     assert skipped and all(r["reading"] == "skip" for r in skipped), rows
