@@ -36,7 +36,7 @@ from rl_verify.core.confirm import Point as ConfirmPoint
 from rl_verify.core.confirm import RunPoints, Spread, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
-                                 compact_tracker, near_bound, tracker_from_text, wall_time_breach)
+                                 compact_tracker, compared_points, near_bound, tracker_from_text, wall_time_breach)
 from rl_verify.core.model import Check, SuiteResult, failure_class_of, missing_findings, verdict_of
 from rl_verify.core.nextsteps import OPD_RULES, suggest
 from rl_verify.core.plots import Panel, plot_panels
@@ -272,8 +272,10 @@ class OpdLive(LiveCheck):
                 text = (f"{rule.metric} at eval point {step}: {check.current:.5g} vs golden {check.baseline:.5g}, "
                         f"error {check.error:.5g} breaks {rule.operator} {rule.threshold:g}")
                 shape = "from-start" if not seen else None  # off at the first point it is judged at
+                points = compared_points([(c.step, c.current, c.error, False) for c in seen]
+                                         + [(step, check.current, check.error, True)])
                 found = Certain(rule.metric, step, "eval-point", text, check.baseline, check.current, check.error,
-                                rule.threshold, rule.operator, rule.method, shape)
+                                rule.threshold, rule.operator, rule.method, shape, points)
                 return [found], Status(rule.metric, BREACHED, text)
             seen.append(check)
         unjudged = [p.step for p in cur.series(rule.metric) if not math.isfinite(p.value)]
