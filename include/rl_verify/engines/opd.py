@@ -77,8 +77,8 @@ def _reference(metric: str, step: int, golden: OpdGolden | None, golden_path: Pa
         return None, NO_REFERENCE
     point = base.value_at(metric, step)
     if point is None:
-        return None, f"no baseline value: baseline tracker {base.path} has no {metric} at step {step}"
-    return point.value, f"baseline tracker {base.path} line {point.line}"
+        return None, f"no baseline value: baseline tracker {Path(base.path).name} has no {metric} at step {step}"
+    return point.value, f"baseline tracker {Path(base.path).name} line {point.line}"
 
 
 def point_check(rule: Rule, step: int, golden: OpdGolden, golden_path: Path,
@@ -311,12 +311,14 @@ def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
     source = data.source.model_dump()
     rows += ["", "Golden values per eval point (" + ", ".join(
         f"{k}: {v}" for k, v in source.items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
-        "| step | " + " | ".join(f"`{m}`" for m in golden_metrics) + " |",
-        "|---" * (len(golden_metrics) + 1) + "|"]
-    for step in data.eval_points:
-        values = data.golden[step]
-        rows.append(f"| {step} | " + " | ".join(
-            "-" if values.get(m) is None else f"{values[m]:.4f}" for m in golden_metrics) + " |")
+        # One row per metric, one column per eval point: the metric names are long and the points few, so
+        # the table stays narrow enough for the approval card's pane (a column per metric was cut off).
+        "| metric | " + " | ".join(f"step {step}" for step in data.eval_points) + " |",
+        "|---" * (len(data.eval_points) + 1) + "|"]
+    for m in golden_metrics:
+        rows.append(f"| `{m}` | " + " | ".join(
+            "-" if data.golden[step].get(m) is None else f"{data.golden[step][m]:.4f}"
+            for step in data.eval_points) + " |")
     rows.append(f"\nSteps beyond {data.calibrated_max_step} are reported as not calibrated.")
     return rows
 
