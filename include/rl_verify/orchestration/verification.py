@@ -584,7 +584,9 @@ def _paths(suite_dir: Path, run_dir: Path) -> dict[str, str]:
         out["remote tracker"] = files["tracker"]["remote"]
         out["archived tracker"] = files["tracker"]["local"]
     for log_file in files.get("logs", []):
-        out[f"remote log {Path(log_file['remote']).name}"] = log_file["remote"]
+        # Keyed by the archived copy's name (the node's stdout.log is archived as job_stdout.log): the
+        # report's files table pairs a record file with the node path it came from by that name.
+        out[f"remote log {Path(log_file['local']).name}"] = log_file["remote"]
         out[f"archived log {Path(log_file['local']).name}"] = log_file["local"]
     return out
 
