@@ -435,7 +435,7 @@ def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
         lines += [sources, ""]
     for plot in suite.plots:
         rel = _rel(plot, out_dir)
-        lines.append(f"![{Path(plot).name}]({rel})")
+        lines += [f"![{Path(plot).name}]({rel})", f"*{plot_caption(plot)}*", ""]
     if suite.plots:
         lines.append("")
     return lines
@@ -481,6 +481,16 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
     elif est.get("note"):
         out.append(f"<p>Error rates: {e(est['note'])}.</p>")
     return out
+
+
+def plot_caption(path: str) -> str:
+    """What a plot shows: the checker's own figure (GRPO's check_rl_result draws one) is said to be that,
+    so a second set of curves is not mistaken for another run."""
+    name = Path(path).name
+    if "/checker/" in path.replace("\\", "/"):
+        return (f"The checkout's check_rl_result's own plot ({name}): the same baseline and current trackers, "
+                "drawn by the checker")
+    return f"Baseline (reference) and current per metric, with the threshold band shaded where judged ({name})"
 
 
 def _data_uri(path: str) -> str | None:
@@ -543,7 +553,8 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
         for plot in suite.plots:
             uri = _data_uri(plot)
             if uri:
-                out.append(f"<p><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\"></p>")
+                out.append(f"<figure><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\">"
+                           f"<figcaption>{e(plot_caption(plot))}</figcaption></figure>")
             else:
                 out.append(f"<p>plot missing: {e(plot)}</p>")
     files = file_rows(suites, meta)
