@@ -268,6 +268,8 @@ def _check_cells(check: Check, styles: dict[str, numbers.Style] | None = None) -
 HEADERS = ["metric", "values at step (eval point, or worst step)", "first breach at step", "baseline", "current",
            "error", "threshold", "method", "result", "source", "note"]
 RESULT_COLUMN = HEADERS.index("result")
+#: Columns of words that may wrap anywhere (the others are numbers and short words, kept on one line).
+TEXT_COLUMNS = {HEADERS.index("metric"), HEADERS.index("note")}
 
 
 def _sources_line(suite: SuiteResult) -> str | None:
@@ -514,8 +516,10 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
            # cells wrap anywhere rather than push the table past the page, and a table that still cannot
            # fit scrolls inside its own box (div.wide) instead of being cut off.
            "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
-           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top;"
-           "overflow-wrap:anywhere}.wide{max-width:100%;overflow-x:auto}.wide table{width:100%}"
+           # Numbers never break mid-digit (td.n); names, notes and paths (td.t) break anywhere.
+           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}"
+           "td.n{white-space:nowrap}td.t,td code{overflow-wrap:anywhere}"
+           ".wide{max-width:100%;overflow-x:auto}.wide table{width:100%}"
            ".FAIL{color:#cf222e;font-weight:bold}"
            ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
            f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
@@ -544,7 +548,8 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
             for check in suite.checks:
                 cells = _check_cells(check, styles)
                 out.append("<tr>" + "".join(
-                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else f"<td>{e(cell)}</td>"
+                    f"<td class=\"n {e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else
+                    f"<td class=\"{'t' if i in TEXT_COLUMNS else 'n'}\">{e(cell)}</td>"
                     for i, cell in enumerate(cells)) + "</tr>")
             out.append("</table></div>")
         sources = _sources_line(suite)
@@ -576,7 +581,8 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
                 else:
                     cell = "-"
                 node = f"<code>{e(f['node'])}</code>" if f["node"] else "-"
-                out.append(f"<tr><td>{e(f['suite'])}</td><td>{e(f['what'])}</td><td>{cell}</td><td>{node}</td></tr>")
+                out.append(f"<tr><td>{e(f['suite'])}</td><td class=\"t\">{e(f['what'])}</td><td class=\"t\">{cell}</td>"
+                           f"<td class=\"t\">{node}</td></tr>")
             out.append("</table></div>")
     commit = _commit_items(meta)
     if commit:

@@ -301,12 +301,19 @@ FALSE_ALARM_FILE = "golden-false-alarm.json"
 FALSE_ALARM_CHOICE = "5% false alarm per verification"
 
 
+def max_dev_text(rule: Rule) -> str:
+    """A measured deviation written like its threshold: a percentage for a relative one (12.1%, not 0.121)."""
+    if rule.measured_max_dev is None:
+        return "-"
+    return f"{rule.measured_max_dev * 100:.3g}%" if rule.method == "relative" else fmt(rule.measured_max_dev)
+
+
 def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
     """The card's acceptance criteria: every threshold with its measured deviation, the golden table."""
     rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
     for name, rule in data.thresholds.items():
         suffix = " (reference only)" if rule.reference_only else ""
-        rows.append(f"| `{name}` | {rule.method} | {threshold_text(rule)}{suffix} | {fmt(rule.measured_max_dev)} |")
+        rows.append(f"| `{name}` | {rule.method} | {threshold_text(rule)}{suffix} | {max_dev_text(rule)} |")
     golden_metrics = [m for m in data.thresholds if any(m in v for v in data.golden.values())]
     source = data.source.model_dump()
     rows += ["", "Golden values per eval point (" + ", ".join(
