@@ -85,7 +85,7 @@ def test_stepwise_metric_fails_at_first_breaking_step_and_table_shows_worst_step
     assert row.passed is False and row.first_breach_step == 30 and row.step == 40
     assert row.operator == "<=" and row.threshold == 0.0001
     assert any("train/inference" in s for s in result.next_steps)
-    assert result.next_steps[0].startswith("Inference: mismatch")  # checked first for GRPO
+    assert result.next_steps[0].startswith("Inference: first, check train/inference consistency")  # first for GRPO
 
 
 def test_stepwise_error_is_rounded_to_5_decimals_before_comparing(tmp_path, checker_dir):

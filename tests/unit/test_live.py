@@ -351,3 +351,42 @@ def test_a_log_rule_with_an_unknown_when_is_refused_naming_the_field(tmp_path):
 
     with pytest.raises(ValueError, match="when"):
         LogRule(pattern="x", means="y", when="later")
+
+
+def test_an_eval_metric_growing_into_its_bound_and_aborted_at_its_first_breach_is_gradual_the_training_loop():
+    """issue 23: an OPD eval metric whose error grows point by point (inside its bound at 0/5/10/15) and
+    breaks it at 20, so the run is aborted at step 21. Its shape is read from the five compared points the
+    live check saw, not from the one breached row: gradual, so the runbook's training-loop rule comes first."""
+    from rl_verify.core.live import aborted_result
+    from rl_verify.core.nextsteps import OPD_RULES
+
+    gsm8k = "eval/gsm8k/acc"  # threshold < 0.03: errors 0.003, 0.008, 0.014, 0.021 inside, 0.033 outside
+    drift = {0: 0.003, 5: 0.008, 10: 0.014, 15: 0.021, 20: 0.033}
+    rows = opd_rows(change=lambda m, s, v: v - drift.get(s, 0.033) if m == gsm8k else v)
+    watch = _watch(OPD)
+    watch.start()
+    watch.take(_poll_output("/w/1/t.jsonl", [r for r in rows if r["step"] <= 21]))
+    watch.report(elapsed_s=600.0)
+    assert watch.doomed is not None and watch.doomed.steps == 21
+    abort = json.loads(json.dumps({**watch.summary(), "applied": True}))  # as abort.json holds it
+    result = aborted_result("opd", abort, OPD_RULES)
+    (row,) = [c for c in result.checks if c.metric == gsm8k]
+    assert row.step == 20 and row.shape == "gradual", row.shape_text
+    assert "over 5 compared points" in row.shape_text and "the run was stopped there" in row.shape_text
+    assert "steps 0, 5, 10, 15" in row.shape_text and "only" not in row.shape_text
+    first = result.next_steps[0]
+    assert first.startswith("Inference: first, look at the training loop") and "diverges gradually" in first
+    assert not any("has no shape to read" in s or "initialisation" in s for s in result.next_steps)
+
+
+def test_an_aborted_record_written_before_points_were_kept_still_reads_its_breach():
+    """abort.json of an earlier version (no compared points): the row keeps the live check's own shape."""
+    from rl_verify.core.live import aborted_result
+    from rl_verify.core.nextsteps import GRPO_RULES
+
+    abort = {"step": 1, "expected_steps": 45, "applied": True, "certain": [
+        {"metric": "mismatch/mismatch_k3_kl", "step": 1, "rule": "every-step", "text": "error 0.00039 at step 1",
+         "baseline": 1e-5, "current": 4e-4, "error": 3.9e-4, "threshold": 1e-4, "operator": "<=",
+         "method": "absolute", "shape": "from-start"}]}
+    (row,) = aborted_result("grpo", abort, GRPO_RULES).checks
+    assert row.shape == "from-start" and "first compared step 1" in row.shape_text

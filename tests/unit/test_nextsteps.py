@@ -1,5 +1,6 @@
 """Pins runbook section 3 as code: every suggestion is marked "Inference:", states the shape of the
-breach it reads, and applies a runbook rule only to the shape that rule describes."""
+breach it reads, and applies a runbook rule only to the shape that rule describes; a FAIL gets one first
+next step with its reason (the runbook's metric rules before the shape rules), the others marked secondary."""
 
 from __future__ import annotations
 
@@ -52,13 +53,13 @@ def test_gradual_growth_points_to_the_training_loop_only():
 
 def test_jump_that_stays_is_not_called_gradual_and_names_its_step():
     out = text(suggest(OPD_RULES, curve("eval/gsm8k/acc", [0.01, 0.01, 0.3, 0.3, 0.3]), "FAIL"))
-    assert "jump at step 15" in out and "No runbook rule describes a jump" in out
+    assert "jump at step 15" in out and "no runbook rule describes a jump" in out
     assert "gradual" not in out and "training loop" not in out and "initialisation" not in out
 
 
 def test_single_breach_at_the_last_eval_point_is_isolated_not_gradual():
     out = text(suggest(OPD_RULES, curve("eval/geo3k/acc", [0.01, 0.01, 0.01, 0.01, 0.2]), "FAIL"))
-    assert "single breach at step 25 (the last compared point)" in out and "re-run once" in out
+    assert "single breach at step 25 (the last compared point; error at 10%" in out and "re-run once" in out
     assert "gradual" not in out and "training loop" not in out
 
 
@@ -83,8 +84,11 @@ def test_mismatch_breach_points_to_train_inference_consistency_first_for_grpo():
     mismatch = c("mismatch/mismatch_k3_kl", 12, False, source="checker")
     mismatch.shape, mismatch.shape_text = "jump", "jump at step 12 (error 0.0002; 1e-05 at step 11), stays outside"
     out = suggest(GRPO_RULES, [c("response/rewards/mean", None, True, source="checker"), mismatch], "FAIL")
-    assert out[0].startswith("Inference: mismatch/mismatch_k3_kl: jump at step 12")
-    assert "logprob path" in out[0] and "rollout backend" in out[0] and "before anything else for GRPO" in out[0]
+    assert out[0].startswith("Inference: first, check train/inference consistency")
+    assert "mismatch/mismatch_k3_kl: jump at step 12" in out[0]
+    assert "logprob path" in out[0] and "rollout backend" in out[0] and "check that first for GRPO failures" in out[0]
+    # The jump's own reading follows, marked secondary.
+    assert out[1:] and all(s.startswith("Inference: secondary: ") for s in out[1:])
 
 
 def test_distill_kl_breach_with_healthy_rewards_points_to_the_teacher_path():
@@ -125,4 +129,41 @@ def test_performance_failure_names_a_slower_commit_and_a_slow_node_with_the_step
     (line,) = suggest(GRPO_RULES, checks, "FAIL", failure_class="performance", step_times=times)
     assert "commit under test is slower" in line and "slow or contended" in line
     assert "time/step mean 52.1 s vs baseline 45.3 s, slowest step 30 at 57 s" in line
-    assert "e2e wall time 2500 s against a budget of < 2400 s" in line
+    assert "e2e wall time 41 min 40 s against a budget of < 40 min" in line
+
+
+def test_a_fail_has_exactly_one_first_next_step_and_the_others_are_secondary():
+    checks = (curve("eval/gsm8k/acc", [0.2, 0.2, 0.2], first_step=0) + curve("eval/geo3k/acc", [0.01, 0.01, 0.3])
+              + [Check("time/step", 30, 45.0, 57.0, 12.0, 10.0, "<", "absolute", False, "checker")])
+    out = suggest(OPD_RULES, checks, "FAIL")
+    assert out[0].startswith("Inference: first, ") and " Why: " in out[0]
+    assert len(out) == 3 and all(s.startswith("Inference: secondary: ") for s in out[1:])
+    assert sum(s.startswith("Inference: first,") for s in out) == 1
+
+
+def test_teacher_regression_gets_one_teacher_path_diagnosis_first_not_init_for_its_family():
+    """sim/regress-teacher moves distill_kl and abs_loss from the first eval point they are judged at, rewards
+    healthy: the runbook's metric rule (teacher path) comes first and names abs_loss as the same breach; the
+    from-start shape reading of that family follows, marked secondary."""
+    checks = (curve("distillation/reduced_distillation_kl", [0.2, 0.2, 0.2])
+              + curve("distillation/reduced_distillation_abs_loss", [0.2, 0.2, 0.2])
+              + curve("response/rewards/mean", [0.01, 0.01, 0.01]))
+    first, *rest = suggest(OPD_RULES, checks, "FAIL")
+    assert first.startswith("Inference: first, suspect the teacher path")
+    assert "distillation/reduced_distillation_abs_loss breached the same way" in first
+    assert "initialisation" not in first
+    assert len(rest) == 1 and rest[0].startswith("Inference: secondary: ") and "initialisation" in rest[0]
+
+
+def test_metrics_of_one_family_with_one_shape_are_read_together():
+    checks = curve("eval/gsm8k/acc", [0.2, 0.2], first_step=0) + curve("eval/geo3k/acc", [0.3, 0.3], first_step=0)
+    (line,) = suggest(OPD_RULES, checks, "FAIL")
+    assert "eval/geo3k/acc: outside" in line and "eval/gsm8k/acc: outside" in line and "initialisation" in line
+
+
+def test_mismatch_rule_comes_before_a_nan_reading_of_the_same_metric_for_grpo():
+    nan = c("mismatch/mismatch_k3_kl", 3, False, error=float("nan"), current=float("nan"), source="checker")
+    nan.shape, nan.shape_text = "non-finite", "NaN/Infinity only at step 3"
+    first, second = suggest(GRPO_RULES, [nan], "FAIL")
+    assert first.startswith("Inference: first, check train/inference consistency") and "NaN/Infinity" in first
+    assert second.startswith("Inference: secondary: ") and "diverged numerically" in second

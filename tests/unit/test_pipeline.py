@@ -193,7 +193,7 @@ def test_a_single_class_is_said_once_at_the_front():
         "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: /records/r")
 
 
-def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(monkeypatch, tmp_path):
+def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(monkeypatch, tmp_path, caplog):
     from airflow.sdk.exceptions import AirflowFailException
     from conftest import dump_rows, opd_rows
 
@@ -205,8 +205,16 @@ def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(mo
                                                          "problems": [], "notes": [], "other_experiments": []})
     with pytest.raises(AirflowFailException) as err:
         pipeline.compare("opd", "manual__1")
-    assert str(err.value) == "FAIL (accuracy): opd eval/gsm8k/acc breached at steps 10-25"
+    assert str(err.value) == ("FAIL (accuracy): opd eval/gsm8k/acc breached at steps 10-25 (the verdict, the next "
+                              "step and the report link are above)")
     assert json.loads((run_dir / "opd" / "result.json").read_text())["verdict"] == "FAIL"
+    # The task log says the verdict, the breach, the first next step and the report's link before Airflow's
+    # traceback of the failure (issue 23: a FAIL's log must not read like a crash).
+    (said,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    first, breached, step, link = said.splitlines()
+    assert first == "opd: FAIL (accuracy)" and breached == "  breached: eval/gsm8k/acc at step(s) 10-25"
+    assert step.startswith("  next step: first, ") and "jump at step 10" in step
+    assert link.startswith("  report: /dags/rl_accuracy_verification/runs/manual__1/plugin/verification-report")
 
 
 def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):

@@ -77,7 +77,7 @@ def test_markdown_follows_runbook_order_with_abnormal_findings_on_top():
     order = ["# RL accuracy verification: FAIL", "## Abnormal findings",
              "| metric | values at step (eval point, or worst step) | first breach at step | baseline | current "
              "| error",
-             "## Tracker and log paths", "## Commit under test", "## Suggested next steps (inference"]
+             "## Files", "## Commit under test", "## Suggested next steps (inference"]
     positions = [md.index(marker) for marker in order]
     assert positions == sorted(positions)
     assert "/runs/cur.jsonl" in md and "b" * 40 in md

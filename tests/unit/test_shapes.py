@@ -79,3 +79,26 @@ def test_breaching_steps_are_written_as_ranges_of_consecutive_compared_points():
     assert step_ranges([3, 7, 8, 9]) == "3, 7-9"
     # OPD eval points 0/5/10/...: consecutive compared points make a range, a gap does not.
     assert step_ranges([5, 10, 15, 25], [0, 5, 10, 15, 20, 25]) == "5-15, 25"
+
+
+def test_error_growing_at_every_point_into_a_breach_at_the_last_compared_point_is_gradual():
+    """A run stopped by the early abort at the eval point where its error crossed the bound (or a breach at
+    the final eval point): the points before it show the growth, though no later point shows it stays."""
+    shape = classify(series([0.01, 0.025, 0.04, 0.06, 0.11], first_step=0, every=5), THRESHOLD)
+    assert shape.kind == "gradual" and shape.first_step == 20 and shape.steps == "20"
+    assert "grows into the bound over 5 compared points" in shape.text
+    assert "error at 10%, 25%, 40%, 60% of the threshold at steps 0, 5, 10, 15" in shape.text
+    assert "outside from step 20, the last compared point" in shape.text
+
+
+@pytest.mark.parametrize("errors", [[0.01, 0.07, 0.06, 0.11], [0.01, 0.02, 0.04, 0.11]],
+                         ids=["fell-before-the-breach", "far-from-the-bound-before"])
+def test_a_last_point_breach_that_did_not_grow_into_the_bound_stays_isolated(errors):
+    shape = classify(series(errors, first_step=0, every=5), THRESHOLD)
+    assert shape.kind == "isolated" and "the last compared point" in shape.text
+
+
+def test_a_long_series_is_quoted_by_its_first_and_last_points():
+    shape = classify(series([0.01 * i for i in range(1, 10)] + [0.2, 0.2]), THRESHOLD)
+    assert shape.kind == "gradual" and shape.first_step == 10
+    assert "error at 10%, 20%, ..., 70%, 80%, 90% of the threshold at steps 1, 2, ..., 7, 8, 9" in shape.text

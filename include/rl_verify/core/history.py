@@ -73,6 +73,16 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
     return out
 
 
+def _ref_label(ref: str, width: int = 24) -> str:
+    """A commit ref as a tick label: whole (a cut "sim/regress-teache" names no branch), wrapped after a
+    slash when long, and only a ref longer than two lines is shortened, with an ellipsis."""
+    if len(ref) <= width:
+        return ref
+    cut = ref.rfind("/", 0, width + 1)
+    head, tail = (ref[:cut + 1], ref[cut + 1:]) if cut > 0 else (ref[:width], ref[width:])
+    return head + "\n" + (tail if len(tail) <= width else tail[:width - 1] + "…")
+
+
 def table(history_rows: list[dict[str, Any]]):
     """A DataFrame with one row per run, suite and metric: the worst ratio and whether every check passed."""
     import pandas as pd
@@ -135,7 +145,7 @@ def chart(frame, suite: str, out: Path | BinaryIO) -> Path | BinaryIO | None:
     if data.empty:
         return None
     order = list(dict.fromkeys(data.sort_values("started")["run"]))
-    labels = {r: f"{g.iloc[0]['started'][5:16]}\n{g.iloc[0]['commit_ref'][:18]}"
+    labels = {r: f"{g.iloc[0]['started'][5:16]}\n{_ref_label(g.iloc[0]['commit_ref'])}"
               for r, g in data.groupby("run", sort=False)}
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(order) + 3), 4.2))
     cap = 3.0  # a non-finite or huge ratio is drawn on the chart's top edge
@@ -149,14 +159,14 @@ def chart(frame, suite: str, out: Path | BinaryIO) -> Path | BinaryIO | None:
     for i, run in enumerate(order):
         verdict = data[data["run"] == run]["suite_verdict"].iloc[0]
         ax.axvspan(i - 0.4, i + 0.4, color="#ffebee" if verdict != "PASS" else "#e8f5e9", zorder=0)
-    ax.set_xticks(range(len(order)), [labels[r] for r in order], fontsize=7, rotation=20, ha="right")
+    ax.set_xticks(range(len(order)), [labels[r] for r in order], fontsize=9, rotation=20, ha="right")
     ax.set_ylabel("worst error / threshold")
     ax.set_ylim(0, cap * 1.05)
     ax.set_title(f"{suite}: checked metrics over the last {len(order)} runs (red band = FAIL)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(fontsize=10, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     if isinstance(out, Path):
         out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80, format="png", bbox_inches="tight")  # keeps the outside legend and the title
+    fig.savefig(out, dpi=100, format="png", bbox_inches="tight")  # keeps the outside legend and the title
     plt.close(fig)
     return out

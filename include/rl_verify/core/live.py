@@ -29,7 +29,7 @@ import importlib
 import math
 import re
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -37,6 +37,7 @@ from typing import Any
 from rl_verify.core.model import FAIL, Check, SuiteResult, failure_class_of
 from rl_verify.core.nextsteps import EngineRules, suggest
 from rl_verify.core.plots import Panel, plot_panels
+from rl_verify.core.shapes import ComparedPoint, Shape, classify
 from rl_verify.core.thresholds import Rule
 from rl_verify.core.tracker import EVAL_PREFIX, Tracker, TrackerFeed, read_tracker
 
@@ -61,6 +62,9 @@ class Certain:
     method: str = "absolute"
     #: How the metric left its bound, as far as the steps so far show (``shapes.KINDS``), or None.
     shape: str | None = None
+    #: Every point of the metric compared so far, in step order, as (step, current, error, breached): the
+    #: report reads the breach's shape from them (a run stopped here has no later point to show it).
+    points: tuple[tuple[int, float | None, float | None, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,12 +174,42 @@ def progress(result: LiveResult, expected_steps: int, elapsed_s: float | None) -
 
 
 def aborted_checks(certain: list[Certain]) -> list[Check]:
-    """The comparison rows of an early abort: one failing row per certain breach."""
-    return [Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
-                  threshold=c.threshold, operator=c.operator,
-                  method=c.method, passed=False, first_breach_step=c.step, source="live",
-                  shape=c.shape, shape_text=_shape_text(c), breach_steps=str(c.step),
-                  note=f"early abort ({c.rule}): {c.text}") for c in certain]
+    """The comparison rows of an early abort: one failing row per certain breach, its shape read from every
+    point of the metric compared before the stop (``Certain.points``)."""
+    rows = []
+    for c in certain:
+        shape = _shape(c)
+        rows.append(Check(metric=c.metric, step=c.step, baseline=c.baseline, current=c.current, error=c.error,
+                          threshold=c.threshold, operator=c.operator,
+                          method=c.method, passed=False, first_breach_step=c.step, source="live",
+                          shape=shape.kind if shape else c.shape, shape_text=shape.text if shape else _shape_text(c),
+                          breach_steps=shape.steps if shape else str(c.step),
+                          note=f"early abort ({c.rule}): {c.text}"))
+    return rows
+
+
+def _shape(c: Certain) -> Shape | None:
+    """The breach's shape from the compared points the live check recorded (None without them: a record
+    written before they were kept)."""
+    points = [ComparedPoint(int(step), _number(current), _number(error), bool(breached))
+              for step, current, error, breached in c.points]
+    if not points or not any(p.breached for p in points):
+        return None
+    shape = classify(points, c.threshold)
+    if shape is not None and shape.first_step == points[-1].step and shape.kind in ("gradual", "isolated"):
+        # The run was stopped at this point: no later point can show whether the breach stays.
+        shape = Shape(shape.kind, shape.first_step, shape.text + " (the run was stopped there)", shape.steps)
+    return shape
+
+
+def compared_points(rows: Iterable[tuple[int, float | None, float | None, bool]]
+                    ) -> tuple[tuple[int, float | None, float | None, bool], ...]:
+    """``Certain.points`` from (step, current, error, breached) rows, JSON-safe (non-finite as text)."""
+    return tuple((int(step), _safe(current), _safe(error), bool(breached)) for step, current, error, breached in rows)
+
+
+def _safe(value: float | None) -> Any:
+    return repr(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _shape_text(c: Certain) -> str:
@@ -193,7 +227,8 @@ def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:
     the class those rows call for, "aborted at step N of M" first among the findings, and the
     runbook's next steps for the breached metrics.
     """
-    certain = [Certain(**{k: _number(v) if k in _FLOATS else v for k, v in c.items()}) for c in abort["certain"]]
+    certain = [Certain(**{k: _number(v) if k in _FLOATS else tuple(map(tuple, v)) if k == "points" else v
+                          for k, v in c.items() if k in _FIELDS}) for c in abort["certain"]]
     checks = aborted_checks(certain)
     failure_class = failure_class_of(checks, FAIL)
     rules_named = "; ".join(f"{c.metric} ({c.rule}, step {c.step})" for c in certain)
@@ -208,11 +243,17 @@ def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:
 
 
 _FLOATS = {"baseline", "current", "error", "threshold"}
+_FIELDS = {f.name for f in fields(Certain)}
 
 
 def _number(value: object) -> float | None:
     """A float back from its JSON form ("nan"/"inf" were written as text)."""
-    return float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
 
 
 def partial_plot(suite: str, certain: list[dict], current: Path, baseline: Path | None,

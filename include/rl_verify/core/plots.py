@@ -106,7 +106,7 @@ def _draw(axis, panel: Panel) -> None:
         for x, y in fails:
             if not math.isfinite(y):  # NaN/Inf cannot be drawn at its value: mark the step instead
                 axis.axvline(x, color="tab:red", linestyle=":", linewidth=1)
-    axis.set_title(panel.metric + (f"  [{panel.note}]" if panel.note else ""), fontsize=8)
-    axis.set_xlabel("step", fontsize=7)
+    axis.set_title(panel.metric + (f"  [{panel.note}]" if panel.note else ""), fontsize=10)
+    axis.set_xlabel("step", fontsize=9)
     axis.tick_params(labelsize=7)
-    axis.legend(fontsize=6, loc="best")
+    axis.legend(fontsize=9, loc="best")

@@ -30,6 +30,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
+from rl_verify.core import numbers
 from rl_verify.core.files import write_atomic
 from rl_verify.core.model import FAIL, PASS, Check, SuiteResult, strict_json_value
 
@@ -60,6 +61,12 @@ class ReportMeta:
     baselines: dict[str, str] = field(default_factory=dict)
     #: suite -> its outcome over its runs (``confirm_<suite>``'s outcome.json; each run's ``report`` a link).
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The local copy of the run's record the report is written from: a path under it is a record file.
+    record_dir: str | None = None
+    #: Where a person finds the record (a folder, or the object store's URL), said once above the files table.
+    record_location: str | None = None
+    #: The UI plugin's route serving the record's files (``<files_url>/<path in the record>``); None: no link.
+    files_url: str | None = None
 
 
 def overall_verdict(suites: list[SuiteResult]) -> str:
@@ -114,6 +121,8 @@ def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | No
         "baselines": dict(meta.baselines),
         "notes": list(meta.notes),
         "paths": meta.paths,
+        "record": meta.record_location,
+        "files": file_rows(suites, meta),
         "abnormal": abnormal,
         "next_steps": [s for r in suites for s in r.next_steps],
         "nan_encoding": "non-finite numbers are written as the strings 'NaN', 'Infinity', '-Infinity'",
@@ -238,25 +247,39 @@ def _md_cell(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
 
 
-def _check_cells(check: Check) -> list[str]:
+def styles_of(checks: Sequence[Check]) -> dict[str, numbers.Style]:
+    """One number style per metric (``rl_verify.core.numbers``): every row of a metric shows the same digits."""
+    out: dict[str, numbers.Style] = {}
+    for metric in dict.fromkeys(c.metric for c in checks):
+        rows = [c for c in checks if c.metric == metric]
+        judged = next((c for c in rows if c.threshold is not None), rows[0])
+        out[metric] = numbers.style(metric, judged.method, judged.threshold, [c.baseline for c in rows])
+    return out
+
+
+def _check_cells(check: Check, styles: dict[str, numbers.Style] | None = None) -> list[str]:
+    st = (styles or {}).get(check.metric) or styles_of([check])[check.metric]
     note = check.note + (f"; shape: {check.shape_text}" if check.shape_text else "")
-    return [check.metric, fmt_step(check), fmt_first_breach(check), fmt_number(check.baseline),
-            fmt_number(check.current), fmt_number(check.error), fmt_threshold(check), check.method,
-            fmt_result(check), check.source, note]
+    return [check.metric, fmt_step(check), fmt_first_breach(check), st.value(check.baseline),
+            st.value(check.current), st.error(check.error, check.baseline, check.current),
+            st.threshold(check.operator, check.threshold), check.method, fmt_result(check), check.source, note]
 
 
 HEADERS = ["metric", "values at step (eval point, or worst step)", "first breach at step", "baseline", "current",
            "error", "threshold", "method", "result", "source", "note"]
 RESULT_COLUMN = HEADERS.index("result")
+#: Columns of words that may wrap anywhere (the others are numbers and short words, kept on one line).
+TEXT_COLUMNS = {HEADERS.index("metric"), HEADERS.index("note")}
 
 
 def _sources_line(suite: SuiteResult) -> str | None:
-    """Where the table's numbers come from; None when no tracker was read (nothing to say)."""
-    parts = [f"{role}: {path}" for role, path in suite.trackers.items()]
-    if not parts:
+    """Where the table's numbers come from; None when no tracker was read (nothing to say). The files
+    themselves are in the report's files table: one place for every path."""
+    if not suite.trackers:
         return None
-    return ("Measurements: every baseline/current number comes from these files (line numbers in the note "
-            "column): " + "; ".join(parts) + "."
+    names = ", ".join(_ROLE_NAMES.get(role, role) for role in suite.trackers)
+    return (f"Measurements: every baseline/current number comes from the {names} (see Files; line numbers in the "
+            "note column)."
             + (" The e2e wall time is the launch-to-end duration given by the caller (in a DAG run: the job's "
                "start and end on the node)."
                if any(c.metric == "e2e wall time" for c in suite.checks) else ""))
@@ -299,9 +322,19 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
             lines += [f"## {suite.suite}: how sure", ""] + confirmation_lines(meta.outcomes[suite.suite])
     for suite in suites:
         lines += _suite_markdown(suite, out_dir)
-    paths = _path_items(suites, meta)
-    if paths:
-        lines += ["## Tracker and log paths", ""] + [f"- {label}: `{path}`" for label, path in paths] + [""]
+    files = file_rows(suites, meta)
+    if files or meta.record_location:
+        lines += ["## Files", ""]
+        if meta.record_location:
+            lines += [f"Record folder (every file of the run, with its sha256 in manifest.json): "
+                      f"`{meta.record_location}`", ""]
+        if files:
+            lines += ["| suite | file | in the record | on the node |", "|---|---|---|---|"]
+            for f in files:
+                where = f"`{f['record']}`" if f["record"] else f"package: `{f['package']}`" if f["package"] else "-"
+                lines.append(f"| {_md_cell(f['suite'])} | {_md_cell(f['what'])} | {_md_cell(where)} | "
+                             + (f"`{_md_cell(f['node'])}`" if f["node"] else "-") + " |")
+            lines.append("")
     commit = _commit_items(meta)
     if commit:
         lines += ["## Commit under test", ""]
@@ -317,16 +350,60 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
     return "\n".join(lines)
 
 
-def _path_items(suites: list[SuiteResult], meta: ReportMeta) -> list[tuple[str, str]]:
-    items = []
+#: What each path role of ``ReportMeta.paths`` and ``SuiteResult.trackers`` names, in the files table.
+_ROLE_NAMES = {"current": "current tracker", "baseline": "baseline tracker", "golden": "golden table"}
+
+
+def file_rows(suites: list[SuiteResult], meta: ReportMeta) -> list[dict[str, Any]]:
+    """The report's files, one row per file: ``suite``, ``what``, ``record`` (its path in the run's record,
+    or None), ``node`` (the path it was fetched from on the node, or None) and ``package`` (a file of the
+    installed package, such as the shipped golden table, or None). Files of the record are named by their
+    path inside it, never by a task's working copy, which is gone when the task ends."""
+    root = Path(meta.record_dir).resolve() if meta.record_dir else None
+
+    def in_record(path: str) -> str | None:
+        if root is None:
+            return None
+        try:
+            return Path(path).resolve().relative_to(root).as_posix()
+        except ValueError:
+            return None
+
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(suite: str, what: str, path: str | None = None, node: str | None = None) -> None:
+        rel = in_record(path) if path else None
+        key = rel or path or node or ""
+        if key in seen:
+            return
+        seen.add(key)
+        rows.append({"suite": suite, "what": what, "record": rel, "node": node,
+                     "package": path if path and rel is None else None})
+
     for suite in suites:
-        items += [(f"{suite.suite} {role}", path) for role, path in suite.trackers.items()]
+        paths = meta.paths.get(suite.suite, {})
+        if "archived tracker" in paths or "remote tracker" in paths:
+            add(suite.suite, "current tracker", paths.get("archived tracker"), paths.get("remote tracker"))
+        for role, path in paths.items():
+            if role.startswith("archived log "):
+                name = role.removeprefix("archived log ")
+                add(suite.suite, f"log {name}", path, paths.get(f"remote log {name}"))
+            elif role.startswith("remote log ") and f"archived log {role.removeprefix('remote log ')}" not in paths:
+                add(suite.suite, f"log {role.removeprefix('remote log ')}", None, path)
+        for role, path in suite.trackers.items():
+            add(suite.suite, _ROLE_NAMES.get(role, role), path)
         if suite.checker:
-            items += [(f"{suite.suite} checker {key}", str(suite.checker[key]))
-                      for key in ("workdir", "stdout", "stderr", "step_summary") if suite.checker.get(key)]
-    for suite_name, paths in meta.paths.items():
-        items += [(f"{suite_name} {role}", path) for role, path in paths.items()]
-    return items
+            for key, what in (("step_summary", "checker step summary"), ("stdout", "checker stdout"),
+                              ("stderr", "checker stderr")):
+                if suite.checker.get(key):
+                    add(suite.suite, what, str(suite.checker[key]))
+    for suite_name, paths in meta.paths.items():  # suites without a result (an earlier task failed)
+        if suite_name not in {s.suite for s in suites}:
+            for role, path in paths.items():
+                add(suite_name, role, None if role.startswith("remote") else path,
+                    path if role.startswith("remote") else None)
+    return rows
 
 
 def _commit_items(meta: ReportMeta) -> list[tuple[str, str]]:
@@ -349,17 +426,18 @@ def _suite_markdown(suite: SuiteResult, out_dir: Path | None) -> list[str]:
     if checker:
         lines += [_md_cell(checker), ""]
     if suite.checks:
+        styles = styles_of(suite.checks)
         lines.append("| " + " | ".join(HEADERS) + " |")
         lines.append("|" + "---|" * len(HEADERS))
         for check in suite.checks:
-            lines.append("| " + " | ".join(_md_cell(c) for c in _check_cells(check)) + " |")
+            lines.append("| " + " | ".join(_md_cell(c) for c in _check_cells(check, styles)) + " |")
         lines.append("")
     sources = _sources_line(suite)
     if sources:
         lines += [sources, ""]
     for plot in suite.plots:
         rel = _rel(plot, out_dir)
-        lines.append(f"![{Path(plot).name}]({rel})")
+        lines += [f"![{Path(plot).name}]({rel})", f"*{plot_caption(plot)}*", ""]
     if suite.plots:
         lines.append("")
     return lines
@@ -373,7 +451,8 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
     out = [f"<p><b>{e(outcome['outcome'])}</b>: {e(outcome.get('reason', ''))}</p>"]
     runs = outcome.get("runs") or []
     if runs:
-        out.append("<table><tr><th>run</th><th>seed</th><th>runbook verdict</th><th>steps</th><th>report</th></tr>")
+        out.append("<div class=\"wide\"><table><tr><th>run</th>"
+                   "<th>seed</th><th>runbook verdict</th><th>steps</th><th>report</th></tr>")
         for r in runs:
             verdict = (r.get("verdict") or "-") + (f" ({r['failure_class']})" if r.get("failure_class") else "")
             steps = f"{r['steps']} of {r['expected_steps']}" if r.get("steps") is not None else "-"
@@ -383,7 +462,7 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
             out.append(f"<tr><td>{r['attempt'] + 1}{' (first)' if r['attempt'] == 0 else ' (repeat)'}</td>"
                        f"<td>{e(str(seed))}</td><td class=\"{css}\">{e(verdict)}</td><td>{e(steps)}</td>"
                        f"<td>{link}</td></tr>")
-        out.append("</table>")
+        out.append("</table></div>")
     if outcome.get("rule"):
         out.append(f"<p>Rule (pre-registered): {e(outcome['rule'])}.</p>")
     est = outcome.get("estimates") or {}
@@ -393,16 +472,27 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                    f"{e(_pct(est.get('single_run_false_alarm')))} of the time; after confirmation a healthy "
                    f"verification FAILs {e(_pct(est.get('false_alarm')))} of the time, ends INCONCLUSIVE "
                    f"{e(_pct(est.get('inconclusive')))}, and takes {est.get('mean_runs', 0):.2f} runs on average.</p>")
-        out.append("<table><tr><th>metric</th><th>run-to-run sigma</th><th>threshold</th><th>a healthy run "
+        out.append("<div class=\"wide\"><table><tr><th>metric</th>"
+                   "<th>run-to-run sigma</th><th>threshold</th><th>a healthy run "
                    "breaches it</th><th>smallest shift detected with 90% probability</th></tr>")
         for metric, m in est["metrics"].items():
             out.append(f"<tr><td>{e(metric)}</td><td>{e(fmt_number(m['sigma']))}</td>"
                        f"<td>{e(fmt_number(m['threshold']))}</td><td>{e(_pct(m['healthy_breach']))}</td>"
                        f"<td>{e(fmt_number(m['min_detectable_shift']))}</td></tr>")
-        out.append("</table>")
+        out.append("</table></div>")
     elif est.get("note"):
         out.append(f"<p>Error rates: {e(est['note'])}.</p>")
     return out
+
+
+def plot_caption(path: str) -> str:
+    """What a plot shows: the checker's own figure (GRPO's check_rl_result draws one) is said to be that,
+    so a second set of curves is not mistaken for another run."""
+    name = Path(path).name
+    if "/checker/" in path.replace("\\", "/"):
+        return (f"The checkout's check_rl_result's own plot ({name}): the same baseline and current trackers, "
+                "drawn by the checker")
+    return f"Baseline (reference) and current per metric, with the threshold band shaded where judged ({name})"
 
 
 def _data_uri(path: str) -> str | None:
@@ -422,8 +512,15 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
     color = {PASS: "#1a7f37", INCONCLUSIVE: "#9a6700"}.get(verdict, "#cf222e")
     out = ["<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
            f"<title>RL accuracy verification: {e(verdict)}</title>",
+           # Wide tables fit the frame Airflow gives the report tab (about 1064 px at a 1280 px window):
+           # cells wrap anywhere rather than push the table past the page, and a table that still cannot
+           # fit scrolls inside its own box (div.wide) instead of being cut off.
            "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
-           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}.FAIL{color:#cf222e;font-weight:bold}"
+           # Numbers never break mid-digit (td.n); names, notes and paths (td.t) break anywhere.
+           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}"
+           "td.n{white-space:nowrap}td.t,td code{overflow-wrap:anywhere}"
+           ".wide{max-width:100%;overflow-x:auto}.wide table{width:100%}"
+           ".FAIL{color:#cf222e;font-weight:bold}"
            ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
            f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
     summary = suites_summary(suites, meta.outcomes) or "no suite evaluated"
@@ -446,27 +543,47 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
         if checker:
             out.append(f"<p>{e(checker)}</p>")
         if suite.checks:
-            out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
+            styles = styles_of(suite.checks)
+            out.append("<div class=\"wide\"><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
             for check in suite.checks:
-                cells = _check_cells(check)
+                cells = _check_cells(check, styles)
                 out.append("<tr>" + "".join(
-                    f"<td class=\"{e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else f"<td>{e(cell)}</td>"
+                    f"<td class=\"n {e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else
+                    f"<td class=\"{'t' if i in TEXT_COLUMNS else 'n'}\">{e(cell)}</td>"
                     for i, cell in enumerate(cells)) + "</tr>")
-            out.append("</table>")
+            out.append("</table></div>")
         sources = _sources_line(suite)
         if sources:
             out.append(f"<p>{e(sources)}</p>")
         for plot in suite.plots:
             uri = _data_uri(plot)
             if uri:
-                out.append(f"<p><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\"></p>")
+                out.append(f"<figure><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\">"
+                           f"<figcaption>{e(plot_caption(plot))}</figcaption></figure>")
             else:
                 out.append(f"<p>plot missing: {e(plot)}</p>")
-    paths = _path_items(suites, meta)
-    if paths:
-        out.append("<h2>Tracker and log paths</h2><ul>")
-        out += [f"<li>{e(label)}: <code>{e(path)}</code></li>" for label, path in paths]
-        out.append("</ul>")
+    files = file_rows(suites, meta)
+    if files or meta.record_location:
+        out.append("<h2>Files</h2>")
+        if meta.record_location:
+            folder = (f'<a href="{e(meta.files_url)}">record folder</a>' if meta.files_url else "record folder")
+            out.append(f"<p>{folder} (every file of the run, with its sha256 in manifest.json): "
+                       f"<code>{e(meta.record_location)}</code></p>")
+        if files:
+            out.append('<div class="wide"><table><tr><th>suite</th><th>file</th><th>in the record</th>'
+                       "<th>on the node</th></tr>")
+            for f in files:
+                if f["record"]:
+                    name = f"<code>{e(f['record'])}</code>"
+                    cell = f'<a href="{e(meta.files_url + "/" + f["record"])}">{name}</a>' if meta.files_url else name
+                elif f["package"]:
+                    cell = f"package: <code>{e(f['package'])}</code>"
+                else:
+                    cell = "-"
+                node = f"<code>{e(f['node'])}</code>" if f["node"] else "-"
+                out.append(f"<tr><td>{e(f['suite'])}</td><td class=\"t\">{e(f['what'])}</td><td class=\"t\">{cell}</td>"
+                           f"<td class=\"t\">{node}</td></tr>")
+            out.append("</table></div>")
     commit = _commit_items(meta)
     if commit:
         out.append("<h2>Commit under test</h2><ul>")

@@ -7,13 +7,19 @@ only applied to a breach of the shape it describes, so every failing metric is f
 * ``non-finite``: a compared current value is NaN or +-Infinity;
 * ``single-point``: the metric is compared at one point only (GRPO's final ``eval/accuracy``);
 * ``from-start``: outside its bound already at the first compared point;
-* ``isolated``: exactly one compared point outside its bound, later than the first;
+* ``isolated``: exactly one compared point outside its bound, later than the first, that did not
+  grow into it (see ``gradual``);
 * ``intermittent``: several points outside, with points inside between them or after them;
 * ``jump``: outside from step N to the last compared point, and the point before N used less
   than half of the threshold (``JUMP_RATIO``): the error leapt across the bound in one step;
 * ``gradual``: outside from step N to the last compared point, and the point before N already
-  used at least half of the threshold: the error grew into the bound.
+  used at least half of the threshold: the error grew into the bound. A breach at the last
+  compared point only (a run stopped by the early abort at that point, or a breach at the final
+  eval point) is gradual when, in addition, the error grew into it from the point before: the points
+  before it show how it moved toward the bound, although no later point can show that it stays.
 
+The shape is read from every compared point of the metric, and its sentence quotes how the error
+moved (its share of the threshold at each point before the breach), so a reader sees the reading.
 Steps are the tracker's own step numbers (eval-only row = 0, RL steps from 1).
 """
 
@@ -108,18 +114,59 @@ def _classify(points: Sequence[ComparedPoint], threshold: float | None) -> Shape
         tail = ("and stays outside to step " + str(points[-1].step)) if stays else \
             f"{len(breached)} of {len(points)} compared points outside"
         return Shape("from-start", first.step, f"outside its bound from the first compared step {first.step}, {tail}")
-    if len(breached) == 1:
-        where = "the last compared point" if first.step == points[-1].step else "the points around it are inside"
-        return Shape("isolated", first.step, f"single breach at step {first.step} ({where})")
+    earlier = [p for p in points if p.step < first.step]
+    ratio = _ratio(earlier[-1], threshold)
+    at_last = first.step == points[-1].step
+    if len(breached) == 1 and not (at_last and _grew_into(earlier, threshold)):
+        where = "the last compared point" if at_last else "the points around it are inside"
+        return Shape("isolated", first.step,
+                     f"single breach at step {first.step} ({where}; {_path(earlier, threshold)})")
     if not stays:
         return Shape("intermittent", first.step,
                      f"{len(breached)} breaches at steps {_steps(breached)}, with points inside between or after them")
-    before = [p for p in points if p.step < first.step][-1]
-    ratio = (before.error / threshold) if (threshold and _finite(before.error)) else None
+    before = earlier[-1]
     if ratio is not None and ratio < JUMP_RATIO:
         return Shape("jump", first.step,
                      f"jump at step {first.step} (error {_fmt(first.error)}; {_fmt(before.error)} at step "
                      f"{before.step}), stays outside to step {points[-1].step}")
+    where = (f"outside from step {first.step}, the last compared point" if at_last else
+             f"outside from step {first.step} to step {points[-1].step}")
     return Shape("gradual", first.step,
-                 f"grows into the bound: error {_fmt(before.error)} at step {before.step}, outside from step "
-                 f"{first.step} to step {points[-1].step}")
+                 f"grows into the bound over {len(earlier) + 1} compared points ({_path(earlier, threshold)}; "
+                 f"error {_fmt(first.error)} at step {first.step}), {where}")
+
+
+def _ratio(point: ComparedPoint, threshold: float | None) -> float | None:
+    """The share of the threshold ``point``'s error uses (None without a finite error or threshold)."""
+    return (point.error / threshold) if (threshold and _finite(point.error)) else None
+
+
+def _grew_into(earlier: Sequence[ComparedPoint], threshold: float | None) -> bool:
+    """Whether the error grew toward the bound on its way to a breach at the last compared point: the
+    point before the breach used at least ``JUMP_RATIO`` of the threshold, and the error
+    grew from the point before that one (a run that drifts toward its bound, caught where it crosses)."""
+    ratio = _ratio(earlier[-1], threshold)
+    if ratio is None or ratio < JUMP_RATIO:
+        return False
+    if len(earlier) < 2:
+        return True
+    previous = earlier[-2].error
+    return previous is not None and _finite(previous) and earlier[-1].error > previous  # type: ignore[operator]
+
+
+#: How many points before a breach its sentence quotes one by one (more are summarised).
+QUOTED_POINTS = 5
+
+
+def _path(earlier: Sequence[ComparedPoint], threshold: float | None) -> str:
+    """How the error moved before the breach, as shares of the threshold: "error at 9%, 30%, 55%, 71% of
+    the threshold at steps 0, 5, 10, 15" (the first points and the last ones when there are many)."""
+    if not threshold:
+        return "inside its bound before"
+    shown = list(earlier) if len(earlier) <= QUOTED_POINTS else [*earlier[:2], *earlier[-(QUOTED_POINTS - 2):]]
+    shares = ["n/a" if _ratio(p, threshold) is None else f"{_ratio(p, threshold):.0%}" for p in shown]
+    steps = [str(p.step) for p in shown]
+    if len(shown) < len(earlier):
+        shares.insert(2, "...")
+        steps.insert(2, "...")
+    return f"error at {', '.join(shares)} of the threshold at step{'s' if len(shown) > 1 else ''} {', '.join(steps)}"

@@ -33,7 +33,8 @@ from typing import Any
 from rl_verify import settings
 from rl_verify.core.errors import CheckerError, InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
-                                 compact_tracker, near_bound, steps_text, tracker_from_text, wall_time_breach)
+                                 compact_tracker, compared_points, near_bound, steps_text, tracker_from_text,
+                                 wall_time_breach)
 from rl_verify.core.model import (STEP_COUNT, Check, SuiteResult, failure_class_of, missing_findings,
                                   verdict_of, within)
 from rl_verify.core.nextsteps import GRPO_RULES, suggest
@@ -549,8 +550,10 @@ class GrpoLive(LiveCheck):
                 text = (f"{rule.metric} error {error:.5g} at step {point.step} breaks {rule.operator} "
                         f"{rule.threshold:g} (checked at every step)")
                 shape = "non-finite" if kind == "non-finite" else "from-start" if i == 0 else None
+                seen = compared_points((p.step, p.value, round(e, STEP_ROUND), stepwise_breach(rule, e))
+                                       for p, e in zip(points[: i + 1], errors[: i + 1]))
                 found = Certain(rule.metric, point.step, kind, text, base[i].value, point.value, error,
-                                rule.threshold, rule.operator, rule.method, shape)
+                                rule.threshold, rule.operator, rule.method, shape, seen)
                 return [found], Status(rule.metric, BREACHED, text)
         last = errors[-1]
         if near_bound(rule, last):
@@ -573,8 +576,9 @@ class GrpoLive(LiveCheck):
         if len(breaching) >= needed:
             text = (f"{rule.metric}: {len(breaching)} of {self.expected_steps} steps outside {rule.operator} "
                     f"{rule.threshold:g} (steps {steps_text(breaching)}); {needed} decide its p{q:g}")
+            seen = compared_points((p.step, p.value, e, not rule.holds(e)) for p, e in zip(points, errors))
             found = Certain(rule.metric, breaching[needed - 1], "percentile", text, None, None, None, rule.threshold,
-                            rule.operator, rule.method)
+                            rule.operator, rule.method, None, seen)
             return [found], Status(rule.metric, BREACHED, text)
         if breaching:
             return [], Status(rule.metric, WARNING, f"{len(breaching)} step(s) outside (FAIL certain at {needed} of "

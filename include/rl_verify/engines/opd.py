@@ -36,7 +36,7 @@ from rl_verify.core.confirm import Point as ConfirmPoint
 from rl_verify.core.confirm import RunPoints, Spread, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
-                                 compact_tracker, near_bound, tracker_from_text, wall_time_breach)
+                                 compact_tracker, compared_points, near_bound, tracker_from_text, wall_time_breach)
 from rl_verify.core.model import Check, SuiteResult, failure_class_of, missing_findings, verdict_of
 from rl_verify.core.nextsteps import OPD_RULES, suggest
 from rl_verify.core.plots import Panel, plot_panels
@@ -77,8 +77,8 @@ def _reference(metric: str, step: int, golden: OpdGolden | None, golden_path: Pa
         return None, NO_REFERENCE
     point = base.value_at(metric, step)
     if point is None:
-        return None, f"no baseline value: baseline tracker {base.path} has no {metric} at step {step}"
-    return point.value, f"baseline tracker {base.path} line {point.line}"
+        return None, f"no baseline value: baseline tracker {Path(base.path).name} has no {metric} at step {step}"
+    return point.value, f"baseline tracker {Path(base.path).name} line {point.line}"
 
 
 def point_check(rule: Rule, step: int, golden: OpdGolden, golden_path: Path,
@@ -272,8 +272,10 @@ class OpdLive(LiveCheck):
                 text = (f"{rule.metric} at eval point {step}: {check.current:.5g} vs golden {check.baseline:.5g}, "
                         f"error {check.error:.5g} breaks {rule.operator} {rule.threshold:g}")
                 shape = "from-start" if not seen else None  # off at the first point it is judged at
+                points = compared_points([(c.step, c.current, c.error, False) for c in seen]
+                                         + [(step, check.current, check.error, True)])
                 found = Certain(rule.metric, step, "eval-point", text, check.baseline, check.current, check.error,
-                                rule.threshold, rule.operator, rule.method, shape)
+                                rule.threshold, rule.operator, rule.method, shape, points)
                 return [found], Status(rule.metric, BREACHED, text)
             seen.append(check)
         unjudged = [p.step for p in cur.series(rule.metric) if not math.isfinite(p.value)]
@@ -299,22 +301,31 @@ FALSE_ALARM_FILE = "golden-false-alarm.json"
 FALSE_ALARM_CHOICE = "5% false alarm per verification"
 
 
+def max_dev_text(rule: Rule) -> str:
+    """A measured deviation written like its threshold: a percentage for a relative one (12.1%, not 0.121)."""
+    if rule.measured_max_dev is None:
+        return "-"
+    return f"{rule.measured_max_dev * 100:.3g}%" if rule.method == "relative" else fmt(rule.measured_max_dev)
+
+
 def golden_criteria(spec: SuiteSpec, data: OpdGolden) -> list[str]:
     """The card's acceptance criteria: every threshold with its measured deviation, the golden table."""
     rows = ["| metric | method | threshold | measured max dev |", "|---|---|---|---|"]
     for name, rule in data.thresholds.items():
         suffix = " (reference only)" if rule.reference_only else ""
-        rows.append(f"| `{name}` | {rule.method} | {threshold_text(rule)}{suffix} | {fmt(rule.measured_max_dev)} |")
+        rows.append(f"| `{name}` | {rule.method} | {threshold_text(rule)}{suffix} | {max_dev_text(rule)} |")
     golden_metrics = [m for m in data.thresholds if any(m in v for v in data.golden.values())]
     source = data.source.model_dump()
     rows += ["", "Golden values per eval point (" + ", ".join(
         f"{k}: {v}" for k, v in source.items() if k in ("kind", "measured", "commit", "runs")) + "):", "",
-        "| step | " + " | ".join(f"`{m}`" for m in golden_metrics) + " |",
-        "|---" * (len(golden_metrics) + 1) + "|"]
-    for step in data.eval_points:
-        values = data.golden[step]
-        rows.append(f"| {step} | " + " | ".join(
-            "-" if values.get(m) is None else f"{values[m]:.4f}" for m in golden_metrics) + " |")
+        # One row per metric, one column per eval point: the metric names are long and the points few, so
+        # the table stays narrow enough for the approval card's pane (a column per metric was cut off).
+        "| metric | " + " | ".join(f"step {step}" for step in data.eval_points) + " |",
+        "|---" * (len(data.eval_points) + 1) + "|"]
+    for m in golden_metrics:
+        rows.append(f"| `{m}` | " + " | ".join(
+            "-" if data.golden[step].get(m) is None else f"{data.golden[step][m]:.4f}"
+            for step in data.eval_points) + " |")
     rows.append(f"\nSteps beyond {data.calibrated_max_step} are reported as not calibrated.")
     return rows
 

@@ -32,6 +32,11 @@ def bisection_path(dag_id: str, run_id: str) -> str:
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/bisection"
 
 
+def files_path(dag_id: str, run_id: str) -> str:
+    """The UI plugin's route listing (and, followed by a path inside it, serving) a run's record files."""
+    return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/files"
+
+
 def history_path(dag_id: str) -> str:
     """The plugin route serving the DAG's verification history."""
     return f"{APP_PREFIX}/dags/{quote(dag_id, safe='')}/history"

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import engines, settings
-from rl_verify.core import confirm, launch
+from rl_verify.core import confirm, launch, numbers
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, partial_plot
 from rl_verify.core.model import SuiteResult
@@ -257,10 +257,29 @@ def compare(suite: str, dag_run_id: str, attempt: int = 0) -> dict[str, Any]:
     name = settings.attempt_name(suite, attempt)
     parts = [name, "commit.json"] + ([f"{suite}/{baselines.RECORD_FOLDER}"] if attempt else [])
     with record.workspace(dag_run_id, parts=parts) as run_dir:
-        return _compare_in(run_dir, suite, name)
+        return _compare_in(run_dir, suite, name, dag_run_id)
 
 
-def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str, Any]:
+def verdict_lines(result: SuiteResult, report_link: str, name: str | None = None) -> list[str]:
+    """What a failed ``compare_*`` task's log says first, before Airflow's traceback of the failure: the
+    verdict and class, every breached metric with its steps, the first next step, the report's link.
+    A person opening the task's log reads the diagnosis, not a crash."""
+    summary = suite_summary(result)
+    lines = [f"{name or result.suite}: {result.verdict}" + (f" ({result.failure_class})" if result.failure_class
+                                                             else "")]
+    for b in summary["breached"]:
+        lines.append(f"  breached: {b['metric']} at step(s) {b.get('steps') or b.get('first_breach_step')}")
+    if summary["missing"]:
+        lines.append("  not measured: " + ", ".join(summary["missing"]))
+    if summary["cause"]:
+        lines.append(f"  cause: {summary['cause']}")
+    if result.next_steps:
+        lines.append(f"  next step: {result.next_steps[0].removeprefix('Inference: ')} (inference)")
+    lines.append(f"  report: {report_link} (complete once the report task has run)")
+    return lines
+
+
+def _compare_in(run_dir: Path, suite: str, name: str | None = None, dag_run_id: str | None = None) -> dict[str, Any]:
     suite_dir = run_dir / (name or suite)
     version = version_files(run_dir / suite)  # the baseline version's files sit with the suite's first run
     meta = record.relocate(record.read_json(suite_dir / "fetch.json"), run_dir)
@@ -303,10 +322,15 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None) -> dict[str,
     points = engine_of(spec).run_points(spec, suite_dir, result, version)
     points.complete = not (meta or {}).get("early_abort")  # a run stopped early cannot clear a FAIL
     record.write_json(suite_dir / POINTS_FILE, asdict(points))
-    log.info("%s: %s%s", name or suite, result.verdict, f" ({result.failure_class})" if result.failure_class else "")
     if not result.passed:
+        view = links.absolute(links.ui_base_url(), links.report_view_path(settings.DAG_ID, dag_run_id)) \
+            if dag_run_id else str(run_dir)
+        log.error("%s", "\n".join(verdict_lines(result, view, name)))
         # Marked failed so the grid shows which suite failed; the report and verdict still run (all_done).
-        raise AirflowFailException(f"FAIL ({result.failure_class}): {suite_line(suite_summary(result))}")
+        # The traceback Airflow prints below is its own handling of this failure, not a crash.
+        raise AirflowFailException(f"FAIL ({result.failure_class}): {suite_line(suite_summary(result))} "
+                                   "(the verdict, the next step and the report link are above)")
+    log.info("%s: %s", name or suite, result.verdict)
     return result.to_dict()
 
 
@@ -471,6 +495,7 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
     notes: list[str] = []
     overall = None
     decision = approval_decision(decision)
+    decision["at"] = numbers.utc(decision["at"]) if decision["at"] else decision["at"]  # "2026-12-02 02:04:56 UTC"
     if decision["timed_out"]:
         overall = "NOT APPROVED"
         notes.append(f"NOT APPROVED (timed out): nobody answered the experiment card by {decision['at']}; "
@@ -505,6 +530,8 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
                       baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()},
                       outcomes=outcomes)
     where = record.location(dag_run_id)
+    meta.record_dir, meta.record_location = str(run_dir), where
+    meta.files_url = links.files_path(settings.DAG_ID, dag_run_id)
     _write_run_reports(run_dir, results, outcomes, meta, where)
     written = write_report(run_dir, results, meta, shown_as=where)
     record.write_manifest(run_dir, shown_as=where)
@@ -544,7 +571,8 @@ def _write_run_reports(run_dir: Path, results: list[SuiteResult], outcomes: Mapp
                     f"thresholds. The verification's outcome for {suite}: {outcome['outcome']}: {outcome['reason']}")
             one = ReportMeta(commit=meta.commit, commit_ref=meta.commit_ref, diff_stat=meta.diff_stat,
                              dag_run_id=meta.dag_run_id, node=meta.node, paths={suite: _paths(folder, run_dir)},
-                             notes=[note], baselines={k: v for k, v in meta.baselines.items() if k == suite})
+                             notes=[note], baselines={k: v for k, v in meta.baselines.items() if k == suite},
+                             record_dir=meta.record_dir, record_location=where, files_url=meta.files_url)
             write_report(folder, [result], one, shown_as=f"{where}/{r['folder']}")
 
 
@@ -563,7 +591,9 @@ def _paths(suite_dir: Path, run_dir: Path) -> dict[str, str]:
         out["remote tracker"] = files["tracker"]["remote"]
         out["archived tracker"] = files["tracker"]["local"]
     for log_file in files.get("logs", []):
-        out[f"remote log {Path(log_file['remote']).name}"] = log_file["remote"]
+        # Keyed by the archived copy's name (the node's stdout.log is archived as job_stdout.log): the
+        # report's files table pairs a record file with the node path it came from by that name.
+        out[f"remote log {Path(log_file['local']).name}"] = log_file["remote"]
         out[f"archived log {Path(log_file['local']).name}"] = log_file["local"]
     return out
 
@@ -619,8 +649,10 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         line = f"{summary['verdict']}" + (f": {'; '.join(said)}" if said else "") + f"; report: {view}"
     _note_run(dag_run_id, line)
     if summary["verdict"] == "FAIL":  # a reproduced FAIL, a FAIL noise cannot produce, or infrastructure
-        log.error("%s", line)
-        raise AirflowFailException(line)  # not retried: the verdict will not change
+        step = _first_next_step(dag_run_id)
+        log.error("%s", line + (f"\n  next step: {step} (inference)" if step else "") + f"\n  report: {view}")
+        # Not retried: the verdict will not change. Airflow's traceback below is how it records the failure.
+        raise AirflowFailException(line)
     if summary["verdict"] == "INCONCLUSIVE":
         log.warning("%s", line)
         return "INCONCLUSIVE"
@@ -639,13 +671,19 @@ def _note_run(dag_run_id: str, note: str) -> None:
                     settings.AIRFLOW_API_CONN_ID, err)
 
 
+def _first_next_step(dag_run_id: str, report: Mapping[str, Any] | None = None) -> str | None:
+    """The first suggested next step of the first failing suite of the run's report (None: none)."""
+    report = report if report is not None else (record.get_json(dag_run_id, "report.json") or {})
+    failing = [s for s in report.get("suites") or [] if s.get("next_steps")
+               and (s.get("outcome") or {}).get("outcome", s.get("verdict")) in confirm.FAILING]
+    return failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
+
+
 def _notify_verdict(summary: ReportSummary, dag_run_id: str) -> None:
     """Post the verdict with the commit and the first suggested next step of a failing suite."""
     report = record.get_json(dag_run_id, "report.json") or {}
     commit = f"{report.get('commit_ref') or '?'} ({(report.get('commit') or '')[:10] or 'unresolved'})"
-    failing = [s for s in report.get("suites") or [] if s.get("next_steps")
-               and (s.get("outcome") or {}).get("outcome", s.get("verdict")) in confirm.FAILING]
-    step = failing[0]["next_steps"][0].removeprefix("Inference: ") if failing else None
+    step = _first_next_step(dag_run_id, report)
     notify.send(*notify.verdict(summary, commit, dag_run_id, step), failure=summary["verdict"] != "PASS")
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import html
 import io
+import json
 import logging
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, Response
 
 from rl_verify import settings
@@ -91,9 +92,6 @@ def bisection_page(dag_id: str, run_id: str) -> str:
 
 def _with_bisection_link(folder: Any, page: str) -> str:
     """A verification report with a banner linking the bisection its FAIL started (when there is one)."""
-    import html
-    import json
-
     linked = _listed(folder, "bisection.json")
     if linked is None:
         return page
@@ -107,6 +105,47 @@ def _with_bisection_link(folder: Any, page: str) -> str:
     at = page.find("<body")
     at = page.find(">", at) + 1 if at >= 0 else 0
     return page[:at] + banner + page[at:]
+
+
+def record_file(dag_id: str, run_id: str, rel: str) -> Any:
+    """A file of the run's record, ``rel`` its path inside the record: every part is chosen from a
+    listing of the folder above it (404 for ``..``, a hidden name or anything not there)."""
+    current = run_folder(dag_id, run_id)
+    for part in rel.split("/"):
+        chosen = _listed(current, part) if part and not part.startswith(".") and current.is_dir() else None
+        if chosen is None:
+            raise HTTPException(404, f"no file {rel!r} in the record of run {run_id!r}")
+        current = chosen
+    if not current.is_file():
+        raise HTTPException(404, f"{rel!r} is not a file of the record of run {run_id!r}")
+    return current
+
+
+def files_page(dag_id: str, run_id: str) -> str:
+    """The run's record as a list of links (from its manifest: path, size, sha256)."""
+    folder = run_folder(dag_id, run_id)
+    try:
+        manifest = json.loads((folder / "manifest.json").read_bytes())
+    except (OSError, ValueError):
+        manifest = {"files": []}
+    esc = html.escape
+    base = links.files_path(dag_id, run_id)
+    rows = "".join(f'<tr><td><a href="{esc(base + "/" + f["path"])}"><code>{esc(f["path"])}</code></a></td>'
+                   f'<td>{int(f.get("bytes", 0)):,}</td><td><code>{esc(str(f.get("sha256", ""))[:16])}</code></td></tr>'
+                   for f in manifest.get("files") or [])
+    back = (f'<a href="{esc(links.report_path(dag_id, run_id))}">&larr; the report</a> · '
+            f'<a href="{esc(links.history_path(dag_id))}">Verification history</a>')
+    style = ("body{font-family:system-ui,sans-serif;margin:1.2em}table{border-collapse:collapse;max-width:100%}"
+             "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;overflow-wrap:anywhere}" + WIDE_CSS)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Record of {esc(run_id)}</title>"
+            f"<style>{style}</style></head><body><nav>{back}</nav><h1>Record of {esc(run_id)}</h1>"
+            f"<p><code>{esc(str(manifest.get('record') or ''))}</code></p>"
+            f'<div class="wide"><table><tr><th>file</th><th>bytes</th><th>sha256 (first 16)</th></tr>{rows}'
+            "</table></div></body></html>")
+
+
+#: How the files route serves a record file: text as text (never as HTML a tracker could script), images as such.
+_MEDIA = {".png": "image/png", ".json": "application/json"}
 
 
 def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
@@ -139,25 +178,44 @@ def history_page(dag_id: str, limit: int = 30) -> str:
             parts.append(f'<h2>{esc(suite)}</h2><img alt="{esc(suite)} trend" src="data:image/png;base64,{data}">')
     runs = history.runs(frame)
     if runs:
-        parts.append("<h2>Runs</h2><table><tr><th>started (UTC)</th><th>type</th><th>commit</th><th>verdict</th>"
+        parts.append("<h2>Runs</h2><div class=\"wide\"><table><tr>"
+                     "<th>started (UTC)</th><th>type</th><th>commit</th><th>verdict</th>"
                      "<th>confirmed over</th><th>baselines</th><th>report</th></tr>")
         for r in runs:
             cls = {"PASS": "pass", "INCONCLUSIVE": "changed"}.get(r["verdict"], "fail")
-            href = links.report_view_path(dag_id, r["run"])  # the run page in the UI, report view open
+            # The plugin's own report route, opened in this frame: Airflow puts the view in an iframe whose
+            # sandbox allows no top-level navigation and no popups, so a target="_top" link does nothing.
+            href = links.report_path(dag_id, r["run"]) + "?from=history"
             parts.append(f"<tr><td>{esc(r['started'].replace('T', ' '))}</td><td>{esc(r['type'])}</td>"
                          f"<td><code>{esc(r['commit_ref'])}</code> {esc(r['commit'])}</td>"
                          f'<td class="{cls}">{esc(r["verdict"])}</td>'
                          f'<td>{esc(r.get("confirmation") or "one run per suite")}</td>'
                          + (f'<td class="changed">{esc(r["baselines"])} (changed)</td>' if r["baselines_changed"]
                             else f'<td>{esc(r["baselines"])}</td>')
-                         + f'<td><a href="{esc(href)}" target="_top">report</a></td></tr>')
-        parts.append("</table>")
+                         + f'<td><a href="{esc(href)}">report</a></td></tr>')
+        parts.append("</table></div>")
     style = ("body{font-family:system-ui,sans-serif;margin:1.2em;color:#222}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left}.pass{background:#e8f5e9}"
              ".fail{background:#ffebee;font-weight:bold}.changed{background:#fff8e1;font-weight:bold}"
-             "img{max-width:100%}")
+             "img{max-width:100%}" + WIDE_CSS)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>Verification history</title>"
             f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+
+
+#: A wide table scrolls inside its own box instead of pushing the page past the frame's width (the frame
+#: Airflow gives an external view is narrower than the window), and long cells wrap.
+WIDE_CSS = (".wide{max-width:100%;overflow-x:auto}.wide table{max-width:100%}"
+            "td,th{overflow-wrap:anywhere;vertical-align:top}")
+
+
+def with_back_link(page: str, dag_id: str, back: str | None) -> str:
+    """The served report with a bar on top: "Verification history" (same frame, so it works inside
+    Airflow's sandboxed iframe), and "back to the history" when the reader came from there."""
+    label = "&larr; back to the verification history" if back == "history" else "Verification history"
+    bar = (f'<nav style="font:14px system-ui,sans-serif;margin:0 0 .8em"><a href="'
+           f'{html.escape(links.history_path(dag_id))}">{label}</a></nav>')
+    head, sep, rest = page.partition("<body>")
+    return head + sep + bar + rest if sep else bar + page
 
 
 def create_app() -> FastAPI:
@@ -166,10 +224,12 @@ def create_app() -> FastAPI:
     access = _dag_access()
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report", response_class=HTMLResponse, dependencies=[access])
-    def report(dag_id: str, run_id: str) -> Response:
-        """The run's HTML report (self-contained: its plots are embedded)."""
+    def report(dag_id: str, run_id: str, back: str | None = Query(None, alias="from")) -> Response:
+        """The run's HTML report (self-contained: its plots are embedded), with a link to the history and, for a
+        nightly FAIL that started a bisection, a link to it."""
         folder = run_folder(dag_id, run_id)
-        return HTMLResponse(_with_bisection_link(folder, (folder / "report.html").read_bytes().decode("utf-8")))
+        page = _with_bisection_link(folder, (folder / "report.html").read_bytes().decode("utf-8"))
+        return HTMLResponse(with_back_link(page, dag_id, back))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/bisection", response_class=HTMLResponse, dependencies=[access])
     def bisection_view(dag_id: str, run_id: str) -> Response:
@@ -186,6 +246,18 @@ def create_app() -> FastAPI:
         """The run's machine-readable report."""
         data = (run_folder(dag_id, run_id) / "report.json").read_bytes()
         return Response(data, media_type="application/json")
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/files", response_class=HTMLResponse, dependencies=[access])
+    def files(dag_id: str, run_id: str) -> Response:
+        """The run's record folder: every file with its size and sha256, each a link."""
+        return HTMLResponse(files_page(dag_id, run_id))
+
+    @app.get("/dags/{dag_id}/runs/{run_id}/files/{rel:path}", dependencies=[access])
+    def one_file(dag_id: str, run_id: str, rel: str) -> Response:
+        """One file of the run's record (what the report's files table links to)."""
+        path = record_file(dag_id, run_id, rel)
+        media = _MEDIA.get(path.suffix, "text/plain; charset=utf-8")
+        return Response(path.read_bytes(), media_type=media, headers={"X-Content-Type-Options": "nosniff"})
 
     @app.get("/dags/{dag_id}/runs/{run_id}/proposal/{suite}.png", dependencies=[access])
     def proposal_png(dag_id: str, run_id: str, suite: str) -> Response:

@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
+from rl_verify.core import numbers
 from rl_verify.core.thresholds import Rule
 from rl_verify.suites.spec import SuiteSpec, data_file
 
@@ -33,10 +34,9 @@ def fmt(value: Any) -> str:
 
 
 def threshold_text(rule: Rule) -> str:
-    """``< 12%`` for a relative threshold (as the runbook writes it), ``<= 0.0001`` otherwise."""
-    if rule.method == "relative":
-        return f"{rule.operator} {rule.threshold * 100:g}%"
-    return f"{rule.operator} {fmt(rule.threshold)}"
+    """``< 12%`` for a relative threshold (as the runbook writes it), ``<= 0.0001`` otherwise, ``< 10 s`` for
+    a time: the report writes the same (``rl_verify.core.numbers``)."""
+    return numbers.style(rule.metric, rule.method, rule.threshold).threshold(rule.operator, rule.threshold)
 
 
 def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
