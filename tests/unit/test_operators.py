@@ -145,7 +145,8 @@ def test_scheduled_run_proceeds_on_a_standing_approval_verified_against_the_reco
     result = _op(ctx).execute(ctx)
     assert waited == [] and result["chosen_options"] == ["Approve"]
     assert ctx["ti"].pushed["decision"] == {"chosen_options": ["Approve"], "by": "alice", "at": GRANTED_AT,
-                                            "standing": True, "granted_in": "scheduled__granting"}
+                                            "standing": True, "granted_in": "scheduled__granting",
+                                            "bisection": None}
 
 
 def test_a_forged_grant_naming_another_user_waits_for_a_person(variables, waited, airflow_record):
