@@ -73,7 +73,7 @@ def _record(rig: Rig, dag_id: str, run_id: str, rel: str) -> dict:
 
 
 def _bisect(rig: Rig, conf: dict, run_id: str | None = None, decision: str | None = "Approve",
-            timeout: float = 1500) -> tuple[str, str, dict | None]:
+            timeout: float = 3000) -> tuple[str, str, dict | None]:
     run_id = rig.client.trigger(BISECT_DAG_ID, conf=conf, run_id=run_id)
     detail = None
     if decision is not None:
