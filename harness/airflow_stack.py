@@ -253,6 +253,10 @@ class AirflowStack:
             # four DAG files re-parsed every 5 s kept one of the two cores busy and slowed every e2e test.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "3",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "60",
+            # A task parses its DAG file before it runs: on a busy 2-core machine that took 16-40 s, past the
+            # 30 s default, and the task died on its first try (a training task is never retried).
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "240",
             "AIRFLOW__DAG_PROCESSOR__PRINT_STATS_INTERVAL": "300",
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
