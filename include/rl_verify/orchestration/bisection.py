@@ -146,7 +146,7 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
                 f"max_commits (at most {settings.BISECT_MAX_COMMITS})")
         shas = [c["sha"] for c in commits]
         bisect.check_range(shas, p["max_commits"])
-    fingerprint = p["source"].get("fingerprint") or _fingerprint_of(p["bad"], shas[-1], p["suites"])
+    fingerprint = p["source"].get("fingerprint") or _fingerprint_of(shas[-1], p["suites"])
     recorded = recorded_readings(shas, p["suites"], fingerprint, p["source"].get("baselines"))
     free = len(p["nodes"])
     worst = bisect.worst_case(len(shas) - 1, free, good_known=shas[0] in recorded, bad_known=shas[-1] in recorded)
@@ -177,9 +177,11 @@ def _verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
             continue
 
 
-def _fingerprint_of(ref: str, sha: str, suites: list[str]) -> str | None:
-    """The experiment fingerprint of the newest recorded verification of ``sha`` with these suites."""
-    for _, report, folder in sorted(_verification_reports(), key=lambda r: r[1].get("dag_run_id") or "", reverse=True):
+def _fingerprint_of(sha: str, suites: list[str]) -> str | None:
+    """The experiment fingerprint of the newest recorded verification of ``sha`` with these suites (newest by
+    when its report was written, as in ``last_pass``: probes' run ids carry no time)."""
+    newest_first = sorted(_verification_reports(), key=lambda r: _written_at(r[2] / "report.json"), reverse=True)
+    for _, report, folder in newest_first:
         if report.get("commit") == sha and sorted(s.get("suite") for s in report.get("suites") or []) == sorted(suites):
             return _card_fingerprint(folder)
     return None
