@@ -23,9 +23,9 @@ one per suite: `grpo=node_a,opd=node_b`),
 `early_abort` (default on: a suite whose FAIL is certain while it trains is stopped there),
 `repeats`, `baseline_versions`, and `bisection` (set only by a bisection's probes).
 
-Asset events: a PASS emits `rl-verify://verified-commit` (sha, suites, baseline versions, report link);
+Asset events: a PASS emits `x-rl-verify://verified-commit` (sha, suites, baseline versions, report link);
 a scheduled run whose FAIL reproduced in the accuracy class, with a verified PASS of its suites in the
-record, emits `rl-verify://reproduced-fail`, on which `rl_regression_bisect` is scheduled.
+record, emits `x-rl-verify://reproduced-fail`, on which `rl_regression_bisect` is scheduled.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ reproduced FAIL, with probes in parallel over the GPU nodes:
    confirmation's repeats, its own report and cleanup), pre-approved by this approval. With P nodes,
    P probes split the open range into P+1 parts; a commit that cannot be checked out or launched is
    skipped (the culprit is then a range); probes that can no longer change the answer are stopped.
-4. **publish_culprit**: the culprit's asset event `rl-verify://culprit`; the result page (culprit,
+4. **publish_culprit**: the culprit's asset event `x-rl-verify://culprit`; the result page (culprit,
    evidence table, plot) is the run's "Bisection" view.
 
-Started automatically by a scheduled verification's reproduced FAIL (asset `rl-verify://reproduced-fail`,
+Started automatically by a scheduled verification's reproduced FAIL (asset `x-rl-verify://reproduced-fail`,
 when the record holds a verified PASS of the suite), or by hand with `good`, `bad`, `suites`, `nodes`.
 """
 

@@ -292,10 +292,12 @@ BISECT_TASK = "bisect"
 STOPPED_BY_BISECTION_FILE = "stopped_by_bisection.json"
 
 # --- asset events (Airflow assets; downstream DAGs schedule on them) ---
+# The x- scheme is Airflow's for URIs no provider normalizes: any other scheme makes every parse of a DAG
+# file (each task's too) load every provider's URI handlers first (seconds on a busy core).
 #: Emitted by a verification run whose verdict is PASS: sha, suites, baseline versions, report link.
-VERIFIED_COMMIT_ASSET = "rl-verify://verified-commit"
+VERIFIED_COMMIT_ASSET = "x-rl-verify://verified-commit"
 #: Emitted by a scheduled verification whose FAIL reproduced in the accuracy class with a known last
 #: PASS: good, bad, suites, metrics; the bisection DAG is scheduled on it.
-REPRODUCED_FAIL_ASSET = "rl-verify://reproduced-fail"
+REPRODUCED_FAIL_ASSET = "x-rl-verify://reproduced-fail"
 #: Emitted by a bisection that named its culprit: sha, subject, author, date, suites, report link.
-CULPRIT_ASSET = "rl-verify://culprit"
+CULPRIT_ASSET = "x-rl-verify://culprit"

@@ -126,8 +126,8 @@ def test_dag_shape_matches_the_spec(parsed):
     assert tasks["verdict"]["upstream"] == ["report"]
     # The asset events come from the report, whatever the verdict task does with a FAIL.
     assert tasks["announce_verified"]["upstream"] == tasks["announce_reproduced_fail"]["upstream"] == ["report"]
-    assert parsed["outlets"] == {"announce_verified": ["rl-verify://verified-commit"],
-                                 "announce_reproduced_fail": ["rl-verify://reproduced-fail"]}
+    assert parsed["outlets"] == {"announce_verified": ["x-rl-verify://verified-commit"],
+                                 "announce_reproduced_fail": ["x-rl-verify://reproduced-fail"]}
 
 
 def test_trigger_rules_as_designed(parsed):
@@ -136,9 +136,11 @@ def test_trigger_rules_as_designed(parsed):
     assert rules["report"] == rules["verdict"] == "all_done"  # the report exists whatever failed
     assert rules["fetch_grpo"] == rules["compare_opd"] == "none_skipped"  # reject skips them
     assert rules["run_grpo"] == rules["approve"] == rules["run_opd-r1"] == "all_success"
-    # A gate runs after a failed comparison (a first run's FAIL) and decides; a skipped repeat skips its
-    # fetch and compare; the outcome is always written.
-    assert rules["repeat_opd-r1"] == rules["repeat_grpo-r3"] == rules["confirm_opd"] == "all_done"
+    # A gate runs after a failed comparison (a first run's FAIL) and decides; a skipped comparison skips the
+    # gate with no worker (and so every later repeat); a skipped repeat skips its fetch and compare; the
+    # outcome is always written.
+    assert rules["repeat_opd-r1"] == rules["repeat_grpo-r3"] == "none_skipped"
+    assert rules["confirm_opd"] == rules["confirm_grpo"] == "all_done"
     assert rules["fetch_opd-r1"] == rules["compare_grpo-r2"] == "none_skipped"
     assert set(parsed["tasks"]["cleanup"]["upstream"]) >= {"run_grpo", "run_opd", "fetch_grpo", "fetch_opd",
                                                           "run_opd-r3", "fetch_grpo-r2"}
@@ -169,7 +171,7 @@ def test_a_bisections_probe_is_the_verification_itself_under_a_dag_that_runs_one
 
 def test_bisection_dag_is_scheduled_on_a_reproduced_fail_and_asks_one_approval_no_standing_one_covers(parsed):
     tasks, dag = parsed["bisect"], parsed["bisect_dag"]
-    assert dag["schedule"] == ["rl-verify://reproduced-fail"] and dag["max_active_runs"] == 1 and dag["doc_md"]
+    assert dag["schedule"] == ["x-rl-verify://reproduced-fail"] and dag["max_active_runs"] == 1 and dag["doc_md"]
     assert "rl-verify" in dag["tags"] and "bisection" in dag["tags"]
     assert dag["params"] == ["bad", "good", "max_commits", "metrics", "nodes", "repeats", "suites"]
     assert set(tasks) == {"plan_range", "bisection_card", "approve", "bisect", "publish_culprit"}
@@ -177,7 +179,7 @@ def test_bisection_dag_is_scheduled_on_a_reproduced_fail_and_asks_one_approval_n
     assert tasks["approve"]["upstream"] == ["bisection_card"]
     assert tasks["bisect"]["upstream"] == ["approve", "plan_range"]
     assert tasks["publish_culprit"]["upstream"] == ["bisect"] and tasks["publish_culprit"]["outlets"] == [
-        "rl-verify://culprit"]
+        "x-rl-verify://culprit"]
     # Nothing is probed without a person's approval: a nightly's standing approval is never offered or used.
     assert tasks["approve"]["standing_offered"] is False
     assert tasks["bisect"]["retries"] == 0 and tasks["bisect"]["trigger_rule"] == "all_success"

@@ -169,7 +169,7 @@ def test_an_event_is_emitted_with_its_extra_and_a_missing_one_skips_the_task():
     from airflow.sdk import Asset
     from airflow.sdk.exceptions import AirflowSkipException
 
-    events = {Asset("rl-verify://x"): SimpleNamespace(extra={})}
+    events = {Asset("x-rl-verify://x"): SimpleNamespace(extra={})}
     bisection.announce(events, next(iter(events)), {"sha": GOOD})
     assert next(iter(events.values())).extra == {"sha": GOOD}
     with pytest.raises(AirflowSkipException):

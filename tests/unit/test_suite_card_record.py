@@ -195,6 +195,34 @@ def test_paths_written_in_another_tasks_workspace_are_read_in_this_one(tmp_path)
                                               "note": written["note"], "steps": 45}
 
 
+def test_a_cached_result_is_computed_once_per_key_and_again_for_another_or_a_damaged_entry(file_store):
+    calls = []
+
+    def compute(value):
+        calls.append(value)
+        return {"false_alarm": value}
+
+    key = {"code": "abc", "sigma": {"eval/gsm8k/acc": 0.01}, "budget": 2}
+    assert record.cached_json("estimates", key, lambda: compute(0.005)) == {"false_alarm": 0.005}
+    assert record.cached_json("estimates", dict(key), lambda: compute(0.5)) == {"false_alarm": 0.005}
+    assert calls == [0.005]  # the second run with equal inputs read the store
+    assert record.cached_json("estimates", {**key, "budget": 3}, lambda: compute(0.007)) == {"false_alarm": 0.007}
+    (entry,) = [p for p in (file_store.parent / "cache" / "estimates").iterdir()
+                if json.loads(p.read_text())["key"]["budget"] == 2]
+    entry.write_text('{"key": ')  # a writer that crashed half-way
+    assert record.cached_json("estimates", key, lambda: compute(0.006)) == {"false_alarm": 0.006}
+    assert calls == [0.005, 0.007, 0.006]
+
+
+def test_a_store_that_cannot_keep_the_cache_still_gives_the_result(tmp_path, monkeypatch):
+    from rl_verify import settings
+
+    blocked = tmp_path / "store"
+    blocked.write_text("a file where the store's folder should be")
+    monkeypatch.setattr(settings, "RECORD_ROOT", str(blocked))
+    assert record.cached_json("estimates", {"k": 1}, lambda: [1, 2]) == [1, 2]
+
+
 def test_an_object_store_that_cannot_be_written_names_the_setting_and_the_connection():
     with pytest.raises(OSError) as err:
         record.ensure_store_writable("manual__1", root="s3://no_such_conn@bucket/records")

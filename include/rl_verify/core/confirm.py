@@ -37,6 +37,7 @@ through :func:`decide` itself the rates of the whole procedure.
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
@@ -46,6 +47,9 @@ PASS, FAIL = "PASS", "FAIL"
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "FAIL (reproduced)", "PASS (not reproduced)", "INCONCLUSIVE"
 #: Outcomes that fail the DAG run (with infrastructure failures, which are FAIL).
 FAILING = (FAIL, REPRODUCED)
+#: The unit normal distribution. The standard library's (exact to double precision for these tails) rather
+#: than SciPy's: every repeat gate and confirmation task would import scipy.stats (seconds on a busy core).
+_NORMAL = NormalDist()
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,8 @@ class Rule:
 
 @lru_cache(maxsize=256)
 def _two_sided_bound(p: float, metrics: int) -> float:
-    from scipy.stats import norm  # kept out of DAG parsing
-
     per_test = 1 - (1 - p) ** (1 / max(1, metrics))
-    return float(norm.isf(per_test / 2))
+    return -_NORMAL.inv_cdf(per_test / 2)
 
 
 @dataclass
@@ -289,11 +291,9 @@ def _decide_without_spread(first: RunPoints, repeats: Sequence[RunPoints], sprea
 def healthy_breach_rate(sigma: float, threshold: float, points: int, runs: int) -> float:
     """The chance that a healthy run breaches a metric at one of its ``points`` (normal, independent noise;
     the reference an N-run mean, so a difference has variance sigma^2 (1 + 1/N))."""
-    from scipy.stats import norm  # kept out of DAG parsing
-
     if sigma <= 0:
         return 0.0
-    inside = 2 * norm.cdf(threshold / (sigma * math.sqrt(1 + 1 / runs))) - 1
+    inside = 2 * _NORMAL.cdf(threshold / (sigma * math.sqrt(1 + 1 / runs))) - 1
     return float(1 - inside ** points)
 
 

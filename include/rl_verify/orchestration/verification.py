@@ -8,6 +8,7 @@ DAG file parses fast and without touching the network.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import asdict
@@ -452,6 +453,15 @@ def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
         return {"spread": None, "note": "the baseline version records no run-to-run spread (or the engine judges "
                                         "no point comparisons): one repeat decides, no error rate is estimated"}
     layout = confirm.Layout.of(first.points)
+    # Seeded simulations of the same inputs give the same figures: computed once per baseline spread, judged
+    # points and budget (tens of seconds on a busy core), kept in the record store for every later run.
+    key = {"code": _confirm_code(), "thresholds": layout.thresholds, "steps": layout.steps, "sigma": spread.sigma,
+           "runs": spread.runs, "source": spread.source, "budget": budget}
+    return record.cached_json("estimates", key, lambda: estimate(layout, spread, budget))
+
+
+def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dict[str, Any]:
+    """The figures of ``_estimates`` for one layout of judged points, spread and repeat budget."""
     rule = confirm.Rule(budget=budget)
     healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1)
     metrics = {}
@@ -469,6 +479,13 @@ def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
             "inconclusive": healthy[confirm.INCONCLUSIVE], "mean_runs": healthy["runs"],
             "simulated": "1000 healthy verifications (normal, independent noise; the reference's own error drawn "
                          "once per verification)"}
+
+
+@functools.cache
+def _confirm_code() -> str:
+    """The confirmation code's own version in the estimates' cache key: a change to the rule or the
+    simulation computes them again."""
+    return record.sha256(Path(confirm.__file__))
 
 
 def fetch_findings(meta: Mapping[str, Any]) -> list[str]:

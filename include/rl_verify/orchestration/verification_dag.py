@@ -89,9 +89,12 @@ def build() -> None:
     def compare(suite, attempt=0, run_id=None):
         return verification.compare(suite, run_id, attempt)
 
-    # all_done: a first run's FAIL fails its compare task; False skips the repeat's training (and, by their
-    # trigger rules, its fetch and compare); the later gates and the confirmation still run.
-    @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    # none_skipped: a first run's FAIL fails its compare task and the gate still decides; a skipped comparison
+    # (suite not selected, card rejected, no repeat before this one) skips the gate without a worker.
+    # False skips the repeat's training (and, by their trigger rules, its fetch, compare and the later
+    # gates); the confirmation (all_done) always runs.
+    @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="none_skipped",
+                        **settings.LOCAL_TASK_ARGS)
     def repeat_gate(suite, attempt, run_id=None):
         return verification.repeat_gate(suite, attempt, run_id)
 

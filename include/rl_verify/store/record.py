@@ -9,16 +9,19 @@ pushes what it produced back before it ends.
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from rl_verify import settings
 from rl_verify.core.files import read_json, write_atomic, write_json  # noqa: F401 (the record's file API)
 from rl_verify.core.names import run_key
+
+log = logging.getLogger(__name__)
 
 
 def is_url(root: str) -> bool:
@@ -167,6 +170,27 @@ def get_json(dag_run_id: str, rel: str, root: str | None = None, dag_id: str | N
     """One JSON file of the record read straight from the store; None when it does not exist."""
     source = run_store(dag_run_id, root, dag_id) / rel
     return json.loads(source.read_bytes()) if source.exists() else None
+
+
+def cached_json(kind: str, key: Any, compute: Callable[[], Any], root: str | None = None) -> Any:
+    """``compute()``'s JSON result, kept in the store under ``cache/<kind>/<sha256 of key>.json`` and reused
+    by every later run whose ``key`` (any JSON value naming every input, code version included) is equal.
+    A cache entry that cannot be read or written only costs the computation again."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    entry = store_root(root) / "cache" / kind / f"{digest}.json"
+    try:
+        if entry.exists():
+            return json.loads(entry.read_bytes())["value"]
+    except Exception:  # unreadable or half-written by a crashed writer: computed again, rewritten below
+        pass
+    value = compute()
+    try:
+        make_parent(entry)
+        entry.write_bytes((json.dumps({"key": key, "value": value}, sort_keys=True, default=str) + "\n")
+                          .encode("utf-8"))
+    except Exception as err:  # the result stands; the next run computes it again
+        log.warning("Could not keep %s in the record store's cache (%s: %s)", kind, type(err).__name__, err)
+    return value
 
 
 def ensure_store_writable(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> str:
