@@ -25,7 +25,7 @@ hash_inputs() {
             cat "$f"
         done
         "$PY" -c 'import sys; print(sys.version)'
-        echo "uv $UV_VERSION"
+        echo "uv $UV_VERSION, bytecode compiled"
     } | sha256sum | cut -d' ' -f1
 }
 
@@ -48,7 +48,10 @@ reqs=(-r requirements.txt -r requirements-dev.txt -e .)
 installed=""
 if "$VENV/bin/python" -m pip install -q "uv==$UV_VERSION"; then
     echo "bootstrap: installing with uv $UV_VERSION"
-    if "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" "${reqs[@]}"; then
+    # Byte-compiled at install: with PYTHONDONTWRITEBYTECODE set (as on these machines) Python never writes a
+    # .pyc, so every Airflow component, task process and checker would compile Airflow, pandas and SciPy from
+    # source each time it starts (import airflow.sdk: 8.7 s without, 3.4 s with, on 2 cores).
+    if "$VENV/bin/python" -m uv pip install --compile-bytecode --python "$VENV/bin/python" "${reqs[@]}"; then
         installed=uv
     else
         echo "bootstrap: uv failed, falling back to pip" >&2
@@ -58,6 +61,7 @@ else
 fi
 if [[ -z "$installed" ]]; then
     "$VENV/bin/python" -m pip install "${reqs[@]}"
+    "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null
     installed=pip
 fi
 
