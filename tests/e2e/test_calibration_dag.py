@@ -116,7 +116,7 @@ def test_an_approved_calibration_is_the_baseline_the_next_verification_is_judged
     assert good.summary["verdict"] == "PASS", json.dumps(good.tasks)
     report = json.loads(Path(good.summary["report"]["json"]).read_text())
     assert report["baselines"]["opd"].startswith("v2: calibration of commit")
-    bad = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": CONN_ID})
+    bad = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": CONN_ID, "repeats": 0})
     assert bad.summary["verdict"] == "FAIL" and bad.summary["failure_classes"] == ["accuracy"]
 
 
@@ -141,5 +141,5 @@ def test_an_approved_grpo_calibration_is_a_baseline_tracker_the_checker_judges_a
     assert good.summary["verdict"] == "PASS", json.dumps(good.tasks)
     report = json.loads(Path(good.summary["report"]["json"]).read_text())
     assert report["baselines"]["grpo"].startswith("v2: calibration of commit")
-    bad = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": CONN_ID})
+    bad = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": CONN_ID, "repeats": 0})
     assert bad.summary["verdict"] == "FAIL" and bad.summary["failure_classes"] == ["accuracy"]

@@ -100,7 +100,8 @@ def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_sta
     ("sim/regress-teacher", "opd", "distillation/reduced_distillation_kl", "teacher"),
 ])
 def test_regressed_commit_fails_after_a_full_report(rig, node_state, commit, suite, metric, hint):
-    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node", "early_abort": False})
+    # One run (repeats 0): confirming a FAIL by repeats has its own tests (test_confirmation.py).
+    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node", "early_abort": False, "repeats": 0})
     assert out.state == "failed"
     assert out.tasks["report"] == "success" and out.tasks["verdict"] == "failed"
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
@@ -140,7 +141,8 @@ def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, 
     # A regression commit's trainer holds (alive) before its last step: only the early abort can end
     # it there, however slow the poll is on a busy machine.
     sim.set_fault(node_state, suite, fault or "hold", at_step=certain_at if fault else expected - 1)
-    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node"})  # early_abort defaults on
+    # early_abort defaults on; one run (repeats 0): the repeats have their own tests (test_confirmation.py).
+    out = rig.run({"commit": commit, "suites": [suite], "node": "rl_gpu_node", "repeats": 0})
     assert out.state == "failed" and out.tasks[f"run_{suite}"] == "failed", json.dumps(out.tasks)
     assert out.tasks[f"fetch_{suite}"] == out.tasks["report"] == "success" and out.tasks[f"compare_{suite}"] == "failed"
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
@@ -279,7 +281,7 @@ def finished_runs(rig):
     """A PASS run (opd at main) and a FAIL run (grpo at sim/regress-mismatch, aborted early)."""
     sim.clear_faults(rig.state_dir / "node")
     passed = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"})
-    failed = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": "rl_gpu_node"})
+    failed = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": "rl_gpu_node", "repeats": 0})
     assert passed.summary["verdict"] == "PASS" and failed.summary["verdict"] == "FAIL"
     return {"pass": passed, "fail": failed}
 

@@ -132,7 +132,8 @@ def test_suites_on_two_nodes_train_at_once_tasks_run_on_both_workers_and_the_rec
 def test_a_regression_on_the_second_node_fails_with_its_report_in_s3(rig, nodes):
     # Held (alive) before its last step: only the early abort ends it there.
     sim.set_fault(rig.node_state(NODE_B), "opd", "hold", at_step=24)
-    out = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": NODE_B})
+    # One run (repeats 0): the repeats have their own tests (test_confirmation.py).
+    out = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": NODE_B, "repeats": 0})
     assert out.state == "failed", json.dumps(out.tasks)
     assert out.tasks["compare_opd"] == "failed" and out.tasks["report"] == "success"
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
