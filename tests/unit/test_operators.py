@@ -76,11 +76,16 @@ def _op(ctx):
 
 
 class FakeTI:
-    def __init__(self, card):
-        self.card, self.pushed = card, {}
+    map_index = -1
+
+    def __init__(self, card, resolved=None):
+        self.card, self.pushed, self.resolved = card, {}, resolved
 
     def xcom_push(self, key, value):
         self.pushed[key] = value
+
+    def xcom_pull(self, task_ids=None, key=None):
+        return self.resolved if task_ids == "resolve_commit" else None
 
 
 @pytest.fixture()
@@ -245,3 +250,23 @@ def test_a_manual_runs_card_does_not_offer_a_standing_approval_and_a_scheduled_o
         ctx = _context(run_type)
         _op(ctx).execute(ctx)
     assert offered == {"manual": [], "scheduled": ["standing_approval"]}
+
+
+def test_an_approved_card_skips_every_task_of_the_suites_the_run_does_not_test_at_once():
+    from airflow.sdk import DAG
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    from rl_verify.orchestration import verification_dag
+
+    with DAG("skip_probe", schedule=None, params=verification_dag.params()) as dag:
+        verification_dag.build()
+    approve = dag.get_task("approve")
+    ti = FakeTI({"fingerprint": "fp", "markdown": "card"}, resolved={"suites": ["opd"]})
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        approve._skip_unselected_suites({"ti": ti, "task": approve})
+    names = sorted(skipped.value.tasks)
+    assert names == sorted(t for t in dag.task_ids if t.endswith(("_grpo",)) or "_grpo-r" in t), names
+    assert "run_grpo" in names and "confirm_grpo" in names and "repeat_grpo-r3" in names
+    assert not any("opd" in t for t in names)  # the suite under test keeps every task
+    # Both suites tested: nothing skipped, the task ends normally.
+    approve._skip_unselected_suites({"ti": FakeTI({}, resolved={"suites": ["grpo", "opd"]}), "task": approve})

@@ -19,7 +19,7 @@ from airflow.sdk import BaseOperator, Param, ParamsDict, Variable
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 from airflow.sdk.timezone import utcnow
 
-from rl_verify import settings
+from rl_verify import engines, settings
 from rl_verify.core import bisect
 from rl_verify.core.names import repeat_seed
 from rl_verify.engines import engine_of, live_config, load_suite
@@ -267,6 +267,28 @@ class CardApprovalOperator(ApprovalOperator):
         )
 
     def execute(self, context: Any) -> Any:
+        approved = self._approve_or_wait(context)
+        self._skip_unselected_suites(context)  # reached only when approved without waiting for a person
+        return approved
+
+    def _skip_unselected_suites(self, context: Any) -> None:
+        """Skip every task of the suites this run does not test, at once: without it each such suite's training
+        and confirmation would take a worker (and the node's pool slot) only to skip itself. Ends the task
+        (Airflow's SkipMixin raises); a DAG without suite tasks (a bisection's card) skips nothing."""
+        resolved = context["ti"].xcom_pull(task_ids="resolve_commit") or {}
+        if not resolved.get("suites"):
+            return
+        unselected = [s for s in engines.known_suites() if s not in resolved["suites"]]
+        names = {settings.confirm_task(s) for s in unselected} | {
+            name for s in unselected for k in range(settings.MAX_REPEATS + 1)
+            for name in (settings.training_task(s, k), settings.fetch_task(s, k), settings.compare_task(s, k),
+                         *([settings.repeat_gate_task(s, k)] if k else []))}
+        tasks = [t for t in context["task"].get_flat_relatives(upstream=False) if t.task_id in names]
+        if tasks:
+            self.log.info("Not tested in this run: %s (their tasks are skipped)", ", ".join(unselected))
+            self.skip(ti=context["ti"], tasks=tasks)
+
+    def _approve_or_wait(self, context: Any) -> Any:
         card: Card = self.card
         self.body = card["markdown"]
         params = context.get("params") or {}
@@ -358,7 +380,9 @@ class CardApprovalOperator(ApprovalOperator):
             self.log.info("Experiment card approved by %s", who)
             if self.standing_offered and (event.get("params_input") or {}).get("standing_approval"):
                 self._grant(context, card["fingerprint"], who, at, scheduled)
-        return super().execute_complete(context=context, event=event)
+        approved = super().execute_complete(context=context, event=event)
+        self._skip_unselected_suites(context)
+        return approved
 
     def _grant(self, context: Any, fingerprint: str, who: str, at: str, scheduled: bool) -> None:
         if not scheduled:
