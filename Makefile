@@ -55,7 +55,7 @@ ensure-services:
 	bash scripts/ensure_services.sh
 
 test: venv ensure-sshd ensure-chromium ensure-services lint
-	@rc=0; $(PY) -m pytest -q -n 2 --dist loadfile tests $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
 

@@ -65,8 +65,8 @@ def _assert_node_clean(node_state: Path) -> None:
     assert not sim.ray_running(node_state)
 
 
-def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_state):
-    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"})
+def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_state, finished_runs):
+    out = finished_runs["pass"]
     assert out.state == "success", json.dumps(out.tasks)
     assert out.tasks["cleanup"] == "success"
     assert "the node is clean: no process of this run is left" in rig.client.task_log(DAG_ID, out.run_id, "cleanup")
@@ -278,9 +278,10 @@ def test_a_launch_that_exits_1_before_its_tracker_is_explained_in_its_own_words(
 # What a person sees: the UI plugin's report and history views (HTTP, then a real browser)
 @pytest.fixture(scope="module")
 def finished_runs(rig):
-    """A PASS run (opd at main) and a FAIL run (grpo at sim/regress-mismatch, aborted early)."""
+    """A PASS run (grpo and opd at main) and a FAIL run (grpo at sim/regress-mismatch, aborted early), made
+    once for the tests that read them."""
     sim.clear_faults(rig.state_dir / "node")
-    passed = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"})
+    passed = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"})
     failed = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": "rl_gpu_node", "repeats": 0})
     assert passed.summary["verdict"] == "PASS" and failed.summary["verdict"] == "FAIL"
     return {"pass": passed, "fail": failed}

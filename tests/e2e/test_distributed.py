@@ -119,7 +119,9 @@ def test_suites_on_two_nodes_train_at_once_tasks_run_on_both_workers_and_the_rec
     assert json.loads(stored["commit.json"])["suite_nodes"] == {"grpo": CONN_ID, "opd": NODE_B}
     report = json.loads(stored["report.json"])
     assert report["verdict"] == "PASS" and report["node"] == f"grpo on {CONN_ID}, opd on {NODE_B}"
-    assert f"{out.summary['record']}/grpo/tracker.jsonl" in stored["report.md"].decode()
+    # The record's place (the bucket's URL) is said once above the files table; each file by its path in it.
+    md = stored["report.md"].decode()
+    assert f"`{out.summary['record']}`" in md and "| `grpo/tracker.jsonl` |" in md
     # The API server reads the report from the bucket too.
     with httpx.Client(base_url=rig.stack.base_url, timeout=30) as http:
         token = rig.client.login()

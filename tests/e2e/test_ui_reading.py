@@ -179,7 +179,11 @@ def test_the_cards_cjk_headings_render_as_glyphs_not_boxes(rig, runs, page):
 _ABSOLUTE = re.compile(r"(?<![\w.:/])(/(?:[\w.@+-]+/)+[\w.@+-]+)")
 
 
+_DATA_URI = re.compile(r"data:[\w/.+-]+;base64,[A-Za-z0-9+/=]+")
+
+
 def _paths_in(text: str) -> set[str]:
+    text = _DATA_URI.sub("", text)  # an embedded plot's base64 holds slashes, not paths
     return {m.group(1) for m in _ABSOLUTE.finditer(text) if not m.group(1).startswith(links.APP_PREFIX + "/")}
 
 

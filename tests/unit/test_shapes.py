@@ -72,6 +72,13 @@ def test_a_metric_compared_once_has_a_single_point_shape():
     assert shape.kind == "single-point" and "step 45 only" in shape.text
 
 
+def test_a_run_stopped_at_its_first_point_reads_from_start_as_the_runbook_says_not_single_point():
+    for step in (0, 1):  # OPD's first eval point (step 0), a tracker's first step (1)
+        shape = classify(series([0.2], first_step=step), THRESHOLD)
+        assert shape.kind == "from-start" and f"first compared step {step}" in shape.text
+    assert classify(series([0.2], first_step=2), THRESHOLD).kind == "single-point"
+
+
 def test_breaching_steps_are_written_as_ranges_of_consecutive_compared_points():
     from rl_verify.core.shapes import step_ranges
 

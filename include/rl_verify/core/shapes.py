@@ -5,7 +5,8 @@ first eval point -> initialisation or config; diverging gradually -> the trainin
 only applied to a breach of the shape it describes, so every failing metric is first classified:
 
 * ``non-finite``: a compared current value is NaN or +-Infinity;
-* ``single-point``: the metric is compared at one point only (GRPO's final ``eval/accuracy``);
+* ``single-point``: the metric is compared at one point only, later than step 1 (GRPO's final
+  ``eval/accuracy``); a run stopped early after its first point is ``from-start``;
 * ``from-start``: outside its bound already at the first compared point;
 * ``isolated``: exactly one compared point outside its bound, later than the first, that did not
   grow into it (see ``gradual``);
@@ -32,6 +33,10 @@ from dataclasses import dataclass
 #: A point whose error is below this fraction of the threshold is "well inside" its bound; a breach
 #: that follows such a point is a jump, not a gradual growth.
 JUMP_RATIO = 0.5
+
+#: Steps that count as the start of a run (runbook section 3: "already off at step 1 / the first eval point"):
+#: a metric compared only there, because the run stopped early, is read as ``from-start``, not ``single-point``.
+FIRST_STEPS = 1
 
 KINDS = ("non-finite", "single-point", "from-start", "isolated", "intermittent", "jump", "gradual")
 
@@ -106,8 +111,11 @@ def _classify(points: Sequence[ComparedPoint], threshold: float | None) -> Shape
     if non_finite:
         where = "only at step" if len(non_finite) == 1 else "at steps"
         return Shape("non-finite", non_finite[0].step, f"NaN/Infinity {where} {_steps(non_finite)}")
-    if len(points) == 1:
+    if len(points) == 1 and first.step > FIRST_STEPS:
         return Shape("single-point", first.step, f"compared at step {first.step} only (error {_fmt(first.error)})")
+    if len(points) == 1:  # a run stopped early at its first point: the runbook's "already off at step 1"
+        return Shape("from-start", first.step, f"outside its bound at the first compared step {first.step} (the run "
+                                               f"compared no later point; error {_fmt(first.error)})")
     after = [p for p in points if p.step > first.step]
     stays = all(p.breached for p in after)
     if first.step == points[0].step:

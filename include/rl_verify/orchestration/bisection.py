@@ -336,8 +336,13 @@ def stop_probe(run_id: str, bisection_run_id: str, why: str) -> list[str]:
     for task_id, state in states.items():
         if settings.suite_of_training_task(task_id) and state in ("none", "scheduled", "queued", "running",
                                                                   "deferred", "up_for_retry", "restarting"):
-            airflow_api.fail_task(settings.AIRFLOW_API_CONN_ID, settings.PROBE_DAG_ID, run_id, task_id,
-                                  f"stopped by bisection {bisection_run_id}: {why}")
+            try:
+                airflow_api.fail_task(settings.AIRFLOW_API_CONN_ID, settings.PROBE_DAG_ID, run_id, task_id,
+                                      f"stopped by bisection {bisection_run_id}: {why}")
+            except Exception as err:  # stopping early only saves GPU time: the probe's answer is already known
+                log.warning("Could not stop %s of probe %s (%s: %s): it trains to its end; its repeats are "
+                            "cancelled", task_id, run_id, type(err).__name__, str(err).splitlines()[0][:200])
+                continue
             stopped.append(task_id)
     return stopped
 
