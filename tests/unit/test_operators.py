@@ -270,3 +270,15 @@ def test_an_approved_card_skips_every_task_of_the_suites_the_run_does_not_test_a
     assert not any("opd" in t for t in names)  # the suite under test keeps every task
     # Both suites tested: nothing skipped, the task ends normally.
     approve._skip_unselected_suites({"ti": FakeTI({}, resolved={"suites": ["grpo", "opd"]}), "task": approve})
+
+
+def test_a_poll_cut_by_sshd_going_down_is_a_lost_connection_the_monitor_reconnects_after():
+    import asyncio
+    from types import SimpleNamespace
+
+    class CutSession:
+        async def run(self, *args, **kwargs):  # what asyncssh returns when sshd dies mid-command
+            return SimpleNamespace(stdout=b"", exit_status=None)
+
+    with pytest.raises(ConnectionError, match="session ended before the command did"):
+        asyncio.run(_trigger()._poll(CutSession()))

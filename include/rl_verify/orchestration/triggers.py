@@ -139,6 +139,10 @@ class RLJobTrigger(BaseTrigger):
         """
         status, out = await self._script(conn, remote.job_poll_script(self.job_dir, self.log_offset,
                                                                       self.log_chunk_size))
+        if not out:
+            # The poll script always prints its header line: nothing at all means the session was cut
+            # (sshd going down mid-command), a lost connection to reconnect after, not a broken job.
+            raise ConnectionError("the job poll printed nothing: the SSH session ended before the command did")
         if status != 0:
             raise ValueError(f"job poll exited {status}: {out[-300:]!r}")
         exit_code, start, size, text, offset = parse_poll(out)
