@@ -234,8 +234,9 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
                   "| metric | run-to-run sigma | threshold | a healthy run breaches it | smallest shift detected "
                   "with 90% probability |", "|---|---|---|---|---|"]
         for metric, m in est["metrics"].items():
-            lines.append(f"| {metric} | {fmt_number(m['sigma'])} | {fmt_number(m['threshold'])} | "
-                         f"{_pct(m['healthy_breach'])} | {fmt_number(m['min_detectable_shift'])} |")
+            lines.append(f"| {metric} | {_in_units(m['sigma'], m['threshold'])} | "
+                         f"{numbers.threshold_number(m['threshold'], False)} | {_pct(m['healthy_breach'])} | "
+                         f"{_in_units(m['min_detectable_shift'], m['threshold'])} |")
         lines.append("")
     elif est.get("note"):
         lines += [f"Error rates: {est['note']}.", ""]
@@ -245,6 +246,14 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
 def _md_cell(text: str) -> str:
     """Markdown table cell: no pipes or newlines from tracker strings can break the table."""
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def _in_units(value: float | None, threshold: float | None) -> str:
+    """A spread or a shift of a metric with the digits its errors are shown with (``numbers.decimals_at``
+    of its threshold), so that the confirmation's table reads like the metric's own table."""
+    if value is None:
+        return "-"
+    return f"{float(value):.{numbers.decimals_at(threshold)}f}"
 
 
 def styles_of(checks: Sequence[Check]) -> dict[str, numbers.Style]:
@@ -476,9 +485,10 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                    "<th>run-to-run sigma</th><th>threshold</th><th>a healthy run "
                    "breaches it</th><th>smallest shift detected with 90% probability</th></tr>")
         for metric, m in est["metrics"].items():
-            out.append(f"<tr><td>{e(metric)}</td><td>{e(fmt_number(m['sigma']))}</td>"
-                       f"<td>{e(fmt_number(m['threshold']))}</td><td>{e(_pct(m['healthy_breach']))}</td>"
-                       f"<td>{e(fmt_number(m['min_detectable_shift']))}</td></tr>")
+            out.append(f"<tr><td>{e(metric)}</td><td>{e(_in_units(m['sigma'], m['threshold']))}</td>"
+                       f"<td>{e(numbers.threshold_number(m['threshold'], False))}</td>"
+                       f"<td>{e(_pct(m['healthy_breach']))}</td>"
+                       f"<td>{e(_in_units(m['min_detectable_shift'], m['threshold']))}</td></tr>")
         out.append("</table></div>")
     elif est.get("note"):
         out.append(f"<p>Error rates: {e(est['note'])}.</p>")
