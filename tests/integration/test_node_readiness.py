@@ -11,6 +11,7 @@ from sim_ssh import Node, simnode
 from rl_verify.core.names import run_key
 from rl_verify.engines import load_suite
 from rl_verify.node import ops as node
+from simulator import traps as simtraps
 
 pytestmark = pytest.mark.integration
 
@@ -24,6 +25,7 @@ def _needs(sim_node: Node, specs):
     return node.merged_needs(specs, ray_ports=tuple(sim_node.info["ray_ports"]), ray_log=sim_node.info["ray_log"])
 
 
+
 def _check(sim_node: Node, specs=None):
     specs = specs or _specs(sim_node)
     return node.check_prerequisites(sim_node.client, specs, f"{sim_node.info['root']}/runs", run_key("it-ready"),
@@ -31,8 +33,11 @@ def _check(sim_node: Node, specs=None):
 
 
 def _node_state(sim_node: Node) -> tuple:
-    """What a check must leave as it found it: processes, Ray, the ports' holders, the run folders."""
-    _, ports, _ = sim_node.run("ss -ltnH | awk '{print $4}' | sort")
+    """What a check must leave as it found it: processes, Ray, the node's own ports (its Ray ports and its
+    sshd; other ports of this machine belong to tests running beside this one), the run folders."""
+    _, listening, _ = sim_node.run("ss -ltnH | awk '{print $4}' | sort")
+    own = set(simtraps.settings(sim_node.root)["ray_ports"]) | {int(sim_node.info["port"])}
+    ports = [a for a in listening.split() if a.rsplit(":", 1)[-1].isdigit() and int(a.rsplit(":", 1)[-1]) in own]
     runs = sim_node.root / "runs"
     return (sorted(cmd for _, cmd in simnode.node_processes(sim_node.state)), simnode.ray_running(sim_node.state),
             ports, sorted(p.name for p in runs.iterdir()) if runs.is_dir() else [])
