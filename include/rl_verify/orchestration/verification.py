@@ -461,7 +461,8 @@ def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
 
 
 def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dict[str, Any]:
-    """The figures of ``_estimates`` for one layout of judged points, spread and repeat budget."""
+    """The figures of ``_estimates`` for one layout of judged points, spread and repeat budget (its source is
+    part of their cache key: ``_confirm_code``)."""
     rule = confirm.Rule(budget=budget)
     healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1)
     metrics = {}
@@ -483,9 +484,12 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
 
 @functools.cache
 def _confirm_code() -> str:
-    """The confirmation code's own version in the estimates' cache key: a change to the rule or the
-    simulation computes them again."""
-    return record.sha256(Path(confirm.__file__))
+    """The code's own version in the estimates' cache key: a change to the rule, the simulation
+    (``core/confirm.py``) or what ``estimate`` asks of it (samples, seeds) computes them again."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(Path(confirm.__file__).read_bytes() + inspect.getsource(estimate).encode()).hexdigest()
 
 
 def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
