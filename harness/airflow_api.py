@@ -32,6 +32,16 @@ from pydantic_core import to_jsonable_python
 
 TERMINAL_RUN_STATES = {"success", "failed"}
 TERMINAL_TI_STATES = {"success", "failed", "skipped", "upstream_failed", "removed"}
+#: Requests that may be sent again after a transient failure: they change nothing more the second time.
+IDEMPOTENT_METHODS = {"GET", "PATCH", "PUT", "DELETE"}
+DB_ERROR_RETRIES = 3
+
+
+def transient_db_error(status: int | None, body: Any) -> bool:
+    """True for the API server's answer to a database error it could not complete (HTTP 500 "Database
+    error"), e.g. SQLite's "database is locked" while the scheduler holds the write lock."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body or "")
+    return status == 500 and '"reason":"Databaseerror"' in text.replace(" ", "")
 
 
 class StackError(RuntimeError):
@@ -162,21 +172,31 @@ class AirflowClient:
               **kw: Any) -> Any:
         """fn(*args, **kw) (a generated API method); logs in first and once more on HTTP 401.
 
-        Returns None for a status in ``allow`` (e.g. 404); any other error raises StackError.
+        Returns None for a status in ``allow`` (e.g. 404); any other error raises StackError. An idempotent
+        request (GET, PATCH, PUT, DELETE) that met a transient "Database error" (HTTP 500: SQLite's write
+        lock held past its busy timeout by the scheduler on a loaded machine) is sent again, up to 3 times.
         """
-        for attempt in (0, 1):
+        relogged = False
+        for attempt in range(1 + DB_ERROR_RETRIES):
             if auth and self._api.configuration.access_token is None:
                 self.login()
             try:
                 return fn(*args, _request_timeout=self.timeout, **kw)
             except UnauthorizedException as err:
-                if attempt or not auth:
+                if relogged or not auth:
                     raise api_error(err, *self._api.last_request) from err
+                relogged = True
                 self._api.configuration.access_token = None  # expired: log in again and retry once
             except ApiException as err:
                 if err.status in set(allow):
                     return None
+                method = self._api.last_request[0]
+                if (transient_db_error(err.status, err.body) and method in IDEMPOTENT_METHODS
+                        and attempt < DB_ERROR_RETRIES):
+                    time.sleep(1.0 + attempt)  # back off: the lock holder finishes its transaction
+                    continue
                 raise api_error(err, *self._api.last_request) from err
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- health / pools / variables -------------------------------------------------------------
     def health(self) -> dict[str, Any]:

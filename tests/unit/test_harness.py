@@ -13,7 +13,8 @@ import airflow_client.client as ac
 import pytest
 from airflow_client.client.exceptions import ApiException, NotFoundException, UnauthorizedException
 
-from harness.airflow_api import AirflowClient, StackError, api_error, plain, probe_health, render_log_line
+from harness.airflow_api import (AirflowClient, StackError, api_error, plain, probe_health, render_log_line,
+                                 transient_db_error)
 from harness.airflow_stack import SCHEDULER_TI_FINISHED, AirflowStack, finished_task_instances
 from harness.celery_hostname import WORKER_HOSTNAME_CALLABLE, WORKER_HOSTNAME_ENV
 from harness.processes import free_port
@@ -179,6 +180,41 @@ def test_call_raises_stack_error_on_a_second_401_and_passes_allowed_statuses(cli
 
     with pytest.raises(StackError, match="HTTP 409: exists"):
         client._call(conflict, allow=(404,))
+
+
+DB_ERROR = ('{"detail":{"reason":"Database error","statement":"hidden","orig_error":"hidden","message":'
+            '"Serious error when handling your request."}}')
+
+
+def test_an_idempotent_call_that_met_a_database_error_is_sent_again_and_a_post_is_not(client, monkeypatch):
+    monkeypatch.setattr("harness.airflow_api.time.sleep", lambda s: None)
+    calls = []
+
+    def locked_twice(method):
+        def endpoint(*args, **kw):
+            client._api.last_request = (method, "http://127.0.0.1:1/api/v2/dags/d")
+            calls.append(method)
+            if len(calls) <= 2:
+                raise ApiException(status=500, reason="Internal Server Error", body=DB_ERROR)
+            return "ok"
+        return endpoint
+
+    assert client._call(locked_twice("PATCH")) == "ok" and calls == ["PATCH"] * 3
+    calls.clear()
+    with pytest.raises(StackError, match="POST /api/v2/dags/d -> HTTP 500"):
+        client._call(locked_twice("POST"))  # a trigger sent twice could start two runs
+    assert calls == ["POST"]
+
+    def always_locked(*args, **kw):
+        client._api.last_request = ("GET", "http://127.0.0.1:1/api/v2/dags/d")
+        calls.append("GET")
+        raise ApiException(status=500, reason="Internal Server Error", body=DB_ERROR)
+
+    calls.clear()
+    with pytest.raises(StackError, match="HTTP 500"):
+        client._call(always_locked)
+    assert calls == ["GET"] * 4
+    assert not transient_db_error(500, '{"detail": "Internal Server Error"}') and transient_db_error(500, DB_ERROR)
 
 
 def test_probe_health_says_why_when_nothing_answers():

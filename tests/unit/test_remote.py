@@ -273,6 +273,29 @@ def test_a_stopped_job_whose_wrapper_is_not_reaped_yet_is_dead_and_does_not_make
         zombie.wait()
 
 
+def test_a_launch_script_that_exits_while_the_node_is_checked_does_not_make_it_busy(tmp_path):
+    # Two probes on two simulated nodes of one machine: one's launch fails at once while the other checks
+    # whether its node is busy. pgrep lists the script, which is gone before its environment is read; a
+    # foreign launch script still running is reported. A pgrep shim lists both, so the overlap is certain.
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    foreign = subprocess.Popen(["sleep", "60"], env={"PATH": "/usr/bin:/bin"})  # no run marker
+    try:
+        shim = tmp_path / "bin"
+        shim.mkdir()
+        launch = "bash -x recipe/on_policy_distillation/scripts/run_sampled_token_mopd.sh"
+        (shim / "pgrep").write_text(f"#!/bin/sh\necho '{gone.pid} {launch}'\necho '{foreign.pid} {launch}'\n")
+        (shim / "pgrep").chmod(0o755)
+        script = remote.prerequisites_script([], str(tmp_path / "runs"), "this-run")
+        out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True,
+                             env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}).stdout
+        procs = [line.split("\t")[1] for line in out.splitlines() if line.startswith("PROC")]
+        assert procs == [str(foreign.pid)], out
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
 def test_job_state_script_refuses_an_unvalidated_folder():
     with pytest.raises(remote.BadInput):
         remote.job_state_script("/runs/$(id)")

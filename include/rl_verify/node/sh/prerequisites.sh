@@ -43,9 +43,12 @@ done
 # A launch script started by hand (or by another tool) also makes the node busy. The bracket
 # keeps the pattern from matching this script's own command line.
 # Jobs of rl-verify runs carry the run marker and are reported above as BUSY.
+# A script that exits between pgrep and the read of its environment (a launch that fails at once, on this
+# node or on another node of the same machine) is gone, not busy: only a process still there is reported.
 pgrep -af '^([^ ]*/)?(ba)?sh( -[a-z]+)* [^ ]*(run_[r]l|run_[s]ampled_token_mopd)\.sh' | while read -r pid cmd; do
   if ! { tr '\0' '\n' < "/proc/$pid/environ"; } 2>/dev/null | grep -q "^$marker_env="; then
-    printf 'PROC\t%s\t%s\n' "$pid" "$cmd"
+    # (/proc files have no size: an exiting process's command line reads empty.)
+    if [ -n "$(tr -d '\0' < "/proc/$pid/cmdline" 2>/dev/null)" ]; then printf 'PROC\t%s\t%s\n' "$pid" "$cmd"; fi
   fi
 done
 
