@@ -61,9 +61,11 @@ else
 fi
 if [[ -z "$installed" ]]; then
     "$VENV/bin/python" -m pip install "${reqs[@]}"
-    "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null
     installed=pip
 fi
+# uv compiles only what it installs: packages already in an older venv would stay without bytecode. compileall
+# compiles what has none and only checks what has (a few seconds).
+"$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" >/dev/null
 
 # Sanity: the things the harness and the DAG need must import.
 "$VENV/bin/python" - <<'PY'

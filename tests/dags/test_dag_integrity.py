@@ -130,18 +130,25 @@ def test_dag_shape_matches_the_spec(parsed):
                                  "announce_reproduced_fail": ["x-rl-verify://reproduced-fail"]}
 
 
+def tasks_of(parsed, task_id):
+    return parsed["tasks"][task_id]["upstream"]
+
+
 def test_trigger_rules_as_designed(parsed):
     rules = {t: v["trigger_rule"] for t, v in parsed["tasks"].items()}
     assert rules["cleanup"] == "all_done"  # always says whether the node is clean (a skipped task has no log)
     assert rules["report"] == rules["verdict"] == "all_done"  # the report exists whatever failed
-    assert rules["fetch_grpo"] == rules["compare_opd"] == "none_skipped"  # reject skips them
+    # A fetch runs after a training that ran (success or failed) and is skipped after one that never ran
+    # (rejected card, or an earlier task failed); its only upstream is the training.
+    assert rules["fetch_grpo"] == rules["fetch_opd-r1"] == "one_done"
+    assert tasks_of(parsed, "fetch_grpo") == ["run_grpo"] and tasks_of(parsed, "fetch_opd-r2") == ["run_opd-r2"]
+    assert rules["compare_opd"] == rules["compare_grpo-r2"] == "none_skipped"  # a skipped fetch skips it
     assert rules["run_grpo"] == rules["approve"] == rules["run_opd-r1"] == "all_success"
     # A gate runs after a failed comparison (a first run's FAIL) and decides; a skipped comparison skips the
     # gate with no worker (and so every later repeat); a skipped repeat skips its fetch and compare; the
     # outcome is always written.
     assert rules["repeat_opd-r1"] == rules["repeat_grpo-r3"] == "none_skipped"
     assert rules["confirm_opd"] == rules["confirm_grpo"] == "all_done"
-    assert rules["fetch_opd-r1"] == rules["compare_grpo-r2"] == "none_skipped"
     assert set(parsed["tasks"]["cleanup"]["upstream"]) >= {"run_grpo", "run_opd", "fetch_grpo", "fetch_opd",
                                                           "run_opd-r3", "fetch_grpo-r2"}
 

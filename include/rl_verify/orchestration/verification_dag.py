@@ -81,9 +81,13 @@ def build() -> None:
         gaps = verification.schedule_gaps(dag_run.run_type, dag_run.logical_date)
         return verification.experiment_card(resolved, prereq, run_id, gaps)
 
-    @task(trigger_rule="none_skipped", **settings.SHORT_SSH_TASK_ARGS)
-    def fetch(suite, resolved, attempt=0, run_id=None):
-        return verification.fetch(suite, resolved, run_id, attempt)
+    # one_done, the training its only upstream: after a training that ran (success or failed) it archives what
+    # there is; after one that never ran (skipped, or upstream_failed by an earlier task) it is skipped with no
+    # worker, and so are the comparison and the repeats after it (not ~20 task processes that each fail).
+    @task(trigger_rule="one_done", **settings.SHORT_SSH_TASK_ARGS)
+    def fetch(suite, attempt=0, run_id=None, ti=None):
+        # Pulled, not passed: an XComArg would make resolve_commit a second upstream that one_done fires on.
+        return verification.fetch(suite, ti.xcom_pull(task_ids="resolve_commit"), run_id, attempt)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
     def compare(suite, attempt=0, run_id=None):
@@ -145,7 +149,7 @@ def build() -> None:
         for attempt in range(settings.MAX_REPEATS + 1):
             run = SuiteTrainingOperator(task_id=settings.training_task(suite, attempt), suite=suite,
                                         resolved=resolved, attempt=attempt, pool=pool, **settings.TRAINING_TASK_ARGS)
-            fetched = fetch.override(task_id=settings.fetch_task(suite, attempt))(suite, resolved, attempt=attempt)
+            fetched = fetch.override(task_id=settings.fetch_task(suite, attempt))(suite, attempt=attempt)
             result = compare.override(task_id=settings.compare_task(suite, attempt))(suite, attempt=attempt)
             if attempt:
                 chain(last, repeat_gate.override(task_id=settings.repeat_gate_task(suite, attempt))(suite, attempt),
