@@ -155,7 +155,10 @@ class Rig:
                **api_connection_env(self.stack.base_url, self.stack.username, self.stack.password),
                **((extra_env(self) if callable(extra_env) else extra_env) or {})}
         self.stack.start(extra_env=env)
-        self.client = AirflowClient(self.stack.base_url, self.stack.username, self.stack.password)
+        # worker_released: an approval is answered as soon as Airflow can take it (AirflowClient.wait_for_hitl),
+        # not after the 8 s settle a client without the scheduler's log waits.
+        self.client = AirflowClient(self.stack.base_url, self.stack.username, self.stack.password,
+                                    worker_released=self.stack.worker_released)
         for conn_id in conn_ids:
             self.client.create_pool(f"rl_node_{conn_id}", 1, include_deferred=True,
                                     description=f"One training at a time on the simulated GPU node {conn_id}")

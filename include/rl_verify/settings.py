@@ -244,6 +244,13 @@ def repeat_gate_task(suite: str, attempt: int) -> str:
     return "repeat_" + attempt_name(suite, attempt)
 
 
+def attempt_tasks(suite: str, first: int = 0) -> set[str]:
+    """The task ids of ``suite``'s runs from attempt ``first`` on: training, fetch, compare and each repeat's gate."""
+    return {name for k in range(first, MAX_REPEATS + 1)
+            for name in (training_task(suite, k), fetch_task(suite, k), compare_task(suite, k),
+                         *([repeat_gate_task(suite, k)] if k else []))}
+
+
 def confirm_task(suite: str) -> str:
     """The task that gives ``suite``'s outcome over its runs."""
     return "confirm_" + suite

@@ -280,9 +280,7 @@ class CardApprovalOperator(ApprovalOperator):
             return
         unselected = [s for s in engines.known_suites() if s not in resolved["suites"]]
         names = {settings.confirm_task(s) for s in unselected} | {
-            name for s in unselected for k in range(settings.MAX_REPEATS + 1)
-            for name in (settings.training_task(s, k), settings.fetch_task(s, k), settings.compare_task(s, k),
-                         *([settings.repeat_gate_task(s, k)] if k else []))}
+            name for s in unselected for name in settings.attempt_tasks(s)}
         tasks = [t for t in context["task"].get_flat_relatives(upstream=False) if t.task_id in names]
         if tasks:
             self.log.info("Not tested in this run: %s (their tasks are skipped)", ", ".join(unselected))

@@ -95,12 +95,17 @@ def build() -> None:
 
     # none_skipped: a first run's FAIL fails its compare task and the gate still decides; a skipped comparison
     # (suite not selected, card rejected, no repeat before this one) skips the gate without a worker.
-    # False skips the repeat's training (and, by their trigger rules, its fetch, compare and the later
-    # gates); the confirmation (all_done) always runs.
+    # False skips the repeat's training, fetch and compare and every later repeat (the trigger rules would too,
+    # one scheduler loop per task); the confirmation (all_done) always runs.
     @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="none_skipped",
                         **settings.LOCAL_TASK_ARGS)
-    def repeat_gate(suite, attempt, run_id=None):
-        return verification.repeat_gate(suite, attempt, run_id)
+    def repeat_gate(suite, attempt, run_id=None, ti=None):
+        if verification.repeat_gate(suite, attempt, run_id):
+            return True
+        # No: every later run of the suite is skipped at once, not one task per scheduler loop down the chain.
+        later = settings.attempt_tasks(suite, attempt) - {ti.task_id}
+        ti.task.skip(ti=ti, tasks=[t for t in ti.task.get_flat_relatives(upstream=False) if t.task_id in later])
+        return False
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def confirm(suite, run_id=None):
