@@ -8,7 +8,7 @@ One scenario, in the order a team lives it (each step waits for states, never fo
       the run ends NOT APPROVED (timed out), node untouched;
   R4  the genuine standing approval restored, the following scheduled run proceeds and names the
       tick that could not start while R3 waited;
-  R5  a changed card (a new baseline version promoted) waits for a person again.
+  R5  a changed card (a new baseline version promoted while the DAG is paused) waits for a person again.
 The timeline (run ids, logical dates, what each run did at ``approve``, times) is printed and written
 to .state/nightly-timeline.md.
 """
@@ -175,9 +175,16 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     note(r4, f"proceeded on the restored genuine standing approval; PASS; card and report name {gap} tick(s) "
              "that never started")
 
-    # R5: a changed card (a new baseline version promoted) waits for a person again.
+    # R5: a changed card (a new baseline version promoted) waits for a person again. Promoted while the DAG is
+    # paused and no run is active: a run the scheduler made as R4 ended (its tick already due) could otherwise
+    # build its card before the promotion and rightly proceed on the standing approval.
+    client.pause(DAG_ID)
+    while (last := scheduled_runs(rig)[-1])["state"] not in ("success", "failed"):
+        client.wait_for_run(DAG_ID, last["dag_run_id"], timeout=300)
+        note(last, "made before the promotion (its tick was due as R4 ended); ended on the old card")
     promoted = promote_new_opd_baseline(rig, json.loads((Path(s4["record"]) / "commit.json").read_text())["sha"])
-    r5 = next_scheduled_run(rig, r4["logical_date"])
+    client.unpause(DAG_ID)
+    r5 = next_scheduled_run(rig, last["logical_date"])
     client.wait_for_hitl(DAG_ID, r5["dag_run_id"], "approve", timeout=180)
     assert "(the card changed)" in approve_log(rig, r5["dag_run_id"])
     assert f"Baseline version: v{promoted}: calibration of commit" in client.hitl_detail(
