@@ -308,7 +308,7 @@ class AirflowStack:
         self.ensure_password()
         self.env = self.build_env(extra_env)
         try:
-            self._run("db", "migrate")
+            self._migrate()
             for name in COMPONENTS:
                 self._launch(name)
             for spec in self.celery_workers:
@@ -323,6 +323,16 @@ class AirflowStack:
             raise
         self.started_in = time.monotonic() - t0
         return self
+
+    def _migrate(self) -> None:
+        """A migrated metadata database: a new SQLite one is a copy of this Airflow version's migrated template
+        (made once, under a lock, by ``airflow db migrate``); an existing one or another database is migrated."""
+        db = self.state_dir / "airflow.db"
+        if self.database_url or db.exists():
+            self._run("db", "migrate")
+            return
+        template = migrated_sqlite_template(self.python, self.env, self.log_dir / "db.log")
+        copy_sqlite(template, db)
 
     def _worker(self, component: str) -> WorkerSpec | None:
         return next((w for w in self.celery_workers if w.component == component), None)
@@ -499,6 +509,50 @@ class AirflowStack:
 
     def create_pool(self, name: str, slots: int, include_deferred: bool = True) -> dict:
         return self.client().create_pool(name, slots, include_deferred=include_deferred)
+
+
+#: One migrated SQLite metadata database per Airflow version, copied by every new SQLite stack: ``airflow db
+#: migrate`` is a process of its own, ~12 s of CPU per stack, and ``make test`` starts a dozen stacks.
+DB_TEMPLATES = PROJECT_ROOT / ".state" / "db-templates"
+
+
+def migrated_sqlite_template(python: str, env: Mapping[str, str], log: Path) -> Path:
+    """The migrated SQLite template of the installed Airflow version (made on first use; concurrent stacks,
+    e.g. two pytest workers, wait for the one that makes it)."""
+    import fcntl
+    from importlib.metadata import version
+
+    DB_TEMPLATES.mkdir(parents=True, exist_ok=True)
+    template = DB_TEMPLATES / f"airflow-{version('apache-airflow')}.db"
+    with open(DB_TEMPLATES / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not template.exists():
+            partial = template.with_name(template.name + f".{os.getpid()}.partial")
+            partial.unlink(missing_ok=True)
+            menv = {**env, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{partial}"}
+            with open(log, "ab") as out:
+                r = subprocess.run([python, "-m", "airflow", "db", "migrate"], env=menv, stdout=out,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=600, cwd=DB_TEMPLATES)
+            if r.returncode != 0:
+                raise StackError(f"airflow db migrate (template {template}) failed ({r.returncode}):\n{tail(log, 40)}")
+            staged = partial.with_name(partial.name + ".copy")
+            copy_sqlite(partial, staged)
+            os.replace(staged, template)  # whole or not at all: a stack never copies a half-made template
+            for leftover in DB_TEMPLATES.glob(partial.name + "*"):
+                leftover.unlink()
+    return template
+
+
+def copy_sqlite(src: Path, dst: Path) -> None:
+    """A consistent copy of the SQLite database ``src`` (its write-ahead log included) as ``dst``."""
+    import sqlite3
+
+    source, target = sqlite3.connect(src), sqlite3.connect(dst)
+    try:
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
 
 
 def stop_from_state(state_dir: str | os.PathLike[str], timeout: float = 5.0) -> bool:
