@@ -8,7 +8,7 @@ One scenario, in the order a team lives it (each step waits for states, never fo
       the run ends NOT APPROVED (timed out), node untouched;
   R4  the genuine standing approval restored, the following scheduled run proceeds and names the
       tick that could not start while R3 waited;
-  R5  a changed card (a new baseline version promoted while the DAG is paused) waits for a person again.
+  R5  a changed card (a new baseline version promoted) waits for a person again.
 The timeline (run ids, logical dates, what each run did at ``approve``, times) is printed and written
 to .state/nightly-timeline.md.
 """
@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.airflow_api import StackError
 from harness.rig import DAG_ID, Rig
 from rl_verify.core.names import run_key
 from simulator import node as sim
@@ -175,17 +176,23 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     note(r4, f"proceeded on the restored genuine standing approval; PASS; card and report name {gap} tick(s) "
              "that never started")
 
-    # R5: a changed card (a new baseline version promoted) waits for a person again. Promoted while the DAG is
-    # paused and no run is active: a run the scheduler made as R4 ended (its tick already due) could otherwise
-    # build its card before the promotion and rightly proceed on the standing approval.
-    client.pause(DAG_ID)
-    while (last := scheduled_runs(rig)[-1])["state"] not in ("success", "failed"):
-        client.wait_for_run(DAG_ID, last["dag_run_id"], timeout=300)
-        note(last, "made before the promotion (its tick was due as R4 ended); ended on the old card")
+    # R5: a changed card (a new baseline version promoted) waits for a person again. A run the scheduler made as
+    # R4 ended (its tick already due) may have resolved its baselines before the promotion: it rightly proceeds
+    # on the standing approval, and the next scheduled run is the one that must wait.
     promoted = promote_new_opd_baseline(rig, json.loads((Path(s4["record"]) / "commit.json").read_text())["sha"])
-    client.unpause(DAG_ID)
-    r5 = next_scheduled_run(rig, last["logical_date"])
-    client.wait_for_hitl(DAG_ID, r5["dag_run_id"], "approve", timeout=180)
+    promoted_at = datetime.now(timezone.utc)
+    r5 = next_scheduled_run(rig, r4["logical_date"])
+    while True:
+        try:
+            client.wait_for_hitl(DAG_ID, r5["dag_run_id"], "approve", timeout=180)
+            break
+        except StackError as err:
+            if "without a pending HITL request" not in str(err):
+                raise
+        resolved_at = _at(client.task_instance(DAG_ID, r5["dag_run_id"], "resolve_commit")["start_date"])
+        assert resolved_at < promoted_at, f"{r5['dag_run_id']} resolved after the promotion and did not wait"
+        note(r5, "made as R4 ended, baselines resolved before the promotion: proceeded on the old card")
+        r5 = next_scheduled_run(rig, r5["logical_date"])
     assert "(the card changed)" in approve_log(rig, r5["dag_run_id"])
     assert f"Baseline version: v{promoted}: calibration of commit" in client.hitl_detail(
         DAG_ID, r5["dag_run_id"], "approve")["body"]
