@@ -176,8 +176,8 @@ class AirflowClient:
         request (GET, PATCH, PUT, DELETE) that met a transient "Database error" (HTTP 500: SQLite's write
         lock held past its busy timeout by the scheduler on a loaded machine) is sent again, up to 3 times.
         """
-        relogged = False
-        for attempt in range(1 + DB_ERROR_RETRIES):
+        relogged, db_retries = False, 0
+        while True:
             if auth and self._api.configuration.access_token is None:
                 self.login()
             try:
@@ -190,13 +190,12 @@ class AirflowClient:
             except ApiException as err:
                 if err.status in set(allow):
                     return None
-                method = self._api.last_request[0]
-                if (transient_db_error(err.status, err.body) and method in IDEMPOTENT_METHODS
-                        and attempt < DB_ERROR_RETRIES):
-                    time.sleep(1.0 + attempt)  # back off: the lock holder finishes its transaction
+                if (transient_db_error(err.status, err.body) and self._api.last_request[0] in IDEMPOTENT_METHODS
+                        and db_retries < DB_ERROR_RETRIES):
+                    db_retries += 1
+                    time.sleep(float(db_retries))  # back off: the lock holder finishes its transaction
                     continue
                 raise api_error(err, *self._api.last_request) from err
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- health / pools / variables -------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -266,3 +266,18 @@ def test_the_harness_has_no_import_circle_and_its_leaves_import_no_harness_modul
                 todo += graph[module]
     for leaf in ("processes", "celery_hostname", "airflow_api"):
         assert graph[leaf] == set(), f"harness.{leaf} must import no harness module: {graph[leaf]}"
+
+
+def test_an_expired_token_after_database_errors_is_still_renewed_once(client, monkeypatch):
+    monkeypatch.setattr("harness.airflow_api.time.sleep", lambda s: None)
+    answers = iter([ApiException(status=500, reason="Internal Server Error", body=DB_ERROR)] * 3
+                   + [UnauthorizedException(status=401, reason="Unauthorized", body="expired")])
+
+    def endpoint(*args, **kw):
+        client._api.last_request = ("GET", "http://127.0.0.1:1/api/v2/dags/d")
+        answer = next(answers, None)
+        if answer is not None:
+            raise answer
+        return "ok"
+
+    assert client._call(endpoint) == "ok" and client.logins == ["token-0", "token-1"]
