@@ -72,6 +72,9 @@ from harness.airflow_api import AirflowClient, StackError, probe_health
 from harness.celery_hostname import WORKER_HOSTNAME_CALLABLE, WORKER_HOSTNAME_ENV
 from harness.processes import alive, descendants, free_port, kill_tree, tail, write_private
 
+#: rl_verify.settings.PRELOAD_ENV (the harness does not import the package it starts).
+PRELOAD_ENV = "RL_VERIFY_PRELOAD_TASK_MODULES"
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 USERNAME = "demo"
 ROLE = "admin"
@@ -340,6 +343,8 @@ class AirflowStack:
     def _launch(self, name: str) -> None:
         """Start one component in its own session, appending to its log file."""
         argv, env, cwd = [self.python, "-m", "airflow", name], self.env, self.state_dir
+        if name == "scheduler" and self.executor == "LocalExecutor":
+            env = self._forking_tasks(env)
         spec = self._worker(name)
         if spec is not None:
             argv = [self.python, "-m", "airflow", "celery", "worker", "--celery-hostname", spec.name,
@@ -348,7 +353,7 @@ class AirflowStack:
                 argv += ["--queues", spec.queues]
             cwd = Path(spec.cwd).resolve() if spec.cwd else self.state_dir / "workers" / spec.name
             cwd.mkdir(parents=True, exist_ok=True)
-            env = dict(self.env)
+            env = self._forking_tasks(self.env)
             # The hostname callable lives in this repository: the worker runs from its own folder.
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH")) if p)
             env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = WORKER_HOSTNAME_CALLABLE
@@ -359,6 +364,12 @@ class AirflowStack:
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True,
             )
+
+    @staticmethod
+    def _forking_tasks(env: Mapping[str, str]) -> dict[str, str]:
+        """The environment of a component that forks every task: it preloads the tasks' modules once (unless
+        the caller's environment says otherwise)."""
+        return {**env, PRELOAD_ENV: env.get(PRELOAD_ENV, "1")}
 
     def ping_workers(self, timeout: float = 1.0) -> set[str]:
         """Celery node names (``celery@<name>``) that answer a broadcast ping within ``timeout``."""

@@ -196,6 +196,25 @@ POINTS_FILE = "points.json"
 #: What stops a repeat before its end (``core.confirm.stop_early``), written by its gate in its folder.
 STOP_EARLY_FILE = "stop_early.json"
 
+# --- task processes forked from a preloaded component (rl_verify.orchestration.preload) ---
+#: Set (to 1) on the components that fork every task from their own process: the scheduler with the
+#: LocalExecutor, Celery workers. ``plugins/airflow_local_settings.py`` then imports
+#: ``TASK_PRELOAD_MODULES`` there once, and each task inherits them instead of importing them again.
+PRELOAD_ENV = "RL_VERIFY_PRELOAD_TASK_MODULES"
+PRELOAD = os.environ.get(PRELOAD_ENV, "").strip().lower() in ("1", "true", "yes")
+#: What the tasks import: the task graphs and their bodies, the REST client (pools, run notes), the SSH
+#: provider (paramiko), pandas and matplotlib (plots). Each is imported by at least one task of every run.
+TASK_PRELOAD_MODULES: tuple[str, ...] = (
+    "rl_verify.orchestration.verification_dag",
+    "rl_verify.orchestration.bisection",
+    "rl_verify.orchestration.calibration",
+    "airflow_client.client",
+    "airflow.providers.ssh.hooks.ssh",
+    "pandas",
+    "matplotlib",
+    "matplotlib.pyplot",
+)
+
 # --- task ids: the DAG files name their tasks with these; no package module knows any other task id ---
 #: The verification DAG's task that writes the report (the UI plugin links its report from it).
 REPORT_TASK = "report"
