@@ -1,6 +1,6 @@
 """The confirmation rule, measured: false alarms, detection and runs used at realistic noise.
 
-    python -m scripts.bench_confirmation [--healthy 200] [--regressed 100] [--mode realistic]
+    python -m scripts.bench_confirmation [--healthy 200] [--regressed 100] [--mode realistic] [--suites grpo,opd]
 
 Every verification is replayed through the real decision code: the simulated node's own rows
 (``curves.run_rows`` in the realistic noise mode: unbounded normal noise at the runbook's measured
@@ -242,24 +242,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regressed", type=int, default=100, help="verifications per regression")
     parser.add_argument("--mode", default="realistic", help="the simulator's noise mode (realistic, realistic-t)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--suites", default=",".join(SCENARIOS),
+                        help=f"comma-separated suites to measure (default: all, {','.join(SCENARIOS)}); the "
+                             "trade-off table needs opd")
     args = parser.parse_args(argv)
+    suites = [s.strip() for s in args.suites.split(",") if s.strip()]
+    unknown = sorted(set(suites) - set(SCENARIOS))
+    if unknown or not suites:
+        parser.error(f"--suites {args.suites!r}: unknown suite(s) {unknown or '(none given)'}; "
+                     f"choose from {', '.join(SCENARIOS)}")
     t0 = time.monotonic()
     runs = Runs(args.mode, args.workers)
     rule = confirm.Rule()
     spreads = {}
-    for suite in SCENARIOS:
+    for suite in suites:
         spec = load_suite(suite)
         provenance, _ = engine_of(spec).shipped(spec)
         spreads[suite] = engine_of(spec).spread(spec, provenance.model_dump(mode="json"))
     print(f"Confirmation rule, {args.mode} noise (simulator), shipped baselines (v1); rule: {rule.describe()}.\n")
     print("| suite | scenario | verifications | single-run FAIL | final FAIL | INCONCLUSIVE | mean runs |")
     print("|---|---|---|---|---|---|---|")
-    for suite, scenarios in SCENARIOS.items():
-        for name, _, _ in scenarios:
+    for suite in suites:
+        for name, _, _ in SCENARIOS[suite]:
             count = args.healthy if name == "healthy" else args.regressed
             r = verify(runs, suite, name, count, rule, spreads[suite])
             print(f"| {suite} | {name} | {count} | {_ci(r['first_fail'], count)} | {_ci(r['final_fail'], count)} | "
                   f"{r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
+    if "opd" not in suites:
+        print(f"\n{len(runs.cache)} training runs evaluated in {time.monotonic() - t0:.0f} s")
+        runs.pool.close()
+        return 0
     print("\nTrade-off (OPD; the same runs re-decided): final FAIL of healthy verifications, detection of the "
           "marginal regressions, mean runs")
     print("| rule | healthy final FAIL | healthy mean runs | gsm8k -0.04 | distill_kl +0.04 | rewards drift |")
