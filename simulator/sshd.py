@@ -75,7 +75,10 @@ def _write_sshd_config(state: Path, root: Path, port: int, host_key: Path) -> Pa
         "AcceptEnv LANG LC_*",
         "Subsystem sftp internal-sftp",
         # Node bin/ first (fake ray, nvidia-smi) and the node marker every simulated process inherits.
-        f'SetEnv PATH="{path_value}" RLSIM_NODE="{root}"',
+        # SHLVL=1: the shell sshd starts each session with is then a nested one (level 2), which bash runs
+        # without the tester's ~/.bashrc - the simulated node's user is not whoever runs the tests (a
+        # pyenv init there cost ~0.19 core-s per session, ~24 sessions per run, and put its shims on PATH).
+        f'SetEnv PATH="{path_value}" RLSIM_NODE="{root}" SHLVL=1',
         # Every session starts through the node's session start: its open-files limit, the
         # no-python trap (simulator/traps.py); absent when no external sftp server exists.
         *([f"ForceCommand {wrapper}"] if (wrapper := traps.session_wrapper(root)) else []),
