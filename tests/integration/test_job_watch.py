@@ -67,7 +67,7 @@ def test_the_watch_streams_the_whole_log_and_ends_with_the_jobs_exit_code(node_c
     assert (streamed + event["log_chunk"]).splitlines() == ["marker=a b", *lines, "tail"]
 
 
-def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: Node) -> None:
+def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: Node, monkeypatch) -> None:
     job_dir = f"{node_conn.root}/runs/watch-2/jobs/opd"
     _submit(node_conn, job_dir, f"( echo line 1; echo line 2; until [ -e {job_dir}/go ]; do sleep 0.1; done; "
                                 "echo line 3; exit 0 )")
@@ -87,9 +87,16 @@ def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: N
 
     asyncio.run(asyncio.wait_for(watch_until_streamed(), 60))
     assert node_conn.run(f"touch {job_dir}/go")[0] == 0
-    # A new monitor starts at offset 0: it resumes at the recorded offset, not at byte 0.
+    # A new monitor starts at offset 0: it resumes at the recorded offset, not at byte 0. What it shows is
+    # what it streamed before the job's end plus the event's last chunk (line 3 is in one or the other,
+    # depending on whether a poll saw it before the exit code was written).
+    log = Collected()
+    monkeypatch.setattr(RLJobTrigger, "log", log)
     again = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker="watch-2/opd", poll_interval=0.1))
-    assert again["exit_code"] == 0 and again["log_chunk"] == "line 3\n"
+    streamed = "".join(f"{msg}\n" for level, msg in log.records
+                       if level == "info" and not msg.startswith("Resuming the remote log"))
+    assert again["exit_code"] == 0 and streamed + again["log_chunk"] == "line 3\n"
+    assert ("info", "Resuming the remote log at byte 14 (streamed by an earlier monitor)") in log.records
 
 
 def test_an_unreachable_node_ends_the_watch_after_the_reconnect_budget(node_conn: Node, monkeypatch) -> None:
