@@ -76,9 +76,12 @@ def test_a_second_watch_resumes_the_log_where_the_first_one_stopped(node_conn: N
     async def watch_until_streamed() -> None:
         events = first.run()
         task = asyncio.ensure_future(events.__anext__())
-        while first.log_offset < len("line 1\nline 2\n"):
+        streamed = len("line 1\nline 2\n")
+        while first.log_offset < streamed:
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # a few more polls: the streamed offset is recorded on the node
+        # The next poll records on the node what was streamed before it: wait for that record (a state).
+        while (await asyncio.to_thread(node_conn.run, f"cat {job_dir}/stream_offset"))[1].strip() != str(streamed):
+            await asyncio.sleep(0.05)
         task.cancel()  # the triggerer went away mid-job
         try:
             await task
