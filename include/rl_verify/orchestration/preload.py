@@ -2,7 +2,7 @@
 
 The scheduler's LocalExecutor workers and Celery's pool processes are forks of their component, and each
 task process is a fork of those: what the component imported, every task has without importing it again
-(measured on an opd run through the real stack: 38.6 -> 25.6 core-seconds, the REST client alone ~1.6 s in
+(measured on an opd run through the real stack: 38.6 -> 24.3 core-seconds, the REST client alone ~1.6 s in
 two tasks of every run). Opt-in per component (``RL_VERIFY_PRELOAD_TASK_MODULES=1`` on the scheduler and
 the Celery workers): the API server, triggerer and DAG processor start as fast as before.
 """
