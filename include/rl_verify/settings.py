@@ -203,7 +203,8 @@ STOP_EARLY_FILE = "stop_early.json"
 PRELOAD_ENV = "RL_VERIFY_PRELOAD_TASK_MODULES"
 PRELOAD = os.environ.get(PRELOAD_ENV, "").strip().lower() in ("1", "true", "yes")
 #: What the tasks import: the task graphs and their bodies, the REST client (pools, run notes), the SSH
-#: provider (paramiko), pandas and matplotlib (plots). Each is imported by at least one task of every run.
+#: provider (paramiko), pandas and matplotlib (plots): each is imported by tasks of the verification, probe,
+#: bisection or calibration DAG (the calibration module only by the calibration DAG's tasks).
 TASK_PRELOAD_MODULES: tuple[str, ...] = (
     "rl_verify.orchestration.verification_dag",
     "rl_verify.orchestration.bisection",
