@@ -139,7 +139,7 @@ class AirflowClient:
         self._runs, self._tis = ac.DagRunApi(self._api), ac.TaskInstanceApi(self._api)
         self._pools, self._variables = ac.PoolApi(self._api), ac.VariableApi(self._api)
         self._import_errors, self._xcom = ac.ImportErrorApi(self._api), ac.XComApi(self._api)
-        self._monitor = ac.MonitorApi(self._api)
+        self._monitor, self._parsing = ac.MonitorApi(self._api), ac.DAGParsingApi(self._api)
 
     # -- plumbing -------------------------------------------------------------------------------
     def close(self) -> None:
@@ -250,6 +250,14 @@ class AirflowClient:
             if time.monotonic() > deadline:
                 raise StackError(f"DAG {dag_id!r} not parsed within {timeout}s (import errors: {errors})")
             time.sleep(1)
+
+    def dag(self, dag_id: str) -> dict[str, Any]:
+        """GET /api/v2/dags/{dag_id} (its file token, next run's logical date, last parse time, ...)."""
+        return plain(self._call(self._dags.get_dag, dag_id))
+
+    def reparse(self, dag_id: str) -> None:
+        """PUT /api/v2/parseDagFile/{file_token}: ask the dag processor to parse dag_id's file now."""
+        self._call(self._parsing.reparse_dag_file, self.dag(dag_id)["file_token"])
 
     def unpause(self, dag_id: str) -> dict[str, Any]:
         """PATCH /api/v2/dags/{dag_id}?update_mask=is_paused {"is_paused": false}."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 SCHEDULE = "* * * * *"
-# Long enough that the timed-out run outlives the next tick: the run after it must name that tick.
-APPROVAL_TIMEOUT_S = 130
+# Long enough that the timed-out run outlives the next tick by a minute, and the dag processor then has time to
+# re-parse the file (see skip_the_tick_r3_outlives): the run after it must name that tick.
+APPROVAL_TIMEOUT_S = 160
 VARIABLE = "rl_verify_standing_approval"
 GOLDEN = ROOT / "include" / "rl_verify" / "suites" / "data" / "opd_golden_2026-10-26.json"
 TIMELINE = ROOT / ".state" / "nightly-timeline.md"
@@ -109,6 +110,32 @@ def summary(rig: Rig, run_id: str) -> dict[str, Any]:
     return rig.client.xcom(DAG_ID, run_id, "report") or {}
 
 
+def skip_the_tick_r3_outlives(rig: Rig, r3: dict[str, Any]) -> datetime:
+    """Make Airflow skip the tick after R3's (the one R3's wait outlives); returns the earliest tick R4 can have.
+
+    Airflow 3.3 sets a scheduled run's successor (its next tick) when the run is made, and moves it on to the
+    latest tick (catchup off) only when the dag processor re-parses the DAG file. Whether R4 skipped the tick
+    after R3 therefore depended on whether a once-a-minute parse fell between the tick after that one and R3's
+    end: CI once saw none, and R4 was the late run of R3's next tick, not a skip. Once that later tick has come
+    (the clock, an event), the test asks for the re-parse through the REST API and waits for its effect (the
+    DAG's next logical date), while R3 still waits at its card."""
+    client = rig.client
+    later_tick = _at(r3["logical_date"]) + timedelta(minutes=2)
+    while datetime.now(timezone.utc) < later_tick:
+        assert client.dag_run(DAG_ID, r3["dag_run_id"])["state"] == "running", "R3 ended before its next tick"
+        time.sleep(1)
+    client.reparse(DAG_ID)
+    while True:
+        next_date = client.dag(DAG_ID)["next_dagrun_logical_date"]
+        if next_date and _at(next_date) >= later_tick:
+            return _at(next_date)
+        state = client.dag_run(DAG_ID, r3["dag_run_id"])["state"]
+        assert state == "running", (
+            f"R3 ended ({state}) before the dag processor re-parsed the DAG (next logical date still {next_date}, "
+            f"not {later_tick}): APPROVAL_TIMEOUT_S ({APPROVAL_TIMEOUT_S}) is too short for this machine")
+        time.sleep(1)
+
+
 def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     client = rig.client
     timeline: list[tuple[str, str, str, float]] = []
@@ -150,6 +177,11 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     assert "Standing approval refused" in log
     assert f"no approval record for {DAG_ID} run {r2['dag_run_id']} task approve" in log
     note(r3, "forged standing approval (mallory) refused; waiting; nobody answers")
+    r4_tick = skip_the_tick_r3_outlives(rig, r3)
+    note(r3, f"two ticks later, re-parsed: Airflow's next scheduled run is now {r4_tick.isoformat()}")
+    # The genuine grant restored while R3 still waits (its card read the Variable when it opened; a timeout does not
+    # read it again): R4 is made the moment R3 ends and must find it.
+    set_variable(rig, genuine)
     assert client.wait_for_run(DAG_ID, r3["dag_run_id"], timeout=APPROVAL_TIMEOUT_S + 240) == "success"
     tasks = client.task_states(DAG_ID, r3["dag_run_id"])
     assert tasks["approve"] == "success" and tasks["run_opd"] == "skipped" and tasks["verdict"] == "skipped", tasks
@@ -160,9 +192,9 @@ def test_the_nightly_runs_unattended_only_on_a_verified_standing_approval(rig):
     assert not list(run_dir.glob("jobs/*/pid")), "a timed-out card must launch nothing"
     note(r3, f"NOT APPROVED (timed out after {APPROVAL_TIMEOUT_S} s); nothing launched")
 
-    # R4: the genuine grant restored, the following scheduled run proceeds.
-    set_variable(rig, genuine)
+    # R4: on the restored genuine grant, the following scheduled run proceeds.
     r4 = next_scheduled_run(rig, r3["logical_date"])
+    assert _at(r4["logical_date"]) >= r4_tick, (r4["logical_date"], r4_tick)
     assert client.wait_for_run(DAG_ID, r4["dag_run_id"], timeout=300) == "success"
     assert "verified against its approval record: proceeding without waiting" in approve_log(rig, r4["dag_run_id"])
     s4 = summary(rig, r4["dag_run_id"])
