@@ -113,6 +113,22 @@ def test_baseline_that_is_a_folder_is_listed_as_unreadable_not_raised(sim_node, 
     assert not list(tmp_path.rglob("*.part")), "a partial download was left in the record"
 
 
+def test_the_logs_are_archived_and_listed_by_name_whatever_order_the_server_lists_them(sim_node, run_dir, tmp_path):
+    """The launch scripts stamp their logs with the hour (``%m%d%H``); sshd's SFTP lists a folder in the
+    filesystem's hash order of the names, so the report's list of logs changed order with the hour."""
+    work = f"{run_dir}/work/opd"
+    _experiment(sim_node, work, "20261101000000", rows=3)
+    names = [f"{kind}_{hour}.log" for hour in ("120300", "120307", "120308", "120313")
+             for kind in ("teacher_gsm8k", "teacher_geo3k")] + ["training_log_120307.txt", "training_log_120308.txt"]
+    rc, _, err = sim_node.run(" && ".join(f"echo {n} > {shlex.quote(work)}/{n}" for n in names))
+    assert rc == 0, err
+    listed = [a.filename for a in sim_node.client.open_sftp().listdir_attr(work) if a.filename in names]
+    assert listed != sorted(names), "the server listed them in name order: this test shows nothing"
+    meta = _fetch(sim_node, _spec(sim_node, "opd"), run_dir, tmp_path)
+    fetched = [Path(f["remote"]).name for f in meta["files"]["logs"] if Path(f["remote"]).name in names]
+    assert fetched == sorted(names)
+
+
 # ------------------------------------------------------------------------------ tracker
 
 @pytest.mark.parametrize("layout", ["no work dir", "empty work dir", "folder without tracker",

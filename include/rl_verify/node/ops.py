@@ -268,8 +268,10 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
 # --- fetching ------------------------------------------------------------------------------------
 
 def _listdir(sftp: "paramiko.SFTPClient", path: str) -> list["paramiko.SFTPAttributes"]:
+    """The entries of ``path`` by name ([] if it does not exist): the server's own order is the filesystem's
+    hash order, which changed the report's list of logs with the hour stamped in their names."""
     try:
-        return sftp.listdir_attr(path)
+        return sorted(sftp.listdir_attr(path), key=lambda attr: attr.filename)
     except FileNotFoundError:
         return []
 
