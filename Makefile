@@ -10,6 +10,7 @@
 #                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
 #   make demo-bisect     a nightly FAIL bisected to its culprit commit, probes in parallel on two nodes
 #   make gallery         report headline, class and first next step for every simulated regression
+#                        (.venv/bin/python -m scripts.report_gallery --no-early-abort: reports comparable byte for byte)
 #   make lint            byte-compile + ruff + the layer contract (lint-imports) + shellcheck (pinned in
 #                        requirements-dev.txt; ruff and import-linter config in pyproject.toml); shellcheck:
 #                        sh templates, scripts, .ci/run, tracked .sh files

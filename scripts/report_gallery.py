@@ -5,10 +5,18 @@ simulated checkout (and the healthy tip) with both suites, and prints per suite 
 headline, failure class and first suggested next step, then the same as a Markdown table (also
 written to .state/report-gallery.md). Faults are covered by tests/e2e/test_faults.py, whose table
 (.state/fault-table.md) carries the same three columns.
+
+The node's seed is fixed, so every run trains the same curves from one gallery to the next. With early abort
+on (the default, what a person sees) the step a regression is stopped at depends on timing: the live check
+polls while the 0.1 s steps run, so two galleries of one commit differ there. ``--no-early-abort`` trains
+every run to its end (the report says where it would have stopped): then two galleries' reports are the same
+byte for byte except paths, run ids and times, which is how a change that must not alter reports is checked
+(``python -m scripts.report_gallery --no-early-abort``, before and after, records in .state/gallery/records).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import sys
@@ -31,19 +39,23 @@ def _cell(text: str) -> str:
     return text.replace("|", "/").replace("\n", " ")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--no-early-abort", dest="early_abort", action="store_false",
+                        help="train every run to its end: reports comparable across galleries byte for byte")
+    args = parser.parse_args(argv)
     if STATE.exists():
         if (STATE / "node" / "node.json").exists():
             sim.stop_node(STATE / "node")
         shutil.rmtree(STATE)
     rows = []
     with Rig(STATE, STATE / "records", step_seconds=0.1) as rig:
-        # A fixed node-wide seed: every regression's report is the same from one gallery to the next
-        # (reports are compared across changes that must not alter them).
+        # A fixed node-wide seed: every regression trains the same curves from one gallery to the next.
         sim_json = Path(rig.node["root"]) / "sim.json"
         sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": SEED}))
         for commit in COMMITS:
-            out = rig.run({"commit": commit, "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, timeout=900)
+            out = rig.run({"commit": commit, "suites": ["grpo", "opd"], "node": "rl_gpu_node",
+                           "early_abort": args.early_abort}, timeout=900)
             if not out.summary:
                 rows.append((commit, "-", f"no report ({out.state})", "-", "-"))
                 continue
