@@ -234,6 +234,62 @@ def test_the_watch_logs_progress_per_new_step_and_records_where_the_fail_became_
     json.dumps(summary)  # goes into a trigger event and the record
 
 
+def _watch_in_looks(spec, baseline, rows, batch: int, early_abort: bool = True, confirms=None) -> LiveWatch:
+    """A watch that reads ``rows`` ``batch`` steps per look (a slow poll against short steps), until doomed."""
+    config = json.loads(json.dumps(live_config(spec, "/w", early_abort, baseline, None, "/b.jsonl", confirms)))
+    watch = LiveWatch({**config, "tracker_glob": "*/t.jsonl"})
+    watch.start()
+    steps = sorted({r["step"] for r in rows})
+    for first in range(0, len(steps), batch):
+        look = [r for r in rows if r["step"] in steps[first:first + batch]]
+        watch.take(_poll_output("/w/1/t.jsonl", look, start=watch.offset))
+        watch.report(elapsed_s=None)
+        if watch.doomed is not None:
+            break
+    return watch
+
+
+GSM8K_DRIFT = {0: 0.003, 5: 0.008, 10: 0.014, 15: 0.021, 20: 0.033}
+
+
+@pytest.mark.parametrize("suite, certain_at", [("grpo", 3), ("opd", 20)])
+@pytest.mark.parametrize("batch", [2, 3, 7, 25, 45])
+def test_the_step_a_fail_became_certain_is_the_trainings_not_how_many_steps_a_look_read(suite, certain_at, batch):
+    """The live check's step (the report's "aborted at step N" / "would have been aborted at step N") was the
+    tracker's length at the look that saw the FAIL: with 0.1 s simulated steps and 1 s polls two galleries of
+    one commit said 11 and 20. Whatever a look reads, the step is the one a look after every step would give."""
+    if suite == "grpo":
+        spec, baseline = GRPO, _baseline_bytes()
+        rows = grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5)
+    else:
+        spec, baseline = OPD, None
+        rows = opd_rows(change=lambda m, s, v: v - GSM8K_DRIFT.get(s, 0.033) if m == "eval/gsm8k/acc" else v)
+    one_by_one = _watch_in_looks(spec, baseline, rows, 1)
+    in_looks = _watch_in_looks(spec, baseline, rows, batch, early_abort=False)
+    assert one_by_one.doomed is not None and one_by_one.doomed.steps == certain_at
+    assert in_looks.summary()["step"] == certain_at
+    assert in_looks.summary()["certain"] == one_by_one.summary()["certain"]
+    assert in_looks.abort_message() == one_by_one.abort_message()
+
+
+def test_the_certain_line_says_when_its_look_read_several_steps_at_once():
+    watch = _watch(GRPO, _baseline_bytes())
+    watch.start()
+    rows = [r for r in grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5) if r["step"] <= 10]
+    watch.take(_poll_output("/w/1/t.jsonl", rows))
+    lines = watch.report(elapsed_s=400.0)
+    assert lines[0].startswith("step 10/45")  # progress: where the training is now
+    assert lines[1].startswith("FAIL is certain at step 3 of 45 (this look read steps 1-10 at once): [every-step] "
+                               "mismatch/mismatch_k3_kl")
+
+
+@pytest.mark.parametrize("least, stopped_at", [(3e-4, 3), (1.0, None)])
+def test_a_repeats_watch_that_read_several_steps_stops_only_where_its_confirmation_is_decided(least, stopped_at):
+    rows = grpo_rows(mismatch=lambda i: 4e-4 if i >= 3 else 1e-5)
+    watch = _watch_in_looks(GRPO, _baseline_bytes(), rows, 10, confirms={"mismatch/mismatch_k3_kl": [1, least]})
+    assert (watch.doomed.steps if watch.doomed else None) == stopped_at
+
+
 @pytest.mark.parametrize("least, stopped", [(3e-4, True), (1.0, False)])
 def test_a_repeats_watch_stops_only_on_a_certain_fail_that_decides_its_confirmation(least, stopped):
     config = json.loads(json.dumps(live_config(GRPO, "/w", True, _baseline_bytes(), None, "/b.jsonl",
@@ -355,8 +411,9 @@ def test_a_log_rule_with_an_unknown_when_is_refused_naming_the_field(tmp_path):
 
 def test_an_eval_metric_growing_into_its_bound_and_aborted_at_its_first_breach_is_gradual_the_training_loop():
     """issue 23: an OPD eval metric whose error grows point by point (inside its bound at 0/5/10/15) and
-    breaks it at 20, so the run is aborted at step 21. Its shape is read from the five compared points the
-    live check saw, not from the one breached row: gradual, so the runbook's training-loop rule comes first."""
+    breaks it at 20, so the run is aborted there (the look that read it had step 21 too). Its shape is read from
+    the five compared points the live check saw, not from the one breached row: gradual, so the runbook's
+    training-loop rule comes first."""
     from rl_verify.core.live import aborted_result
     from rl_verify.core.nextsteps import OPD_RULES
 
@@ -367,7 +424,7 @@ def test_an_eval_metric_growing_into_its_bound_and_aborted_at_its_first_breach_i
     watch.start()
     watch.take(_poll_output("/w/1/t.jsonl", [r for r in rows if r["step"] <= 21]))
     watch.report(elapsed_s=600.0)
-    assert watch.doomed is not None and watch.doomed.steps == 21
+    assert watch.doomed is not None and watch.doomed.steps == 20
     abort = json.loads(json.dumps({**watch.summary(), "applied": True}))  # as abort.json holds it
     result = aborted_result("opd", abort, OPD_RULES)
     (row,) = [c for c in result.checks if c.metric == gsm8k]

@@ -339,6 +339,7 @@ class LiveWatch:
         self._note = config.get("note") or "nothing to compare against"
         self.checker: LiveCheck | None = None
         self.feed: TrackerFeed | None = None
+        self._fed = bytearray()  # the tracker's bytes taken so far: a poll that read several steps replays them
         self.tracker_path = ""
         self.offset = 0
         self.reported_steps = -1
@@ -424,9 +425,11 @@ class LiveWatch:
         path, start, size = fields[0], int(fields[1]), int(fields[2])
         if path != self.tracker_path or self.feed is None:
             self.tracker_path, self.offset, self.feed = path, 0, TrackerFeed(path)
+            self._fed = bytearray()
             if start != 0:
                 return True  # a new file: read it from its start
         self.feed.feed(chunk)
+        self._fed += chunk
         self.offset = start + len(chunk)
         return self.offset < size
 
@@ -437,7 +440,7 @@ class LiveWatch:
         tracker = self.feed.tracker
         if tracker.steps == self.reported_steps:
             return []
-        self.reported_steps = tracker.steps
+        checked, self.reported_steps = self.reported_steps, tracker.steps
         result = self.checker.check(tracker, elapsed_s)
         self.last = result
         lines = [progress(result, self.expected_steps, elapsed_s)]
@@ -450,12 +453,39 @@ class LiveWatch:
                                  result.steps, self.expected_steps,
                                  ", ".join(sorted({c.metric for c in result.certain}))))
         elif result.certain and self.doomed is None:
-            self.doomed = result
-            lines.append("FAIL is certain at step %d of %d: %s" % (
-                result.steps, self.expected_steps, "; ".join(f"[{c.rule}] {c.text}" for c in result.certain)))
+            self.doomed = doomed = self._first_deciding(checked, result.steps) or result
+            read = "" if doomed.steps == result.steps else \
+                f" (this look read steps {max(checked, 0) + 1}-{result.steps} at once)"
+            lines.append("FAIL is certain at step %d of %d%s: %s" % (
+                doomed.steps, self.expected_steps, read, "; ".join(f"[{c.rule}] {c.text}" for c in doomed.certain)))
             if not self.early_abort:
                 lines.append("early_abort is off: the run goes on to its end; it would have been aborted here")
         return lines
+
+    def _decides(self, result: LiveResult) -> bool:
+        return result.doomed and (self.confirms is None or confirming(result.certain, self.confirms))
+
+    def _first_deciding(self, checked: int, steps: int) -> LiveResult | None:
+        """When one look read several new steps: the tracker as it stood once each of them was complete (every
+        line before the next step's row), checked in order; the first that decides, else None. The step the
+        FAIL became certain at is then the training's, not the poll's (a busy triggerer or short steps read
+        many at once). Checked without the wall time: that one is the look's own."""
+        if steps - max(checked, 0) < 2 or self.checker is None:
+            return None
+        lines = bytes(self._fed).splitlines(keepends=True)
+        count, rows_after = TrackerFeed(self.tracker_path), []
+        for line in lines:
+            count.feed(line)
+            rows_after.append(count.tracker.steps)
+        replay = TrackerFeed(self.tracker_path)
+        for i, line in enumerate(lines):
+            rows = replay.tracker.steps
+            if rows_after[i] > rows and checked < rows < steps:
+                earlier = self.checker.check(replay.tracker, None)
+                if self._decides(earlier):
+                    return earlier
+            replay.feed(line)
+        return None
 
     def abort_message(self) -> str:
         assert self.doomed is not None
