@@ -40,12 +40,12 @@ from rl_verify.engines import engine_of, load_suite
 from scripts import bench_confirmation as bc
 from simulator.common import BisectLayout
 
-#: The runbook's scale: minutes of one full run, GPUs of a node.
-RUN_MINUTES = {"grpo": 40.0, "opd": 15.0}
-STEPS = {"grpo": 45, "opd": 25}
-GPUS = 8
 RANGES = (8, 16, 32)
 SUITE = "opd"
+#: The runbook's scale, from the suite spec: minutes of one full run, its steps, GPUs of a node.
+RUN_MINUTES = {SUITE: load_suite(SUITE).run_minutes}
+STEPS = {SUITE: load_suite(SUITE).expected_steps}
+GPUS = load_suite(SUITE).node.gpus or 8
 HEALTHY = "healthy"  # scripts.bench_confirmation.SCENARIOS
 
 

@@ -309,8 +309,8 @@ def verification_dag_of(dag_run_id: str) -> str:
     return PROBE_DAG_ID if str(dag_run_id).startswith(PROBE_RUN_PREFIX) else DAG_ID
 #: How often the bisection's trigger asks the API for its probes' states.
 BISECT_POLL_S = _number("RL_VERIFY_BISECT_POLL_S", 10, float, 0.2)
-#: The runbook's scale of one run (§ minimal scale), for the bisection card's GPU-hours.
-RUN_MINUTES = {"grpo": 40, "opd": 15}
+#: A run's GPUs for the bisection card's GPU-hours when its suite spec states none (``node.gpus``); its minutes
+#: at the runbook's scale are the spec's own (``runbook_minutes``).
 GPUS_PER_RUN = 8
 #: Task ids of the bisection DAG that the package names.
 BISECT_APPROVE_TASK = "approve"

@@ -46,7 +46,8 @@ def suites_copy(tmp_path, monkeypatch):
 def dapo(suites_copy):
     """DAPO on the grpo engine: one spec file and one data file, nothing else."""
     spec = json.loads((SUITES / "grpo.json").read_text())
-    spec.update(name=NEW, title="DAPO accuracy run (on the grpo engine; test only)", data="dapo_thresholds.json")
+    spec.update(name=NEW, title="DAPO accuracy run (on the grpo engine; test only)", data="dapo_thresholds.json",
+                runbook_minutes=25)
     data = json.loads((SUITES / "data" / "grpo_thresholds.json").read_text())
     data.update(suite=NEW, case_name="dapo-gsm8k")
     (suites_copy / f"{NEW}.json").write_text(json.dumps(spec, indent=2))
@@ -92,6 +93,9 @@ def test_dapo_on_the_grpo_engine_is_one_spec_and_one_data_file_seen_by_the_dag_t
     assert report["suite"] == NEW and report["details"]["case_name"] == "dapo-gsm8k"
     # Its calibration N and its shipped provenance come from its data file.
     assert engine.calibration_runs(spec) == 5
+    # A bisection's card prices its runs at the spec's own scale.
+    from rl_verify.orchestration import bisection
+    assert bisection.run_scale([NEW, "opd"]) == {NEW: {"minutes": 25, "gpus": 8}, "opd": {"minutes": 15, "gpus": 8}}
     assert _package_files() == before  # no package file was edited
 
 

@@ -151,10 +151,13 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
     free = len(p["nodes"])
     worst = bisect.worst_case(len(shas) - 1, free, good_known=shas[0] in recorded, bad_known=shas[-1] in recorded)
     runs_per_probe = 1 + p["repeats"]
-    minutes = sum(settings.RUN_MINUTES.get(s, 40) for s in p["suites"])
+    scale = run_scale(p["suites"])
+    minutes = sum(s["minutes"] for s in scale.values())
+    gpu_minutes = sum(s["minutes"] * s["gpus"] for s in scale.values())
     plan = {**p, "commits": commits, "fingerprint": fingerprint, "recorded": {c: r.value for c, r in recorded.items()},
+            "scale": scale,
             "worst": {"probes": worst.probes, "rounds": worst.rounds, "runs": worst.probes * runs_per_probe,
-                      "gpu_hours": round(worst.probes * runs_per_probe * minutes * settings.GPUS_PER_RUN / 60, 1),
+                      "gpu_hours": round(worst.probes * runs_per_probe * gpu_minutes / 60, 1),
                       "wall_hours": round(worst.rounds * runs_per_probe * minutes / 60, 1)},
             "dag_run_id": dag_run_id}
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
@@ -219,6 +222,16 @@ def recorded_readings(shas: list[str], suites: list[str], fingerprint: str | Non
     return found
 
 
+def run_scale(suites: Iterable[str]) -> dict[str, dict[str, float]]:
+    """Per suite, one run at the runbook's scale: its minutes and GPUs, from the suite spec (``runbook_minutes``,
+    ``node.gpus``; without them the wall-time budget, an upper bound, and ``settings.GPUS_PER_RUN``)."""
+    out = {}
+    for suite in suites:
+        spec = engines.load_suite(suite)
+        out[suite] = {"minutes": spec.run_minutes, "gpus": spec.node.gpus or settings.GPUS_PER_RUN}
+    return out
+
+
 def suite_outcome(row: Mapping[str, Any]) -> str:
     """A report.json suite row's outcome over its runs (its one run's verdict when it was not repeated)."""
     return str((row.get("outcome") or {}).get("outcome") or row.get("verdict") or "FAIL")
@@ -230,7 +243,9 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
     """The bisection's card (Markdown): the range with each commit's SHA and subject, the probes at most,
     the nodes and the GPU-hours at the runbook's scale."""
     commits, worst = plan["commits"], plan["worst"]
-    minutes = " + ".join(f"{s} {settings.RUN_MINUTES.get(s, 40)} min" for s in plan["suites"])
+    scale = plan.get("scale") or run_scale(plan["suites"])
+    minutes = " + ".join(f"{s} {scale[s]['minutes']:g} min" for s in plan["suites"])
+    gpus = sorted({int(scale[s]["gpus"]) for s in plan["suites"]})
     lines = [f"# Bisection of {plan['bad']} against {plan['good']}", "",
              f"Suites: {', '.join(plan['suites'])}; followed metric(s): "
              f"{', '.join(plan['metrics']) or 'each suite’s first breach'}.",
@@ -244,7 +259,7 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
               f"{len(plan['nodes'])} node(s): {', '.join(plan['nodes'])}), each up to {1 + plan['repeats']} run(s) "
               f"(the confirmation's repeats): at most **{worst['runs']} training runs, "
               f"{worst['gpu_hours']} GPU-hours** "
-              f"at the runbook's scale ({minutes} per run, {settings.GPUS_PER_RUN} GPUs), about "
+              f"at the runbook's scale ({minutes} per run, {' or '.join(map(str, gpus))} GPUs), about "
               f"{worst['wall_hours']} h of wall time. Early abort usually ends a FAILing probe sooner.",
               "", "Ends: " + "; ".join(
                   f"{'good' if i == 0 else 'bad'} {commits[i]['sha'][:12]}: "

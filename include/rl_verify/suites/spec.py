@@ -129,6 +129,9 @@ class SuiteSpec(_Spec):
     expected_steps: int = Field(ge=1)
     eval_points: tuple[int, ...] = ()
     wall_time_budget_s: int = Field(gt=0)
+    #: One run's wall time at the runbook's scale, in minutes (the bisection card's GPU-hours); None: the
+    #: wall-time budget stands in, an upper bound.
+    runbook_minutes: float | None = Field(default=None, gt=0)
     engine: str
     data: str = Field(min_length=1)
     #: Lines of the training log that mean the run cannot finish (acted on live, with early_abort).
@@ -137,6 +140,11 @@ class SuiteSpec(_Spec):
     node: NodeNeeds = NodeNeeds()
     #: The spec file as written (the experiment fingerprint hashes it).
     raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @property
+    def run_minutes(self) -> float:
+        """One run's wall time in minutes at the runbook's scale (else the wall-time budget's)."""
+        return self.runbook_minutes or self.wall_time_budget_s / 60
 
     @property
     def script(self) -> str:
