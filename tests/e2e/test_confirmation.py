@@ -102,6 +102,8 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
         assert page.status_code == 200, run["report"]
         assert f"RL accuracy verification: {run['verdict']}" in page.text
         assert f"Run {run['attempt'] + 1} of 2 of opd" in page.text
+        for name in ("report.json", "report.md", "report.html"):  # no path of a task's deleted workspace
+            assert "rl-verify-staging" not in (Path(out.summary["record"]) / run["folder"] / name).read_text(), name
     note = rig.client.dag_run(DAG_ID, RUN_ID).get("note") or ""
     assert note.startswith("PASS: opd PASS (not reproduced) (2 runs)"), note
     _assert_node_clean(node_state)

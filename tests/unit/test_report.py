@@ -256,3 +256,21 @@ def test_the_confirmations_table_writes_a_spread_and_a_shift_with_the_digits_of_
     assert "| response/response_len/mean | 0.075 | 0.18 | 17.4% | - |" in md
     html = "\n".join(confirmation_html(outcome))
     assert "<td>0.0101</td><td>0.03</td><td>5.8%</td><td>0.0233</td>" in html
+
+
+def test_a_report_in_a_working_copy_names_no_path_of_it_not_even_of_a_sibling_folder(tmp_path):
+    """A repeat's report (``opd-r1/``) names its suite's golden table in the first run's folder
+    (``opd/baseline-version/``): a reader finds both in the record, never in the deleted task workspace."""
+    work = tmp_path / "task-x1"
+    folder = work / "opd-r1"
+    folder.mkdir(parents=True)
+    golden = work / "opd" / "baseline-version" / "golden.json"
+    result = SuiteResult(suite="opd", verdict="PASS", trackers={"current": str(folder / "tracker.jsonl"),
+                                                              "golden": str(golden)})
+    written = write_report(folder, [result], shown_as="s3://rec/run-1/opd-r1", root=(work, "s3://rec/run-1"))
+    for path in written.values():
+        text = path.read_text()
+        assert str(work) not in text, path.name
+    data = json.loads(written["json"].read_text())
+    assert data["trackers"] == {"current": "s3://rec/run-1/opd-r1/tracker.jsonl",
+                                "golden": "s3://rec/run-1/opd/baseline-version/golden.json"}

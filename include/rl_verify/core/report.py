@@ -622,22 +622,25 @@ def atomic_write(path: Path, text: str) -> Path:
 
 
 def write_report(out_dir: Path, suites: list[SuiteResult], meta: ReportMeta | None = None,
-                 shown_as: str | None = None) -> dict[str, Path]:
+                 shown_as: str | None = None, root: tuple[Path, str] | None = None) -> dict[str, Path]:
     """Write report.json, report.md and report.html into ``out_dir`` (PNGs are already there).
 
     ``shown_as``: where a reader finds ``out_dir`` (the record's location when ``out_dir`` is a task's
-    working copy): every path into ``out_dir`` the report names is shown there instead.
+    working copy): every path into ``out_dir`` the report names is shown there instead. ``root``: (the working
+    copy ``out_dir`` lies in, where a reader finds it): paths into its other folders are shown there too (a
+    repeat's report names its suite's golden table in the first run's folder).
     Returns {"json": path, "md": path, "html": path}.
     """
     out_dir = Path(out_dir)
     meta = meta or ReportMeta()
     data = build_report(suites, meta, out_dir)
+    moves = [(out_dir, shown_as)] if shown_as is not None else []
+    moves += [(Path(root[0]), root[1])] if root is not None else []
 
     def shown(text: str) -> str:
-        if shown_as is None:
-            return text
-        for form in dict.fromkeys((str(out_dir.resolve()), str(out_dir))):
-            text = text.replace(form, shown_as)
+        for folder, where in moves:  # out_dir first: it lies inside root
+            for form in dict.fromkeys((str(folder.resolve()), str(folder))):
+                text = text.replace(form, where)
         return text
 
     return {

@@ -594,7 +594,7 @@ def _write_run_reports(run_dir: Path, results: list[SuiteResult], outcomes: Mapp
                              dag_run_id=meta.dag_run_id, node=meta.node, paths={suite: _paths(folder, run_dir)},
                              notes=[note], baselines={k: v for k, v in meta.baselines.items() if k == suite},
                              record_dir=meta.record_dir, record_location=where, files_url=meta.files_url)
-            write_report(folder, [result], one, shown_as=f"{where}/{r['folder']}")
+            write_report(folder, [result], one, shown_as=f"{where}/{r['folder']}", root=(run_dir, where))
 
 
 def _safe_suites(params: Mapping[str, Any]) -> list[str]:
