@@ -6,12 +6,14 @@ headline, failure class and first suggested next step, then the same as a Markdo
 written to .state/report-gallery.md). Faults are covered by tests/e2e/test_faults.py, whose table
 (.state/fault-table.md) carries the same three columns.
 
-The node's seed is fixed, so every run trains the same curves from one gallery to the next. With early abort
-on (the default, what a person sees) the step a regression is stopped at depends on timing: the live check
-polls while the 0.1 s steps run, so two galleries of one commit differ there. ``--no-early-abort`` trains
-every run to its end (the report says where it would have stopped): then two galleries' reports are the same
-byte for byte except paths, run ids and times, which is how a change that must not alter reports is checked
-(``python -m scripts.report_gallery --no-early-abort``, before and after, records in .state/gallery/records).
+The node's seed and the run ids are fixed (a repeat's seed derives from its run's id), so every run and
+repeat trains the same curves from one gallery to the next. With early abort on (the default, what a person
+sees) how far a stopped run got depends on timing (the live check polls while the 0.1 s steps run): its
+partial curves differ from one gallery to the next, though the step its FAIL became certain at does not.
+``--no-early-abort`` trains every run to its end (the report says where it would have stopped): then two
+galleries' reports are the same byte for byte except paths and times, which is how a change that must not
+alter reports is checked (``python -m scripts.report_gallery --no-early-abort``, before and after; records in
+.state/gallery/records).
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         sim_json = Path(rig.node["root"]) / "sim.json"
         sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": SEED}))
         for commit in COMMITS:
+            # A fixed run id per commit: a repeat's seed derives from it, so repeats train the same curves too.
             out = rig.run({"commit": commit, "suites": ["grpo", "opd"], "node": "rl_gpu_node",
-                           "early_abort": args.early_abort}, timeout=900)
+                           "early_abort": args.early_abort}, timeout=900, run_id=f"gallery__{commit.replace('/', '_')}")
             if not out.summary:
                 rows.append((commit, "-", f"no report ({out.state})", "-", "-"))
                 continue
