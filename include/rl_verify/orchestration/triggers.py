@@ -288,7 +288,8 @@ class RLJobTrigger(BaseTrigger):
             more = watch.take(out)
             if not more:
                 break
-        for line in watch.report(self._elapsed):
+        # Off the event loop like watch.start: a look that read many steps replays them (~0.14 s for 44 GRPO steps).
+        for line in await asyncio.to_thread(watch.report, self._elapsed):
             self.log.info("%s", line)
         if watch.doomed is None or not watch.early_abort or watch.stopped:
             return None
