@@ -42,10 +42,11 @@ from simulator.common import BisectLayout
 
 RANGES = (8, 16, 32)
 SUITE = "opd"
+_SPEC = load_suite(SUITE)
 #: The runbook's scale, from the suite spec: minutes of one full run, its steps, GPUs of a node.
-RUN_MINUTES = {SUITE: load_suite(SUITE).run_minutes}
-STEPS = {SUITE: load_suite(SUITE).expected_steps}
-GPUS = load_suite(SUITE).node.gpus or 8
+RUN_MINUTES = {SUITE: _SPEC.run_minutes}
+STEPS = {SUITE: _SPEC.expected_steps}
+GPUS = _SPEC.node.gpus or 8
 HEALTHY = "healthy"  # scripts.bench_confirmation.SCENARIOS
 
 
