@@ -35,6 +35,7 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_verify import settings
 from rl_verify.core import bisect, confirm
 from rl_verify.engines import engine_of, load_suite
 from scripts import bench_confirmation as bc
@@ -46,7 +47,7 @@ _SPEC = load_suite(SUITE)
 #: The runbook's scale, from the suite spec: minutes of one full run, its steps, GPUs of a node.
 RUN_MINUTES = {SUITE: _SPEC.run_minutes}
 STEPS = {SUITE: _SPEC.expected_steps}
-GPUS = _SPEC.node.gpus or 8
+GPUS = _SPEC.node.gpus or settings.GPUS_PER_RUN
 HEALTHY = "healthy"  # scripts.bench_confirmation.SCENARIOS
 
 
