@@ -98,7 +98,7 @@ lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests
 	$(PY) -m ruff check include dags harness scripts simulator tests
 	.venv/bin/lint-imports --config pyproject.toml
-	.venv/bin/shellcheck $(sort $(wildcard include/rl_verify/node/sh/*.sh scripts/*.sh) .ci/run \
+	.venv/bin/shellcheck $(sort $(wildcard include/rl_verify/node/sh/*.sh scripts/*.sh) .ci/run simulator/node_bin/pgrep \
 	  $(filter-out simulator/xtuner_checkout/% .venv/%,$(shell git ls-files '*.sh' 2>/dev/null)))
 
 clean:

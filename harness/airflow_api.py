@@ -318,6 +318,26 @@ class AirflowClient:
             out[key] = ti["state"]
         return out
 
+    def failures(self, dag_id: str, run_id: str) -> str:
+        """The exception each failed task of the run ended with (its log's "Task failed with exception"
+        line), one per line, for a test's error message: "" when none is found. Never raises."""
+        lines = []
+        try:
+            for ti in self.task_instances(dag_id, run_id):
+                if ti["state"] != "failed" or ti.get("map_index", -1) != -1:
+                    continue
+                log = self.task_log(dag_id, run_id, ti["task_id"], try_number=max(int(ti.get("try_number") or 1), 1))
+                for line in log.splitlines():
+                    if "Task failed with exception" in line and "{" in line:
+                        try:
+                            detail = json.loads(line[line.index("{"):])["error_detail"][0]
+                            lines.append(f"{ti['task_id']}: {detail['exc_type']}: {detail['exc_value']}")
+                        except (ValueError, KeyError, IndexError, TypeError):
+                            lines.append(f"{ti['task_id']}: {line[:2000]}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the error it decorates
+            lines.append(f"(failures not read: {exc!r})")
+        return "".join(f"\n  failed {line}" for line in lines)
+
     def task_instance(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, Any]:
         if map_index == -1:
             return plain(self._call(self._tis.get_task_instance, dag_id, run_id, task_id))
@@ -438,7 +458,7 @@ class AirflowClient:
             run_state = self.dag_run(dag_id, run_id)["state"]
             if run_state in TERMINAL_RUN_STATES:
                 raise StackError(f"run {dag_id}/{run_id} ended ({run_state}) without a pending HITL request; "
-                                 f"tasks: {self.task_states(dag_id, run_id)}")
+                                 f"tasks: {self.task_states(dag_id, run_id)}{self.failures(dag_id, run_id)}")
             if time.monotonic() > deadline:
                 raise StackError(f"no pending HITL request in {dag_id}/{run_id} after {timeout}s; "
                                  f"tasks: {self.task_states(dag_id, run_id)}")

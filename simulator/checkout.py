@@ -122,17 +122,17 @@ def opd_baseline_rows(curves: ModuleType, steps: int = 25, mode: str = "bounded"
 
 
 def _build_bin(root: Path) -> None:
-    """Install the fake `ray` and `nvidia-smi` with the system python3 as interpreter."""
+    """Install the fake `ray` and `nvidia-smi` with the system python3 as interpreter, and the node's `pgrep`."""
     b = root / "bin"
     b.mkdir(parents=True, exist_ok=True)
     shebang = f"#!{_node_python()}\n"
     for src in BIN_SRC.iterdir():
         if src.is_file():
             text = src.read_text()
-            if text.startswith("#!"):
-                text = text.split("\n", 1)[1]
+            if text.startswith("#!") and "python" in text.split("\n", 1)[0]:
+                text = shebang + text.split("\n", 1)[1]
             dst = b / src.name
-            dst.write_text(shebang + text)
+            dst.write_text(text)
             dst.chmod(0o755)
 
 

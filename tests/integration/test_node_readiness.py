@@ -4,6 +4,9 @@ untouched."""
 
 from __future__ import annotations
 
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from sim_ssh import Node, simnode
@@ -116,3 +119,29 @@ def test_the_node_own_stale_ray_on_the_ports_is_not_a_problem(sim_node):
         assert result.unready == []
     finally:
         sim_node.run("ray stop --force")
+
+
+def test_a_launch_script_running_on_another_simulated_node_of_this_machine_does_not_make_this_one_busy(
+        sim_node, tmp_path):
+    # The simulated nodes share one machine, a real node is a machine of its own: the node's pgrep (bin/pgrep)
+    # leaves out processes of another node (its RLSIM_NODE). An unmarked launch script a test ran on node B
+    # once made node A refuse a DAG run as "busy" (CI of stop 28).
+    script = tmp_path / "run_rl.sh"
+    script.write_text("sleep 60\n")
+    roots = {"another node": str(tmp_path / "another-node"), "this node": sim_node.info["root"]}
+    procs = {where: subprocess.Popen(["bash", str(script)], env={"PATH": "/usr/bin:/bin", "RLSIM_NODE": root},
+                                     start_new_session=True)
+             for where, root in roots.items()}
+    try:
+        for p in procs.values():  # bash has exec'd the script once its command line is there
+            while "run_rl.sh" not in Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace"):
+                assert p.poll() is None
+                time.sleep(0.01)
+        with pytest.raises(node.PrerequisitesError) as refused:
+            _check(sim_node)
+        busy = [line for line in str(refused.value).splitlines() if "node busy" in line]
+        assert len(busy) == 1 and f"(pid {procs['this node'].pid}: bash {script})" in busy[0], busy
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()

@@ -35,8 +35,7 @@ EXP_RE = re.compile(r"^\d{14}$")
 def grpo_launch(node: Node, name: str) -> tuple[str, dict[str, str], Path]:
     """The GRPO launch as its spec declares it, in a fresh worktree, output in WORK_DIR/launch.out.
 
-    Marked with the run marker like every rl-verify launch: an unmarked launch script makes every
-    simulated node of this machine look busy to the DAG runs of other test processes.
+    Marked with the run marker like every rl-verify launch (the node's checks tell it from a launch by hand).
     """
     name = f"{name}-{uuid.uuid4().hex[:6]}"
     wt = node.worktree("main", name)
