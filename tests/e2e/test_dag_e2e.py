@@ -224,6 +224,7 @@ def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_i
     error = _task_error(log)
     assert "prerequisite problem(s) on the node; nothing was launched" in error.splitlines()[0]
     unready = [line for line in error.splitlines() if line.startswith("  - not ready:")]
+    assert [line for line in error.splitlines() if line.startswith("  - ")] == unready, error  # nothing else
     # open files, GPUs, both Ray ports, python: each named once, each with its fix
     assert len(unready) == 5 and all("Fix:" in line for line in unready), error
     for words in ("hard open-files limit is 20000, below the 65536", "shows 7 GPU(s)",

@@ -248,6 +248,50 @@ def test_job_state_script_prints_each_state(tmp_path):
     assert _job_state(job) == "finished\n"
 
 
+def _start_time(pid: int) -> str:
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+
+
+def test_a_submitted_job_records_its_leaders_start_time_beside_its_pid(tmp_path):
+    job = tmp_path / "runs" / "k" / "jobs" / "grpo"
+    script = remote.submit_job_script(str(job), "exec sleep 60", {"RL_VERIFY_JOB": "k/grpo"})
+    done = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    pid = int((job / "pid").read_text())
+    try:
+        assert (job / "pid.start").read_text().strip() == _start_time(pid)
+        assert _job_state(job) == "running\n"
+    finally:
+        os.killpg(pid, 9)
+
+
+def test_a_job_number_now_leading_a_later_process_group_is_not_that_job(tmp_path):
+    # A job stopped by a signal writes no exit code, and its pid number is free once its group is gone: a later
+    # process (an SSH session's shell) may lead a group of that number. Its start time tells it from the job.
+    # (Once made the node "busy" for a minute in CI, where pids wrap every few minutes.)
+    job = tmp_path / "other-run" / "jobs" / "grpo"
+    job.mkdir(parents=True)
+    later = subprocess.Popen(["sleep", "60"], start_new_session=True)  # leads group `later.pid`
+    try:
+        (job / "pid").write_text(str(later.pid))
+        (job / "pid.start").write_text(str(int(_start_time(later.pid)) - 1))  # the job started earlier
+        assert _job_state(job) == "dead\n"
+        out = subprocess.run(["bash", "-s"], input=remote.prerequisites_script([], str(tmp_path), "this-run"),
+                             text=True, capture_output=True).stdout
+        assert [line for line in out.splitlines() if line.startswith("BUSY")] == []
+        stop = subprocess.run(["bash", "-s"], input=remote.kill_job_script(str(job), "other-run/grpo"),
+                              text=True, capture_output=True, timeout=60)
+        assert "TERM group" not in stop.stdout and later.poll() is None  # someone else's group is left alone
+        (job / "pid.start").write_text(_start_time(later.pid))  # the same process: the job's own leader
+        assert _job_state(job) == "running\n"
+        stop = subprocess.run(["bash", "-s"], input=remote.kill_job_script(str(job), "other-run/grpo"),
+                              text=True, capture_output=True, timeout=60)
+        assert f"TERM group {later.pid}" in stop.stdout and later.wait(timeout=30) == -15
+    finally:
+        later.kill()
+        later.wait()
+
+
 def _zombie() -> subprocess.Popen:
     """A group leader that has exited but is not reaped yet (it still answers ``kill -0``)."""
     import time

@@ -215,8 +215,9 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
 
 
 def _alive_fn() -> str:
-    """Bash function ``group_alive PGID`` (``sh/lib_alive.sh``): a non-zombie process of the
-    group lives; rendered in front of the scripts that decide whether a job still runs."""
+    """Bash functions ``group_alive PGID [LEADER_START]``, ``job_alive JOB_DIR`` and ``job_leader JOB_DIR``
+    (``sh/lib_alive.sh``): a non-zombie process of the job's group lives, and the group is still the job's
+    (not a later one given the same number); rendered in front of the scripts that decide whether a job runs."""
     return render("lib_alive")
 
 

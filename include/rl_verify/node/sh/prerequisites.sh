@@ -15,7 +15,7 @@
 # and the node's readiness: NOFILE<TAB>hard limit, GPUS<TAB>count<TAB>CUDA_VISIBLE_DEVICES or <unset>,
 # PYTHON<TAB>path or empty, PORT<TAB>port<TAB>user<TAB>pid or -<TAB>ours|other<TAB>cmdline per listened
 # Ray port, RAYLOG<TAB>link target<TAB>live job dir or -.
-# group_alive() comes from lib_alive.sh, rendered before this text.
+# job_alive() comes from lib_alive.sh, rendered before this text.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -u
@@ -38,7 +38,7 @@ for pidf in "$runs"/*/jobs/*/pid; do
   [ -f "$job/exit_code" ] && continue
   p=$(cat "$pidf" 2>/dev/null)
   case "$p" in ''|*[!0-9]*) continue;; esac
-  if group_alive "$p"; then printf 'BUSY\t%s\t%s\t%s\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
+  if job_alive "$job"; then printf 'BUSY\t%s\t%s\t%s\n' "$job" "$p" "$(stat -c %Y "$pidf")"; fi
 done
 # A launch script started by hand (or by another tool) also makes the node busy. The bracket
 # keeps the pattern from matching this script's own command line.
@@ -83,7 +83,7 @@ if [ -n "$ray_log" ] && [ -L "$ray_log" ]; then
     [ -f "$pidf" ] || continue
     job=$(dirname "$pidf"); run=${job%/jobs/*}
     [ -f "$job/exit_code" ] && continue
-    case "$target/" in "$run"/*) p=$(cat "$pidf" 2>/dev/null); if group_alive "$p"; then live=$job; fi;; esac
+    case "$target/" in "$run"/*) if job_alive "$job"; then live=$job; fi;; esac
   done
   printf 'RAYLOG\t%s\t%s\n' "$target" "$live"
 fi

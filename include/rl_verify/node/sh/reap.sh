@@ -4,7 +4,7 @@
 #   runs          the remote runs root        checkout  the node's xtuner checkout
 #   keep          run key never removed (the current run)
 #   max_age_days  age in days (integer)
-# Prints one "REAPED dir" line per removed folder. group_alive() comes from lib_alive.sh.
+# Prints one "REAPED dir" line per removed folder. job_alive() comes from lib_alive.sh.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -u
@@ -15,7 +15,7 @@ find "$runs" -mindepth 1 -maxdepth 1 -type d -mtime +"$max_age_days" | while rea
   for pidf in "$dir"/jobs/*/pid; do
     [ -f "$pidf" ] || continue
     [ -f "$(dirname "$pidf")/exit_code" ] && continue
-    group_alive "$(cat "$pidf" 2>/dev/null)" && live=1
+    job_alive "$(dirname "$pidf")" && live=1
   done
   [ "$live" = 1 ] && continue
   [ -e "$dir/xtuner/.git" ] && git -C "$checkout" worktree remove --force "$dir/xtuner" 2>/dev/null

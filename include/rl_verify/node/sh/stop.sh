@@ -15,8 +15,10 @@ launched=0
 for pidf in "$@"; do
   [ -f "$pidf" ] || continue
   launched=1
-  p=$(cat "$pidf" 2>/dev/null)
-  case "$p" in ''|*[!0-9]*|0|1) continue;; esac
+  # Only a group the job still leads: once it is gone its number may lead someone else's group. What is
+  # left of a job whose leader died carries the marker and is stopped below.
+  p=$(job_leader "$(dirname "$pidf")")
+  [ -n "$p" ] || continue
   kill -TERM -"$p" 2>/dev/null && echo "TERM group $p"
 done
 for p in $(marked "$value"); do kill -TERM "$p" 2>/dev/null; done
@@ -34,7 +36,7 @@ if [ "$launched" = 1 ]; then
   for pidf in "$(dirname "$mine")"/*/jobs/*/pid; do
     [ -f "$pidf" ] || continue
     case "$pidf" in "$mine"/*) continue;; esac
-    if group_alive "$(cat "$pidf" 2>/dev/null)"; then other=$(dirname "$pidf"); break; fi
+    if job_alive "$(dirname "$pidf")"; then other=$(dirname "$pidf"); break; fi
   done
 fi
 if [ "$launched" = 1 ] && [ -n "$other" ]; then
