@@ -261,6 +261,10 @@ def test_a_submitted_job_records_its_leaders_start_time_beside_its_pid(tmp_path)
     try:
         assert (job / "pid.start").read_text().strip() == _start_time(pid)
         assert _job_state(job) == "running\n"
+        (sleeper,) = [int(p) for p in subprocess.run(["pgrep", "-g", str(pid), "-x", "sleep"], text=True,
+                                                     capture_output=True).stdout.split()]
+        environ = open(f"/proc/{sleeper}/environ", "rb").read().split(b"\0")
+        assert b"RL_VERIFY_JOB=k/grpo" in environ and not [e for e in environ if b"proc_start" in e]
     finally:
         os.killpg(pid, 9)
 

@@ -316,8 +316,8 @@ def submit_job_script(job_dir: str, command: str, environment: Mapping[str, str]
         raise BadInput(f"environment variable name(s) {', '.join(map(repr, bad))} are not shell names "
                        "(letters, digits, _; not starting with a digit): fix the suite spec's env")
     exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in environment.items())
-    return render("job_submit", job_dir=validate_path(job_dir, "job dir"), job_exports=exports,
-                  job_command=command)
+    return _alive_fn() + render("job_submit", job_dir=validate_path(job_dir, "job dir"), job_exports=exports,
+                                job_command=command)
 
 
 def job_poll_script(job_dir: str, offset: int, max_bytes: int) -> str:
