@@ -124,8 +124,8 @@ def test_the_node_own_stale_ray_on_the_ports_is_not_a_problem(sim_node):
 def test_a_launch_script_running_on_another_simulated_node_of_this_machine_does_not_make_this_one_busy(
         sim_node, tmp_path):
     # The simulated nodes share one machine, a real node is a machine of its own: the node's pgrep (bin/pgrep)
-    # leaves out processes of another node (its RLSIM_NODE). An unmarked launch script a test ran on node B
-    # once made node A refuse a DAG run as "busy" (CI of stop 28).
+    # leaves out processes of another node (its RLSIM_NODE). Without it, an unmarked launch script a test runs
+    # on node B makes node A refuse a DAG run as "busy".
     script = tmp_path / "run_rl.sh"
     script.write_text("sleep 60\n")
     roots = {"another node": str(tmp_path / "another-node"), "this node": sim_node.info["root"]}

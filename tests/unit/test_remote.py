@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -248,8 +249,13 @@ def test_job_state_script_prints_each_state(tmp_path):
     assert _job_state(job) == "finished\n"
 
 
+def _stat(pid: int) -> list[str]:
+    """Fields 3 on of /proc/PID/stat (after the command name, which may hold spaces)."""
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+
+
 def _start_time(pid: int) -> str:
-    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+    return _stat(pid)[19]  # field 22: clock ticks after boot
 
 
 def test_a_submitted_job_records_its_leaders_start_time_beside_its_pid(tmp_path):
@@ -261,8 +267,11 @@ def test_a_submitted_job_records_its_leaders_start_time_beside_its_pid(tmp_path)
     try:
         assert (job / "pid.start").read_text().strip() == _start_time(pid)
         assert _job_state(job) == "running\n"
-        (sleeper,) = [int(p) for p in subprocess.run(["pgrep", "-g", str(pid), "-x", "sleep"], text=True,
-                                                     capture_output=True).stdout.split()]
+        # The submit returns once the pid is written; the job's own `sleep` comes a moment later.
+        while not (found := subprocess.run(["pgrep", "-g", str(pid), "-x", "sleep"], text=True,
+                                           capture_output=True).stdout.split()):
+            time.sleep(0.01)
+        (sleeper,) = [int(p) for p in found]
         environ = open(f"/proc/{sleeper}/environ", "rb").read().split(b"\0")
         assert b"RL_VERIFY_JOB=k/grpo" in environ and not [e for e in environ if b"proc_start" in e]
     finally:
@@ -298,11 +307,8 @@ def test_a_job_number_now_leading_a_later_process_group_is_not_that_job(tmp_path
 
 def _zombie() -> subprocess.Popen:
     """A group leader that has exited but is not reaped yet (it still answers ``kill -0``)."""
-    import time
-
     child = subprocess.Popen(["true"], start_new_session=True)
-    stat = f"/proc/{child.pid}/stat"
-    while open(stat).read().rsplit(")", 1)[1].split()[0] != "Z":
+    while _stat(child.pid)[0] != "Z":
         time.sleep(0.01)  # waits for a state, not a duration: the child exits at once
     return child
 
