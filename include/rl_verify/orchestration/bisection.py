@@ -169,7 +169,7 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
 
 def _verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
     """(run folder name, report.json, folder) of every verification run in the record store."""
-    root = record.store_root() / settings.DAG_ID
+    root = record.dag_store(settings.DAG_ID)
     if not root.exists():
         return
     for folder in root.iterdir():
@@ -495,7 +495,7 @@ def reproduced_fail_extra(summary: Mapping[str, Any] | None, dag_run_id: str, ru
         log.info("No bisection: no verified PASS of %s is in the record", ", ".join(suites))
         return None
     metrics = [b["metric"] for s in failing for b in s.get("breached") or [] if b.get("metric")]
-    folder = record.store_root() / settings.DAG_ID / run_key(dag_run_id)
+    folder = record.run_store(dag_run_id)
     return {"good": good, "bad": report.get("commit"), "suites": suites, "metrics": list(dict.fromkeys(metrics))[:1],
             "run_id": dag_run_id, "fingerprint": _card_fingerprint(folder),
             "baselines": {s: v for s, v in (report.get("baselines") or {}).items() if s in suites},

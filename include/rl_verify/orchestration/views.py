@@ -41,8 +41,7 @@ def dag_records(dag_id: str) -> Any:
     """The records of a DAG rl-verify knows, in the record store (404 for any other DAG id)."""
     if dag_id not in (settings.DAG_ID, settings.PROBE_DAG_ID, settings.BISECT_DAG_ID):
         raise HTTPException(404, f"no verification records for DAG {dag_id!r}")
-    # A bisection's probes are verifications: their records live with the verification's.
-    return record.store_root() / (settings.DAG_ID if dag_id == settings.PROBE_DAG_ID else dag_id)
+    return record.dag_store(dag_id)
 
 
 def _listed(folder: Any, name: str) -> Any | None:
@@ -152,7 +151,7 @@ def proposal_plot(dag_id: str, run_id: str, suite: str) -> Any:
     """The plot of calibration run ``run_id``'s proposal for ``suite`` (404 for anything else)."""
     if dag_id != settings.CALIBRATION_DAG_ID:
         raise HTTPException(404, f"no calibration records for DAG {dag_id!r}")
-    folder = _record_folder(record.store_root() / settings.CALIBRATION_DAG_ID, run_id)
+    folder = _record_folder(record.dag_store(settings.CALIBRATION_DAG_ID), run_id)
     suite_folder = _listed(folder / settings.CALIBRATION_RECORD_FOLDER, suite) if folder is not None else None
     png = suite_folder / "proposal" / "runs.png" if suite_folder is not None else None
     if png is None or not png.is_file():

@@ -36,17 +36,34 @@ def store_root(root: str | None = None) -> Any:
     return ObjectStoragePath(root if is_url(root) else Path(root).expanduser().resolve().as_uri())
 
 
+def record_dag(dag_id: str | None) -> str:
+    """The DAG whose folder holds the records of runs of ``dag_id``: the one place that decides it.
+
+    A bisection's probe (``settings.PROBE_DAG_ID``) is a verification run under a DAG of its own: its record
+    lives with the verification's, keyed by its run key. Every other DAG keeps its own folder; None is the
+    verification's. Callers pass the run's own DAG id (``context["dag_run"].dag_id`` is right for any run).
+    """
+    if dag_id is None or dag_id == settings.PROBE_DAG_ID:
+        return settings.DAG_ID
+    return dag_id
+
+
+def dag_store(dag_id: str | None, root: str | None = None) -> Any:
+    """The folder of the record store holding every record of runs of ``dag_id`` (``record_dag``)."""
+    return store_root(root) / record_dag(dag_id)
+
+
 def run_store(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> Any:
-    """The record of one DAG run in the store, ``<dag_id>/<run key>`` (default: the verification DAG's);
-    deterministic: retries and reruns write the same place."""
-    return store_root(root) / (dag_id or settings.DAG_ID) / run_key(dag_run_id)
+    """The record of one DAG run in the store, ``<record_dag(dag_id)>/<run key>`` (default: the verification
+    DAG's); deterministic: retries and reruns write the same place."""
+    return dag_store(dag_id, root) / run_key(dag_run_id)
 
 
 def location(dag_run_id: str, root: str | None = None, dag_id: str | None = None) -> str:
     """Where a person finds the run's record: a folder path for a local root, the URL otherwise."""
     root = root or settings.RECORD_ROOT
     base = root.rstrip("/") if is_url(root) else str(Path(root).expanduser().resolve())
-    return f"{base}/{dag_id or settings.DAG_ID}/{run_key(dag_run_id)}"
+    return f"{base}/{record_dag(dag_id)}/{run_key(dag_run_id)}"
 
 
 def staging_root() -> Path:
@@ -65,11 +82,11 @@ def workspace(dag_run_id: str, parts: Iterable[str] | None = None, root: str | N
     a failing task produced is kept), then removed.
 
     No task reads another task's local disk: on a distributed deployment the next task may run on
-    another worker. The folder ends in ``<dag_id>/<run key>`` like the record (see ``relocate``).
+    another worker. The folder ends in ``<record_dag(dag_id)>/<run key>`` like the record (see ``relocate``).
     """
     store = run_store(dag_run_id, root, dag_id)
     base = Path(tempfile.mkdtemp(prefix="task-", dir=staging_root()))
-    local = base / (dag_id or settings.DAG_ID) / run_key(dag_run_id)
+    local = base / record_dag(dag_id) / run_key(dag_run_id)
     local.mkdir(parents=True)
     try:
         pull(store, local, parts)
