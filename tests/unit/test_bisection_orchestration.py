@@ -274,3 +274,77 @@ def test_a_probes_report_link_names_the_probe_dag_and_its_record_is_the_verifica
     assert run.startswith(settings.PROBE_RUN_PREFIX) and settings.verification_dag_of(run) == settings.PROBE_DAG_ID
     assert settings.verification_dag_of("scheduled__2026-12-01T18:00:00+00:00") == settings.DAG_ID
     assert str(views.dag_records(settings.PROBE_DAG_ID)) == str(views.dag_records(settings.DAG_ID))
+
+
+# --- issue 30: the card's promise, a stopped probe's row, a bisection without an answer -------------------------
+
+def _spent_by_the_planner(n_commits: int, free: int, culprit: int, skipped: int | None) -> int:
+    """Probes ``core.bisect.plan`` launches over good + ``n_commits`` with truthful readings, the commit at
+    ``skipped`` (if any) unlaunchable, every round waiting for all its probes."""
+    commits = [f"c{i}" for i in range(n_commits + 1)]
+    readings: dict[str, list] = {}
+    probes = 0
+    while True:
+        step = bisect.plan(commits, readings, (), free, max_commits=n_commits)
+        if step.done:
+            return probes
+        for c in step.probe:
+            i = commits.index(c)
+            readings.setdefault(c, []).append(bisect.Reading.SKIP if i == skipped else
+                                              bisect.Reading.GOOD if i < culprit else bisect.Reading.BAD)
+        probes += len(step.probe)
+        assert probes < 10 * len(commits), "the planner did not end"
+
+
+@pytest.mark.parametrize("n_commits", [1, 2, 3, 5, 8, 12, 16])
+@pytest.mark.parametrize("free", [1, 2])
+def test_the_cards_probes_at_most_is_what_the_planner_can_spend_with_an_unlaunchable_commit(n_commits, free):
+    scale = {"opd": {"minutes": 15.0, "gpus": 8}}
+    promised = bisection.promised_worst(n_commits, free, False, False, 3, scale)
+    with_skip = max(_spent_by_the_planner(n_commits, free, culprit, skipped)
+                    for culprit in range(1, n_commits + 1) for skipped in [None, *range(1, n_commits)])
+    without = max(_spent_by_the_planner(n_commits, free, culprit, None) for culprit in range(1, n_commits + 1))
+    assert promised["probes"] == with_skip and promised["probes_no_skip"] == without
+    assert promised["runs"] == 3 * with_skip and promised["gpu_hours"] == round(with_skip * 3 * 15 * 8 / 60, 1)
+
+
+def test_the_card_of_16_commits_on_2_nodes_promises_the_11_probes_one_skip_can_cost():
+    scale = {"opd": {"minutes": 15.0, "gpus": 8}}
+    plan = {**_plan(), "worst": bisection.promised_worst(16, 2, False, False, 3, scale)}
+    text = bisection.card(plan)["markdown"]
+    assert "**Probes at most: 11**" in text and "9 if every commit launches" in text, text
+
+
+def test_a_stopped_probes_row_links_its_report_or_says_it_has_none(store):
+    run = bisection.probe_run_id("manual__b", MIDDLE[0], 0)
+    assert bisection.stopped_probe_evidence(run)["report"] is None
+    row = {"sha": MIDDLE[0], "node": "n1", "outcome": "stopped", "stopped": "outside the open range", "run_id": run,
+           **bisection.stopped_probe_evidence(run)}
+    result = {"good": "v1", "bad": "main", "suites": ["opd"], "nodes": ["n1"], "commits": _plan()["commits"],
+              "runs": 0, "wall_s": 60.0, "answer": {"kind": "culprit", "reason": "r", "culprit": None}, "probes": [row]}
+    assert "stopped: no report" in bisect_report.markdown(result)
+    assert "stopped: no report" in bisect_report.html_page(result, None) and row["run_page"] in \
+        bisect_report.html_page(result, None)
+    _verification(store, run, MIDDLE[0], {"opd": "PASS"})
+    evidence = bisection.stopped_probe_evidence(run)
+    assert evidence["report"] == f"/rl-verify/dags/{settings.PROBE_DAG_ID}/runs/{run}/report" and evidence["runs"] == 2
+    assert 'href="/rl-verify/dags/' in bisect_report.html_page({**result, "probes": [{**row, **evidence}]}, None)
+
+
+def test_a_bisection_that_ends_without_a_culprit_fails_its_run_with_the_reason(monkeypatch):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from rl_verify.orchestration.operators import BisectOperator
+
+    plan = {**_plan(), "recorded": {}, "nodes": ["n1"]}
+    finished = []
+    monkeypatch.setattr(bisection, "finish", lambda plan, rows, answer, wall, run_id: finished.append(answer) or {
+        "answer": answer, "link": "/rl-verify/dags/rl_regression_bisect/runs/manual__b/bisection"})
+    monkeypatch.setattr(bisection, "probe_reading", lambda run_id, plan: (bisect.Reading.SKIP, {
+        "run_id": run_id, "outcome": "SKIP", "runs": 0, "report": None}))
+    op = BisectOperator(task_id="bisect", plan=plan)
+    state = {"started": 0.0, "running": {"p-bad": {"sha": BAD, "node": "n1"}}, "stopping": {}, "readings": {},
+             "rows": [], "count": {BAD: 1}}
+    with pytest.raises(AirflowFailException, match="without a culprit \\(end not judged\\)"):
+        op._step({"run_id": "manual__b"}, state, {"p-bad": "success"})
+    assert finished and finished[0]["kind"] == bisect.END_SKIPPED  # the result is kept before the run fails

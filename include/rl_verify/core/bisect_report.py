@@ -29,6 +29,14 @@ def _error(row: Mapping[str, Any]) -> str:
     return f"{row['error']:.4g}{step}{fraction}"
 
 
+def _report_cell(row: Mapping[str, Any]) -> str:
+    """The report a probe's row links, or what it has instead ("stopped: no report" for a probe its bisection
+    stopped before it wrote one)."""
+    if row.get("report") and row.get("runs"):
+        return str(row["report"])
+    return "stopped: no report" if row.get("stopped") else "none"
+
+
 def headline(result: Mapping[str, Any]) -> str:
     """One line: the culprit with its subject, author and date, or why there is none."""
     answer = result["answer"]
@@ -60,7 +68,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
                      f"| {r.get('runs', 0)} "
                      f"| {r['outcome']}{' (stopped: ' + r['stopped'] + ')' if r.get('stopped') else ''} "
-                     f"| {r.get('metric') or ''} {_error(r)} | {r.get('report', '')} |")
+                     f"| {r.get('metric') or ''} {_error(r)} | {_report_cell(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -120,7 +128,8 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
                 "</tr></thead><tbody>")
     for r in rows(result):
         stopped = f" (stopped: {r['stopped']})" if r.get("stopped") else ""
-        link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else "none")
+        link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else
+                e(_report_cell(r)) + (f' (<a href="{e(r["run_page"])}">run</a>)' if r.get("run_page") else ""))
         body.append(f"<tr><td><code>{e(_short(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
                     f"<td>{e(str(r.get('node', '')))}</td><td>{int(r.get('runs') or 0)}</td>"
                     f"<td>{e(r['outcome'] + stopped)}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"

@@ -149,22 +149,32 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
     fingerprint = p["source"].get("fingerprint") or _fingerprint_of(shas[-1], p["suites"])
     recorded = recorded_readings(shas, p["suites"], fingerprint, p["source"].get("baselines"))
     free = len(p["nodes"])
-    worst = bisect.worst_case(len(shas) - 1, free, good_known=shas[0] in recorded, bad_known=shas[-1] in recorded)
-    runs_per_probe = 1 + p["repeats"]
     scale = run_scale(p["suites"])
-    minutes = sum(s["minutes"] for s in scale.values())
-    gpu_minutes = sum(s["minutes"] * s["gpus"] for s in scale.values())
+    worst = promised_worst(len(shas) - 1, free, shas[0] in recorded, shas[-1] in recorded, 1 + p["repeats"], scale)
     plan = {**p, "commits": commits, "fingerprint": fingerprint, "recorded": {c: r.value for c, r in recorded.items()},
-            "scale": scale,
-            "worst": {"probes": worst.probes, "rounds": worst.rounds, "runs": worst.probes * runs_per_probe,
-                      "gpu_hours": round(worst.probes * runs_per_probe * gpu_minutes / 60, 1),
-                      "wall_hours": round(worst.rounds * runs_per_probe * minutes / 60, 1)},
-            "dag_run_id": dag_run_id}
+            "scale": scale, "worst": worst, "dag_run_id": dag_run_id}
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
     log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s) on %d node(s); "
-             "ends taken from the record: %s", shas[0][:12], shas[-1][:12], len(shas) - 1, conn, worst.probes,
-             worst.rounds, free, ", ".join(f"{c[:12]} {r.value}" for c, r in recorded.items()) or "none")
+             "ends taken from the record: %s", shas[0][:12], shas[-1][:12], len(shas) - 1, conn, worst["probes"],
+             worst["rounds"], free, ", ".join(f"{c[:12]} {r.value}" for c, r in recorded.items()) or "none")
     return plan
+
+
+def promised_worst(n_commits: int, free: int, good_known: bool, bad_known: bool, runs_per_probe: int,
+                   scale: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    """The most a bisection of ``n_commits`` commits after good on ``free`` nodes can spend, as its card promises
+    it: the planner's own worst case (``core.bisect.worst_case``) with one commit that cannot be checked out or
+    launched anywhere in the range (the planner probes around it, at a cost), and without; its training runs,
+    GPU-hours and wall hours at the runbook's ``scale`` (``run_scale``). Conflicting or INCONCLUSIVE readings and
+    a second unlaunchable commit can add probes: the card says so."""
+    worst = bisect.worst_case(n_commits, free, good_known=good_known, bad_known=bad_known, skips=1)
+    clean = bisect.worst_case(n_commits, free, good_known=good_known, bad_known=bad_known)
+    minutes = sum(s["minutes"] for s in scale.values())
+    gpu_minutes = sum(s["minutes"] * s["gpus"] for s in scale.values())
+    return {"probes": worst.probes, "rounds": worst.rounds, "runs": worst.probes * runs_per_probe,
+            "probes_no_skip": clean.probes, "skips": 1,
+            "gpu_hours": round(worst.probes * runs_per_probe * gpu_minutes / 60, 1),
+            "wall_hours": round(worst.rounds * runs_per_probe * minutes / 60, 1)}
 
 
 def _verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
@@ -255,7 +265,10 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
         lines.append(f"| {i} | `{c['sha'][:12]}`{tag} | {_cell(c['subject'])} | {_cell(c['author'])} "
                      f"| {c['date'][:10]} |")
     recorded = plan.get("recorded") or {}
-    lines += ["", f"**Probes at most: {worst['probes']}** (verifications, {worst['rounds']} round(s) on "
+    no_skip = worst.get("probes_no_skip", worst["probes"])
+    skip_note = (f"; {no_skip} if every commit launches, {worst['probes']} with one commit that cannot be checked "
+                 "out or launched, each further such commit can add probes" if worst.get("skips") else "")
+    lines += ["", f"**Probes at most: {worst['probes']}** (verifications{skip_note}; {worst['rounds']} round(s) on "
               f"{len(plan['nodes'])} node(s): {', '.join(plan['nodes'])}), each up to {1 + plan['repeats']} run(s) "
               f"(the confirmation's repeats): at most **{worst['runs']} training runs, "
               f"{worst['gpu_hours']} GPU-hours** "
@@ -362,6 +375,16 @@ def stop_probe(run_id: str, bisection_run_id: str, why: str) -> list[str]:
     return stopped
 
 
+def stopped_probe_evidence(run_id: str) -> dict[str, Any]:
+    """What a probe stopped by its bisection has produced so far: its report link and training runs when it
+    reached its report, else none (the row then says "stopped: no report"); always its run page."""
+    report = record.get_json(run_id, "report.json") or {}
+    rows = report.get("suites") or []
+    return {"report": links.report_path(settings.PROBE_DAG_ID, run_id) if rows else None,
+            "runs": sum(len((r.get("outcome") or {}).get("runs") or [0]) for r in rows),
+            "run_page": links.run_page_path(settings.PROBE_DAG_ID, run_id)}
+
+
 def stopped_by_bisection(dag_run_id: str) -> dict[str, Any] | None:
     """The stop marker of a probe its bisection stopped, else None (the repeat gate asks)."""
     return record.get_json(dag_run_id, settings.STOPPED_BY_BISECTION_FILE)
@@ -430,6 +453,11 @@ def finish(plan: Mapping[str, Any], rows: list[dict[str, Any]], answer: dict[str
                                                "answer": answer["reason"]})
     log.info("Bisection: %s; %d probe(s), %d run(s), %.0f s; report: %s", answer["reason"], len(rows), result["runs"],
              wall_s, result["link"])
+    try:  # the answer (or why there is none) on the run's page in the grid
+        airflow_api.set_run_note(settings.AIRFLOW_API_CONN_ID, settings.BISECT_DAG_ID, dag_run_id,
+                                 bisect_report.headline(result))
+    except Exception as err:  # the page, the notification and this log say the same
+        log.warning("Could not set the run's note through %r (%s)", settings.AIRFLOW_API_CONN_ID, err)
     notify.send(*notify.bisection(result), failure=answer["kind"] != bisect.CULPRIT)
     return {"answer": answer, "link": result["link"], "probes": len(rows), "runs": result["runs"],
             "suites": plan["suites"], "dag_run_id": dag_run_id}

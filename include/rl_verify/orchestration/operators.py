@@ -457,6 +457,9 @@ class BisectOperator(BaseOperator):
             if probe_id in state["stopping"]:
                 self.log.info("Stopped probe %s has ended: its node is free", probe_id)
                 state["stopping"].pop(probe_id)
+                for row in state["rows"]:
+                    if row["run_id"] == probe_id and row.get("stopped"):
+                        row.update(bisection.stopped_probe_evidence(probe_id))
                 continue
             probe = state["running"].pop(probe_id, None)
             if probe is None:
@@ -481,10 +484,15 @@ class BisectOperator(BaseOperator):
             probe = state["running"].pop(probe_id)
             state["stopping"][probe_id] = probe
             state["rows"].append({"run_id": probe_id, "sha": sha, "node": probe["node"], "outcome": "stopped",
-                                  "stopped": why, "runs": 0, "report": None, "reading": None})
+                                  "stopped": why, "reading": None, **bisection.stopped_probe_evidence(probe_id)})
         if step.done:
             answer = bisection.answer_summary(plan, step.answer)
-            return bisection.finish(plan, state["rows"], answer, time.time() - state["started"], run_id)
+            summary = bisection.finish(plan, state["rows"], answer, time.time() - state["started"], run_id)
+            if answer["kind"] != bisect.CULPRIT:
+                # No culprit and no range of commits: the bisection did not answer what it was started for.
+                raise AirflowFailException(f"the bisection ended without a culprit ({answer['kind']}): "
+                                           f"{answer['reason']}. Its page: {summary['link']}")
+            return summary
         for sha, conn in zip(step.probe, free):
             attempt = state["count"].get(sha, 0)
             state["count"][sha] = attempt + 1
