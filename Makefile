@@ -86,13 +86,14 @@ demo-stop: venv
 gallery: venv ensure-sshd
 	$(PY) -m scripts.report_gallery
 
-bench: venv
+bench: venv ensure-sshd
 	$(PY) scripts/bench_engine.py
 	$(PY) scripts/bench_parse.py
 	$(PY) -m scripts.bench_early_abort
 	$(PY) -m scripts.bench_verdict_time
 	$(PY) -m scripts.bench_confirmation
 	$(PY) -m scripts.bench_bisect --positions 20
+	$(PY) -m scripts.bench_bisect_dag
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".state" / "demo-bisect"
 TARGET = "demo-bisect"
 BISECT = "rl_regression_bisect"
+PROBE = "rl_accuracy_probe"
 #: Seconds per simulated training step unless STEP_SECONDS says otherwise (many short probes).
 STEP_SECONDS = 0.1
 #: Noise and reference seeds for which the demo's story holds (the bench measures the error rates).
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(json.dumps({"step_seconds": args.step_seconds, "nodes": args.nodes}))
         return 0
     from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+    from rl_verify.core import bisect_report
     from rl_verify.core.names import run_key
     from simulator.checkout import bisect_history
 
@@ -108,7 +110,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
              f"wall time {wall:.0f} s (answer excluded)")
         _say(f"culprit: {culprit.get('sha', '?')[:12]} {culprit.get('subject', '')} ({culprit.get('author', '')}, "
              f"{culprit.get('date', '')}); page: {link}")
-        ok = (state == "success" and culprit.get("sha") == history["culprit"]
+        trained = [r for r in result.get("probes") or [] if r.get("runs")]
+        live_on = [r for r in trained if _live_check_on(rig, r["run_id"], result.get("suites") or ["opd"])]
+        _say(f"live check on in {len(live_on)} of {len(trained)} probe(s)' training logs; "
+             f"{bisect_report.early_aborts(result) if result else 'no result'}")
+        ok = (state == "success" and culprit.get("sha") == history["culprit"] and len(live_on) == len(trained)
               and verdicts == {"sim/bisect-good": "PASS", "sim/bisect-bad": "FAIL"})
         _say("PASS: the culprit is the commit that introduced the regression" if ok else
              f"UNEXPECTED: {state}, culprit {culprit.get('sha')} vs {history['culprit']}, {verdicts}")
@@ -116,6 +122,16 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     finally:
         rig.stop()
         _say("stopped Airflow and the simulated nodes")
+
+
+def _live_check_on(rig, probe_run: str, suites: list[str]) -> bool:
+    """Whether every training task of the probe logged "Live check on" (its first run's try that trained)."""
+    for suite in suites:
+        task = f"run_{suite}"
+        tries = rig.client.task_instance(PROBE, probe_run, task)["try_number"]
+        if f"Live check on for {suite}" not in rig.client.task_log(PROBE, probe_run, task, try_number=tries):
+            return False
+    return True
 
 
 if __name__ == "__main__":

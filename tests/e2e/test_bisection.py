@@ -97,6 +97,22 @@ def _probe_runs(rig: Rig) -> list[dict]:
     return rig.client.dag_runs(PROBE_DAG_ID, limit=200)
 
 
+def _training_log(rig: Rig, probe_run: str, task_id: str) -> str:
+    tries = rig.client.task_instance(PROBE_DAG_ID, probe_run, task_id)["try_number"]
+    return rig.client.task_log(PROBE_DAG_ID, probe_run, task_id, try_number=tries)
+
+
+def _aborted_at(rig: Rig, probe_run: str, suite: str) -> int | None:
+    """The step the live check stopped the probe's first run of ``suite`` at, as its report says (None: not
+    stopped); the report's first finding then says "Aborted at step N"."""
+    (entry,) = [s for s in _record(rig, DAG_ID, probe_run, "report.json")["suites"] if s["suite"] == suite]
+    abort = (entry.get("details") or {}).get("early_abort") or {}
+    if not abort.get("applied"):
+        return None
+    assert entry["abnormal"][0].startswith(f"Aborted at step {abort['step']} of "), entry["abnormal"]
+    return abort["step"]
+
+
 # One refusal by the params, one by the node's checkout (the others: tests/unit/test_bisection.py and
 # tests/integration/test_node_ops.py, through the same code).
 @pytest.mark.parametrize("conf, param, words", [
@@ -167,12 +183,20 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
     assert any(e["extra"].get("sha") == history["culprit"] for e in events), events
     verified = _get(rig, f"/api/v2/assets/events?source_dag_id={PROBE_DAG_ID}").json()["asset_events"]
     assert any(e["extra"].get("sha") == history["good"] and e["extra"].get("report") for e in verified)
+    # Every probe ran with the live check on (issue 30: a probe's looked for its golden table under the probe
+    # DAG's folder and was off), and a probe of a commit that carries the breach was stopped early by it.
+    bad_rows = [r for r in rows if r.get("reading") == "bad"]
+    assert bad_rows, rows
+    for row in [r for r in rows if r.get("runs")]:
+        assert "Live check on for opd" in _training_log(rig, row["run_id"], "run_opd"), row
+    aborted = [_aborted_at(rig, r["run_id"], "opd") for r in bad_rows]
+    assert any(step is not None and step < 25 for step in aborted), (aborted, bad_rows)
     # The nodes are clean: no process of any probe, no Ray.
     for conn in rig.nodes:
         assert sim.node_processes(rig.node_state(conn)) == []
         assert not sim.ray_running(rig.node_state(conn))
     print(f"\nbisection of 16 commits on 2 nodes: {len([r for r in rows if r.get('reading')])} probes, "
-          f"{result['runs']} runs, {wall:.0f} s wall")
+          f"{result['runs']} runs, {wall:.0f} s wall; bad probes aborted at steps {aborted}")
 
 
 def test_a_probe_of_a_commit_outside_the_approved_range_is_refused_before_anything_is_launched(rig, history):
@@ -184,3 +208,26 @@ def test_a_probe_of_a_commit_outside_the_approved_range_is_refused_before_anythi
                               try_number=rig.client.task_instance(DAG_ID, out.run_id, "approve")["try_number"])
     assert f"pre-approval by bisection {RUN_ID} refused" in log and "not in the approved range" in log
     assert sim.node_processes(rig.node_state(CONN_ID)) == []
+
+
+def test_a_grpo_bisection_whose_regression_early_abort_catches_names_the_culprit(rig, history):
+    """Issue 30: a GRPO probe's early abort wrote its abort.json where compare never looks; the bad end then read
+    "wrong step count" (infrastructure, SKIP) and the bisection ended "end not judged", green. Here the range is
+    the mismatch regression's one commit after good: both ends are probed and confirmed on the two nodes."""
+    checkout = json.loads((Path(rig.nodes[CONN_ID]["root"]) / "state" / "checkout.json").read_text())
+    culprit = checkout["commits"]["regress-mismatch"]
+    run_id, state, _ = _bisect(rig, {"good": "sim/bisect-good", "bad": "sim/regress-mismatch", "suites": ["grpo"],
+                                     "nodes": f"{CONN_ID},{NODE_B}"}, run_id="manual__bisect-grpo-e2e")
+    result = _record(rig, BISECT_DAG_ID, run_id, "bisection.json")
+    rows = result["probes"]
+    assert state == "success", (result["answer"], rows)
+    assert result["answer"]["kind"] == "culprit" and result["answer"]["culprit"]["sha"] == culprit, result["answer"]
+    bad_rows = [r for r in rows if r.get("reading") == "bad"]
+    assert bad_rows and all(r["sha"] == culprit for r in bad_rows), rows
+    for row in bad_rows:
+        step = _aborted_at(rig, row["run_id"], "grpo")
+        assert step is not None and step < 45, row
+        assert "Live check on for grpo" in _training_log(rig, row["run_id"], "run_grpo")
+    assert "Culprit" in (rig.client.dag_run(BISECT_DAG_ID, run_id).get("note") or "")
+    for conn in rig.nodes:
+        assert sim.node_processes(rig.node_state(conn)) == []

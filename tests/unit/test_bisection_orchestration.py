@@ -348,3 +348,19 @@ def test_a_bisection_that_ends_without_a_culprit_fails_its_run_with_the_reason(m
     with pytest.raises(AirflowFailException, match="without a culprit \\(end not judged\\)"):
         op._step({"run_id": "manual__b"}, state, {"p-bad": "success"})
     assert finished and finished[0]["kind"] == bisect.END_SKIPPED  # the result is kept before the run fails
+
+
+def test_a_probe_the_live_check_stopped_early_says_so_in_its_row_and_the_page_counts_such_probes(store):
+    run = bisection.probe_run_id("manual__b", MIDDLE[1], 0)
+    folder = _verification(store, run, MIDDLE[1], {"opd": "FAIL (reproduced)"})
+    report = json.loads((folder / "report.json").read_text())
+    report["suites"][0]["details"] = {"early_abort": {"applied": True, "step": 10, "expected_steps": 25}}
+    (folder / "report.json").write_text(json.dumps(report))
+    reading, row = bisection.probe_reading(run, {**_plan(), "suites": ["opd"]})
+    assert reading is bisect.Reading.BAD and row["aborted_at"] == {"opd": "step 10 of 25"}
+    result = {"good": "v1", "bad": "main", "suites": ["opd"], "nodes": ["n1"], "commits": _plan()["commits"],
+              "runs": 2, "wall_s": 60.0, "answer": {"kind": "culprit", "reason": "r", "culprit": None},
+              "probes": [{**row, "sha": MIDDLE[1], "node": "n1"},
+                         {"sha": GOOD, "node": "n1", "runs": 1, "outcome": "opd PASS", "run_id": "g", "report": "/r"}]}
+    text = bisect_report.markdown(result)
+    assert "(opd aborted early at step 10 of 25)" in text and "1 of 2 probe(s) that trained were aborted early" in text

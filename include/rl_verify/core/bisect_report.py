@@ -29,6 +29,23 @@ def _error(row: Mapping[str, Any]) -> str:
     return f"{row['error']:.4g}{step}{fraction}"
 
 
+def _outcome(row: Mapping[str, Any]) -> str:
+    """A probe's outcome with how it ended early: stopped by its bisection, or aborted by its live check."""
+    text = str(row["outcome"])
+    if row.get("stopped"):
+        text += f" (stopped: {row['stopped']})"
+    for suite, where in (row.get("aborted_at") or {}).items():
+        text += f" ({suite} aborted early at {where})"
+    return text
+
+
+def early_aborts(result: Mapping[str, Any]) -> str:
+    """How many probes that trained the live check stopped early, in words."""
+    trained = [r for r in result["probes"] if r.get("runs")]
+    aborted = [r for r in trained if r.get("aborted_at")]
+    return f"{len(aborted)} of {len(trained)} probe(s) that trained were aborted early by their live check"
+
+
 def _report_cell(row: Mapping[str, Any]) -> str:
     """The report a probe's row links, or what it has instead ("stopped: no report" for a probe its bisection
     stopped before it wrote one)."""
@@ -61,13 +78,13 @@ def markdown(result: Mapping[str, Any]) -> str:
         lines += ["Skipped (could not be checked out or launched): "
                   + ", ".join(f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"]), ""]
     lines += [f"{len(result['probes'])} probe(s), {result['runs']} training run(s) in {result['wall_s'] / 60:.1f} min "
-              f"on {', '.join(result['nodes'])}.", "",
+              f"on {', '.join(result['nodes'])}; {early_aborts(result)}.", "",
               "| commit | subject | node | runs | outcome | followed metric: error at first breach | report |",
               "|---|---|---|---|---|---|---|"]
     for r in rows(result):
         lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
                      f"| {r.get('runs', 0)} "
-                     f"| {r['outcome']}{' (stopped: ' + r['stopped'] + ')' if r.get('stopped') else ''} "
+                     f"| {_outcome(r)} "
                      f"| {r.get('metric') or ''} {_error(r)} | {_report_cell(r)} |")
     return "\n".join(lines) + "\n"
 
@@ -119,7 +136,7 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
         body.append("<p>Skipped (could not be checked out or launched): " + e(", ".join(
             f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"])) + "</p>")
     body.append(f"<p>{len(result['probes'])} probe(s), {result['runs']} training run(s) in "
-                f"{result['wall_s'] / 60:.1f} min on {e(', '.join(result['nodes']))}.</p>")
+                f"{result['wall_s'] / 60:.1f} min on {e(', '.join(result['nodes']))}; {e(early_aborts(result))}.</p>")
     if png:
         body.append(f'<img alt="followed metric across the range" style="max-width:100%" '
                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
@@ -127,12 +144,11 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
                 "<th>runs</th><th>outcome</th><th>followed metric: error at first breach</th><th>report</th>"
                 "</tr></thead><tbody>")
     for r in rows(result):
-        stopped = f" (stopped: {r['stopped']})" if r.get("stopped") else ""
         link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else
                 e(_report_cell(r)) + (f' (<a href="{e(r["run_page"])}">run</a>)' if r.get("run_page") else ""))
         body.append(f"<tr><td><code>{e(_short(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
                     f"<td>{e(str(r.get('node', '')))}</td><td>{int(r.get('runs') or 0)}</td>"
-                    f"<td>{e(r['outcome'] + stopped)}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"
+                    f"<td>{e(_outcome(r))}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"
                     f"<td>{link}</td></tr>")
     body.append("</tbody></table></div>")
     style = ("body{font-family:system-ui,sans-serif;margin:1.2em;max-width:1400px}table{border-collapse:collapse}"

@@ -335,7 +335,18 @@ def probe_reading(run_id: str, plan: Mapping[str, Any]) -> tuple[bisect.Reading,
                runs=sum(len((r.get("outcome") or {}).get("runs") or [0]) for r in rows),
                why=(first.get("outcome") or {}).get("reason") or first.get("verdict") or "")
     row.update(followed_error(rows, plan.get("metrics") or []))
+    row["aborted_at"] = aborted_at(rows)
     return reading, row
+
+
+def aborted_at(rows: list[Mapping[str, Any]]) -> dict[str, str]:
+    """Per suite of a probe's report whose first run the live check stopped early: "step N of M"."""
+    out = {}
+    for r in rows:
+        abort = (r.get("details") or {}).get("early_abort") or {}
+        if abort.get("applied") and abort.get("step") is not None:
+            out[str(r["suite"])] = f"step {abort['step']} of {abort.get('expected_steps', '?')}"
+    return out
 
 
 def followed_error(rows: list[Mapping[str, Any]], metrics: list[str]) -> dict[str, Any]:
