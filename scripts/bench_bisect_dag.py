@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -60,11 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = bc.Runs("realistic", 2)
     replay = replayed_abort_steps(runs, bc.scaled(layout.regression, layout.scale, layout.from_step))
     runs.pool.close()
-    if STATE.exists():
-        for node in STATE.glob("node*"):
-            if (node / "node.json").exists():
-                sim.stop_node(node)
-        shutil.rmtree(STATE)
+    sim.reset_state(STATE)
     rig = Rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=1)
     rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
     failures = []
@@ -80,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             rig.client.unpause(dag_id)
         ranges = {"opd": (history["commits"][layout.culprit - 1], history["culprit"]),
                   "grpo": (commits["good"], commits["regress-mismatch"])}
-        print(f"| suite | range | bisection | bad probe | live check | aborted at (through the DAG) | "
-              f"replay: first runs' steps, mean (min-max) |\n|---|---|---|---|---|---|---|")
+        print("| suite | range | bisection | bad probe | live check | aborted at (through the DAG) | "
+              "replay: first runs' steps, mean (min-max) |\n|---|---|---|---|---|---|---|")
         for suite, (good, bad) in ranges.items():
             run_id = rig.client.trigger(BISECT, conf={"good": good, "bad": bad, "suites": [suite], "nodes": CONN_ID})
             rig.client.wait_for_hitl(BISECT, run_id, task_id="approve", timeout=900)

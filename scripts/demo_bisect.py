@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -65,11 +64,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     from rl_verify.core.names import run_key
     from simulator.checkout import bisect_history
 
-    if STATE.exists():
-        for node in STATE.glob("node*"):
-            if (node / "node.json").exists():
-                sim.stop_node(node)
-        shutil.rmtree(STATE)
+    sim.reset_state(STATE)
     rig = Rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=2)
     _say(f"starting two simulated GPU nodes and Airflow ({args.step_seconds} s simulated steps, realistic noise)...")
     rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "2", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -218,6 +219,17 @@ def stop_node(state: Path) -> None:
     kill_node_processes(state)
     traps.stop_foreign_ray(_root(state))  # another user's process: outside the node's marker env
     (_root(state) / "state" / "ray_head.pid").unlink(missing_ok=True)
+
+
+def reset_state(folder: Path) -> None:
+    """Stop every simulated node started under ``folder`` (a script's state folder) and remove the folder, so
+    that a demo or bench starts from nothing."""
+    folder = Path(folder)
+    if folder.exists():
+        for node in folder.glob("node*"):
+            if (node / "node.json").exists():
+                stop_node(node)
+        shutil.rmtree(folder)
 
 
 def _is_sshd(pid: int) -> bool:
