@@ -105,9 +105,10 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
              f"wall time {wall:.0f} s (answer excluded)")
         _say(f"culprit: {culprit.get('sha', '?')[:12]} {culprit.get('subject', '')} ({culprit.get('author', '')}, "
              f"{culprit.get('date', '')}); page: {link}")
-        trained = [r for r in result.get("probes") or [] if r.get("runs")]
+        trained = [r for r in result.get("probes") or [] if r.get("reading") in ("good", "bad")]
         live_on = [r for r in trained if _live_check_on(rig, r["run_id"], result.get("suites") or ["opd"])]
-        _say(f"live check on in {len(live_on)} of {len(trained)} probe(s)' training logs; "
+        _say(f"live check on in {len(live_on)} of {len(trained)} probe(s)' training logs (probes that read good "
+             "or bad); "
              f"{bisect_report.early_aborts(result) if result else 'no result'}")
         ok = (state == "success" and culprit.get("sha") == history["culprit"] and len(live_on) == len(trained)
               and verdicts == {"sim/bisect-good": "PASS", "sim/bisect-bad": "FAIL"})

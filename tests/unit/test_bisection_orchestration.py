@@ -360,7 +360,7 @@ def test_a_probe_the_live_check_stopped_early_says_so_in_its_row_and_the_page_co
     assert reading is bisect.Reading.BAD and row["aborted_at"] == {"opd": "step 10 of 25"}
     result = {"good": "v1", "bad": "main", "suites": ["opd"], "nodes": ["n1"], "commits": _plan()["commits"],
               "runs": 2, "wall_s": 60.0, "answer": {"kind": "culprit", "reason": "r", "culprit": None},
-              "probes": [{**row, "sha": MIDDLE[1], "node": "n1"},
+              "probes": [{**row, "sha": MIDDLE[1], "node": "n1", "reading": "bad"},
                          {"sha": GOOD, "node": "n1", "runs": 1, "outcome": "opd PASS", "run_id": "g", "report": "/r"}]}
     text = bisect_report.markdown(result)
-    assert "(opd aborted early at step 10 of 25)" in text and "1 of 2 probe(s) that trained were aborted early" in text
+    assert "(opd aborted early at step 10 of 25)" in text and "1 of 1 probe(s) that read bad were aborted early" in text

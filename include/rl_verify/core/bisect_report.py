@@ -40,10 +40,10 @@ def _outcome(row: Mapping[str, Any]) -> str:
 
 
 def early_aborts(result: Mapping[str, Any]) -> str:
-    """How many probes that trained the live check stopped early, in words."""
-    trained = [r for r in result["probes"] if r.get("runs")]
-    aborted = [r for r in trained if r.get("aborted_at")]
-    return f"{len(aborted)} of {len(trained)} probe(s) that trained were aborted early by their live check"
+    """How many probes that read bad their live check stopped early, in words (a healthy commit's never is)."""
+    bad = [r for r in result["probes"] if r.get("reading") == "bad"]
+    aborted = [r for r in bad if r.get("aborted_at")]
+    return f"{len(aborted)} of {len(bad)} probe(s) that read bad were aborted early by their live check"
 
 
 def _report_cell(row: Mapping[str, Any]) -> str:
