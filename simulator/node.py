@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--metric", help="nan: metric set to NaN (default mismatch / distillation KL)")
     f.add_argument("--limit", type=int, help="low-nofile: hard open-files limit of SSH sessions (default 20000)")
     f.add_argument("--gpus", type=int, help="hidden-gpu / gpu-lost: GPUs left visible (default gpus - 1)")
-    f.add_argument("--user", help="foreign-ray: the other user (default nobody)")
+    f.add_argument("--user", help="foreign-ray / gpu-foreign: the other user (default nobody)")
+    f.add_argument("--gpu", type=int, help="gpu-foreign / gpu-held / gpu-error: the GPU's index (default 0)")
+    f.add_argument("--mib", type=int, help="gpu-foreign / gpu-held: GPU memory held (MiB)")
     f.add_argument("--survives-stop", action="store_true",
                    help="foreign-ray: `ray stop --force` cannot kill it (as for an unprivileged SSH user)")
     c = sub.add_parser("clear-faults", help="switch faults off (restores hidden inputs, node traps)")
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(node_status(a.state), indent=2))
     elif a.cmd == "fault":
         extra = {k: v for k, v in (("factor", a.factor), ("metric", a.metric), ("limit", a.limit),
-                                   ("gpus", a.gpus), ("user", a.user)) if v is not None}
+                                   ("gpus", a.gpus), ("user", a.user), ("gpu", a.gpu), ("mib", a.mib))
+                 if v is not None}
         if a.survives_stop:
             extra["survives_stop"] = True
         suite = a.suite or ("node" if a.kind in NODE_FAULT_KINDS else None)

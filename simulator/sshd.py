@@ -218,6 +218,7 @@ def stop_node(state: Path) -> None:
     (state / "sshd.pid").unlink(missing_ok=True)
     kill_node_processes(state)
     traps.stop_foreign_ray(_root(state))  # another user's process: outside the node's marker env
+    traps.stop_gpu_foreign(_root(state))
     (_root(state) / "state" / "ray_head.pid").unlink(missing_ok=True)
 
 

@@ -31,7 +31,10 @@ from typing import Any, Callable
 
 from simulator.common import _node_python, _read_json, _root, _write_json, _pid_alive
 
-NODE_FAULT_KINDS = ("low-nofile", "hidden-gpu", "gpu-lost", "foreign-ray", "no-python")
+NODE_FAULT_KINDS = ("low-nofile", "hidden-gpu", "gpu-lost", "foreign-ray", "no-python", "gpu-foreign", "gpu-held",
+                    "gpu-error")
+DEFAULT_FOREIGN_GPU_MIB = 21504   # the issue's foreign process held 21 GiB of the H200
+FOREIGN_GPU_ARGV0 = "python3 /home/other/finetune/train.py --config sft.py"  # another user's job in `ps`
 DEFAULT_NOFILE = 1048576          # a typical generous node setting (capped at fs.nr_open)
 DEFAULT_LOW_NOFILE = 20000        # the value seen on the issue's node
 SCRIPT_NOFILE = 65536             # what run_rl.sh's `ulimit -n` asks for
@@ -386,6 +389,63 @@ def stop_foreign_ray(root: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Another user's CUDA process on the node's GPUs (gpu-foreign)
+def _gpu_foreign_file(root: Path) -> Path:
+    return root / "state" / "gpu_foreign.json"
+
+
+def gpu_foreign_pid(root: Path) -> int | None:
+    """The live foreign GPU process of this node, if any."""
+    info = _read_json(_gpu_foreign_file(root), None)
+    if not info:
+        return None
+    pid = int(info["pid"])
+    tag = f"--rlsim-node={root}".encode()
+    return pid if _pid_alive(pid) and tag in _cmdline(pid) and b"--rlsim-gpu-foreign" in _cmdline(pid) else None
+
+
+def start_gpu_foreign(root: Path, user: str = "nobody") -> dict[str, Any]:
+    """Start a process of ``user`` (root only; else the control user) outside the node's marker env, looking like
+    another team's training in ``ps``; the fake nvidia-smi lists it as a compute process (its fault record gives
+    the GPU and the memory)."""
+    stop_gpu_foreign(root)
+    argv0 = f"{FOREIGN_GPU_ARGV0} --rlsim-gpu-foreign --rlsim-node={root}"
+    kwargs: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam(user)
+        kwargs = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        run_as = user
+    else:
+        run_as = pwd.getpwuid(os.getuid()).pw_name
+    proc = subprocess.Popen(["/bin/bash", "-c", 'exec -a "$0" sleep infinity', argv0], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
+                            close_fds=True, **kwargs)
+    deadline = time.monotonic() + 15
+    while b"--rlsim-gpu-foreign" not in _cmdline(proc.pid):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the foreign GPU process did not start (exit {proc.poll()})")
+        time.sleep(0.02)
+    info = {"pid": proc.pid, "user": run_as}
+    _write_json(_gpu_foreign_file(root), info)
+    return info
+
+
+def stop_gpu_foreign(root: Path) -> None:
+    pid = gpu_foreign_pid(root)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    _gpu_foreign_file(root).unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Switching the traps on and off
 def set_node_fault(state: Path, kind: str, via: str = "node", **params: Any) -> dict[str, Any]:
     """Switch node fault ``kind`` on (replacing the same kind); return its record in faults.json.
@@ -398,6 +458,13 @@ def set_node_fault(state: Path, kind: str, via: str = "node", **params: Any) -> 
       ``ray stop --force``, run by root, kills it, as the contract says; True: it cannot, as for an
       unprivileged SSH user, and ``ray start`` then fails with "Address already in use").
     no-python: ``python`` does not resolve on the SSH user's PATH.
+    gpu-foreign ``user`` (default nobody), ``gpu`` (0), ``mib`` (21504): a process of another user, outside the
+      node's marker env, that nvidia-smi lists as a compute process holding ``mib`` on GPU ``gpu``.
+    gpu-held ``gpu`` (0), ``mib`` (the training's): the driver never releases the GPU memory of a training job
+      started from now on: once the job's processes are gone, nvidia-smi lists its memory under the job's pid
+      (``ROOT/runs/*/jobs/*/pid``) until cleared.
+    gpu-error ``gpu`` (0): nvidia-smi cannot reach GPU ``gpu`` (fallen off the bus): the GPU queries print
+      ``Unable to determine the device handle for GPU<bus id>: Unknown Error`` in its place and exit 15.
     """
     if kind not in NODE_FAULT_KINDS:
         raise ValueError(f"unknown node fault {kind!r} ({'|'.join(NODE_FAULT_KINDS)})")
@@ -418,6 +485,17 @@ def set_node_fault(state: Path, kind: str, via: str = "node", **params: Any) -> 
     elif kind == "foreign-ray":
         rec["user"] = str(params.get("user") or "nobody")
         rec["survives_stop"] = bool(params.get("survives_stop", False))
+    elif kind in ("gpu-foreign", "gpu-held", "gpu-error"):
+        rec["gpu"] = int(params.get("gpu") or 0)
+        if not 0 <= rec["gpu"] < gpus:
+            raise ValueError(f"{kind}: gpu must be in 0..{gpus - 1}")
+        if kind == "gpu-foreign":
+            rec["user"] = str(params.get("user") or "nobody")
+            rec["mib"] = int(params.get("mib") or DEFAULT_FOREIGN_GPU_MIB)
+        elif kind == "gpu-held":
+            rec["since"] = time.time()
+            if params.get("mib"):
+                rec["mib"] = int(params["mib"])
     elif kind == "no-python":
         other = _system_python(root)
         if other:
@@ -425,6 +503,8 @@ def set_node_fault(state: Path, kind: str, via: str = "node", **params: Any) -> 
     _clear_kind(state, kind)
     if kind == "foreign-ray":
         rec.update(start_foreign_ray(root, rec["user"]))
+    elif kind == "gpu-foreign":
+        rec.update(start_gpu_foreign(root, rec["user"]))
     faults = _read_json(root / "faults.json", {})
     faults.setdefault("node", {})[kind] = rec
     _write_json(root / "faults.json", faults)
@@ -451,6 +531,8 @@ def _clear_kind(state: Path, kind: str) -> None:
         (root / "state" / "gpus_lost.json").unlink(missing_ok=True)
     elif kind == "foreign-ray":
         stop_foreign_ray(root)
+    elif kind == "gpu-foreign":
+        stop_gpu_foreign(root)
     elif kind == "no-python":
         _sync_python(root)
 
@@ -464,6 +546,7 @@ def clear_node_faults(state: Path, via: str | None = None) -> None:
     # leftovers of a fault record lost by hand edits: never leave a foreign process or a lost GPU
     if via is None or via == "node":
         stop_foreign_ray(root)
+        stop_gpu_foreign(root)
         (root / "state" / "gpus_lost.json").unlink(missing_ok=True)
 
 
@@ -475,4 +558,5 @@ def status(root: Path) -> dict[str, Any]:
     return {"settings": current,
             "nofile_hard_now": effective_nofile(root) if (root / "sim.json").exists() else None,
             "foreign_ray_pid": foreign_ray_pid(root),
+            "gpu_foreign_pid": gpu_foreign_pid(root),
             "faults": node_faults(root)}

@@ -107,6 +107,13 @@ RUN_MARKER_ENV = "RL_VERIFY_RUN"
 JOB_MARKER_ENV = "RL_VERIFY_JOB"
 #: The seed of a calibration run, in its job's environment (each of the N runs gets its own).
 SEED_ENV = "RL_VERIFY_SEED"
+#: GPU memory in use (MiB, per GPU) that no process of the run explains and still leaves the node ready for a
+#: training: a display server or a monitoring daemon may hold a little. Above it the node is not ready. (A compute
+#: process that is not the run's own makes it not ready whatever it holds.)
+GPU_MEMORY_FLOOR_MIB = _number("RL_VERIFY_GPU_MEMORY_FLOOR_MIB", 1024, int, 0)
+#: How long cleanup waits, after stopping a run, until no compute process of the run holds GPU memory (seconds;
+#: on an H200 the driver released 11 GiB within about a second).
+GPU_RELEASE_WAIT_S = _number("RL_VERIFY_GPU_RELEASE_WAIT_S", 60, int, 0)
 #: A training whose tracker does not grow for this long is killed as stalled (0 disables).
 STALL_TIMEOUT_S = _number("RL_VERIFY_STALL_TIMEOUT_S", 900, int, 0)
 #: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before

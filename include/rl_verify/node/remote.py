@@ -17,6 +17,7 @@ from typing import Iterable, Mapping, Sequence
 
 from rl_verify.engines import known_suites
 from rl_verify.suites.spec import NodeNeeds
+from rl_verify import settings
 from rl_verify.settings import JOB_MARKER_ENV, RUN_MARKER_ENV, SEED_ENV
 
 COMMIT_MAX_LEN = 200
@@ -204,14 +205,16 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
     lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
              f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
     needs = needs or NodeNeeds()
-    return _alive_fn() + render("prerequisites", runs=validate_path(runs_root, "remote runs dir"),
+    return _alive_fn() + _gpu_fn(RUN_MARKER_ENV) + render(
+                                "prerequisites", runs=validate_path(runs_root, "remote runs dir"),
                                 key=validate_key(key),
                                 own_suite=validate_suite_name(own_suite) if own_suite else "",
                                 checks="\n".join(lines), marker_env=RUN_MARKER_ENV,
                                 need_nofile=int(needs.nofile or 0), need_gpus=int(needs.gpus or 0),
                                 ray_ports=" ".join(str(int(p)) for p in needs.ray_ports),
                                 python_cmd=needs.python or "",
-                                ray_log=validate_path(needs.ray_log, "ray_log") if needs.ray_log else "")
+                                ray_log=validate_path(needs.ray_log, "ray_log") if needs.ray_log else "",
+                                gpu_check=1 if needs.gpus else 0)
 
 
 def _alive_fn() -> str:
@@ -225,6 +228,13 @@ def _marked_fn(marker: str) -> str:
     """Bash function ``marked VALUE`` (``sh/lib_marked.sh``): pids whose environment holds
     ``marker=VALUE`` exactly; rendered in front of the scripts that call it."""
     return render("lib_marked", marker_env=marker)
+
+
+def _gpu_fn(marker: str) -> str:
+    """Bash functions ``gpu_state VALUE [PIDS]`` and ``gpu_pids WHOSE VALUE [PIDS]`` (``sh/lib_gpu.sh``): what
+    nvidia-smi shows of the GPUs' memory and compute processes, each process marked own when it carries
+    ``marker=VALUE``; rendered in front of the scripts that read the GPUs."""
+    return render("lib_gpu", marker_env=marker)
 
 
 def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], job_marker: str,
@@ -263,11 +273,12 @@ def job_marker(key: str, suite: str) -> str:
 
 
 def kill_job_script(job_dir: str, marker_value: str) -> str:
-    """Script: stop one job (its process group, every process carrying its marker) and Ray."""
+    """Script: stop one job (its process group, every process carrying its marker) and Ray (the GPUs are not
+    read: the run's cleanup does that)."""
     return _stop_script(JOB_MARKER_ENV, validate_marker(marker_value), job_dir=validate_path(job_dir, "job dir"))
 
 
-def cleanup_script(run_dir: str, key: str) -> str:
+def cleanup_script(run_dir: str, key: str, gpu_wait_s: int | None = None) -> str:
     """Script: stop every process of the run (job groups, teachers, Ray) and keep the logs.
 
     TERM first so the launch scripts' EXIT traps can stop their teacher servers, then KILL
@@ -275,12 +286,16 @@ def cleanup_script(run_dir: str, key: str) -> str:
     Ray is stopped only when this run launched a job and no other run's job is alive on the node: a run
     that failed its prerequisites because another run is training, or that ends while another run's
     training (queued behind it on the node's pool) has started, must not stop that run's Ray.
+    Then it waits, at most ``gpu_wait_s`` (default ``settings.GPU_RELEASE_WAIT_S``), until no compute process
+    of the run holds GPU memory, and prints a GPUWAIT line and what nvidia-smi shows (``sh/lib_gpu.sh``).
     """
-    return _stop_script(RUN_MARKER_ENV, validate_key(key), run_dir=validate_path(run_dir, "run dir"))
+    wait = settings.GPU_RELEASE_WAIT_S if gpu_wait_s is None else max(0, int(gpu_wait_s))
+    return _stop_script(RUN_MARKER_ENV, validate_key(key), run_dir=validate_path(run_dir, "run dir"), gpu_wait=wait)
 
 
-def _stop_script(marker: str, value: str, job_dir: str = "", run_dir: str = "") -> str:
-    return _alive_fn() + _marked_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir, value=value)
+def _stop_script(marker: str, value: str, job_dir: str = "", run_dir: str = "", gpu_wait: int = -1) -> str:
+    return _alive_fn() + _marked_fn(marker) + _gpu_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir,
+                                                                       value=value, gpu_wait=int(gpu_wait))
 
 
 def job_state_script(job_dir: str) -> str:

@@ -10,12 +10,14 @@
 #   ray_ports   the fixed Ray ports a launch script binds (space separated; empty: not checked)
 #   python_cmd  the interpreter command a launch script calls (empty: not checked)
 #   ray_log     the shared folder a launch script removes and re-links (empty: not checked)
+#   gpu_check   1: read the GPUs' memory and compute processes (lib_gpu.sh's gpu_state; own: this run's marker)
 # Prints OK|MISSING<TAB>suite<TAB>kind<TAB>path per input, BUSY<TAB>job_dir<TAB>pid<TAB>since
 # for a live job of another run, PROC<TAB>pid<TAB>cmdline for a launch script run outside rl-verify,
 # and the node's readiness: NOFILE<TAB>hard limit, GPUS<TAB>count<TAB>CUDA_VISIBLE_DEVICES or <unset>,
 # PYTHON<TAB>path or empty, PORT<TAB>port<TAB>user<TAB>pid or -<TAB>ours|other<TAB>cmdline per listened
-# Ray port, RAYLOG<TAB>link target<TAB>live job dir or -.
-# job_alive() comes from lib_alive.sh, rendered before this text.
+# Ray port, RAYLOG<TAB>link target<TAB>live job dir or -, and with gpu_check the GPUMEM/GPUAPP/GPUERR lines
+# of lib_gpu.sh.
+# job_alive() comes from lib_alive.sh, gpu_state() from lib_gpu.sh, rendered before this text.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -u
@@ -59,6 +61,9 @@ if [ "$need_gpus" -gt 0 ]; then
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
   printf 'GPUS\t%s\t%s\n' "${gpus:-0}" "${CUDA_VISIBLE_DEVICES-<unset>}"
 fi
+# Every compute process on the GPUs and the memory in use: another user's job or a leftover holding memory
+# would make the training run out of memory or run slow, after the approval.
+if [ "$gpu_check" = 1 ]; then gpu_state "$key"; fi
 if [ -n "$python_cmd" ]; then printf 'PYTHON\t%s\n' "$(command -v "$python_cmd" 2>/dev/null)"; fi
 me=$(id -un)
 for port in $ray_ports; do

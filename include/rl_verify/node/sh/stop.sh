@@ -5,12 +5,19 @@
 #   job_dir    one job's folder (kill one job), or empty
 #   run_dir    the run's folder (stop all its jobs), used when job_dir is empty
 #   value      marker value to look for (job marker or run key)
-# marked() comes from lib_marked.sh, rendered before this text.
-# Prints "TERM group P", "KILLED P cmdline", "ray stopped", "LEFT P" lines.
+#   gpu_wait   seconds to wait, after the stop, until no compute process of these jobs holds GPU memory
+#              (negative: the GPUs are not read)
+# marked() comes from lib_marked.sh, gpu_state() and gpu_pids() from lib_gpu.sh, rendered before this text.
+# Prints "TERM group P", "KILLED P cmdline", "ray stopped", "LEFT P" lines, and with gpu_wait >= 0
+# "GPUWAIT<TAB>milliseconds waited<TAB>the pids of ours seen on the GPUs before the stop" then gpu_state's lines.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -u
 if [ -n "$job_dir" ]; then set -- "$job_dir/pid"; else set -- "$run_dir"/jobs/*/pid; fi
+# The compute processes of ours on the GPUs before the stop: once they exit their pids no longer carry the
+# marker, and a GPU context the driver has not released is listed under the dead pid.
+gpu_before=
+if [ "$gpu_wait" -ge 0 ]; then gpu_before=$(gpu_pids own "$value" | tr '\n' ' '); fi
 launched=0
 for pidf in "$@"; do
   [ -f "$pidf" ] || continue
@@ -45,5 +52,14 @@ elif [ "$launched" = 1 ]; then
   if ray stop --force >/dev/null 2>&1; then echo "ray stopped"; else echo "ray stop failed or ray absent"; fi
 fi
 sleep 0.5
+if [ "$gpu_wait" -ge 0 ]; then
+  t0=$(date +%s%N)
+  deadline=$(( t0 + gpu_wait * 1000000000 ))
+  # A pid the driver lists that is no process here any more (gone) may be one of ours whose memory is being
+  # released: waited for too.
+  while [ -n "$(gpu_pids 'own|gone' "$value" "$gpu_before")" ] && [ "$(date +%s%N)" -lt "$deadline" ]; do sleep 0.25; done
+  printf 'GPUWAIT\t%s\t%s\n' "$(( ($(date +%s%N) - t0) / 1000000 ))" "${gpu_before% }"
+  gpu_state "$value" "$gpu_before"
+fi
 for p in $(marked "$value"); do echo "LEFT $p"; done
 exit 0

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Library prepended (rendered) by remote.py to the scripts that read the node's GPUs (prerequisites, stop).
+# Input (assigned by remote.render before this text):
+#   marker_env  name of the marker variable (RL_VERIFY_RUN or RL_VERIFY_JOB)
+#
+# gpu_state VALUE [PIDS] prints what nvidia-smi shows of the GPUs, its lines kept exactly as it writes them
+# (ops.parse_gpu_query / parse_compute_apps read them, as they read the captured outputs in tests/data):
+#   GPUMEM<TAB><one line of --query-gpu=index,uuid,name,pci.bus_id,memory.used,memory.total>
+#   GPUAPP<TAB><one line of --query-compute-apps=gpu_uuid,pid,used_memory,process_name><TAB>user<TAB>whose<TAB>cmd
+#     whose: own (the process carries marker_env=VALUE, or its pid is one of PIDS), other (it does not, or its
+#     environment cannot be read: another user's), gone (no such process here: it exited while the driver still
+#     lists it, or it runs in another container); user and cmd are - where they cannot be read;
+#   GPUERR<TAB>query<TAB>exit status<TAB>what nvidia-smi printed (one line) for a query that failed.
+# Both queries use --format=csv,noheader,nounits (memory in MiB).
+# marker_env is assigned by the prelude render() prepends, which shellcheck cannot see:
+# shellcheck disable=SC2154
+# shellcheck disable=SC2329  # called by the template this library is prepended to
+
+gpu_query() {
+  nvidia-smi --query-"$1"="$2" --format=csv,noheader,nounits 2>&1
+}
+
+gpu_state() {
+  local value=$1 known=" ${2:-} " out rc line pid user whose cmd
+  out=$(gpu_query gpu index,uuid,name,pci.bus_id,memory.used,memory.total); rc=$?
+  if [ "$rc" -ne 0 ]; then
+    printf 'GPUERR\tgpu\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\t\n' '  ' | cut -c1-400)"
+    return 0
+  fi
+  while IFS= read -r line; do [ -n "$line" ] && printf 'GPUMEM\t%s\n' "$line"; done <<< "$out"
+  out=$(gpu_query compute-apps gpu_uuid,pid,used_memory,process_name); rc=$?
+  if [ "$rc" -ne 0 ]; then
+    printf 'GPUERR\tcompute-apps\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\t\n' '  ' | cut -c1-400)"
+    return 0
+  fi
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    pid=$(printf '%s' "$line" | cut -d, -f2 | tr -d ' ')
+    case "$pid" in '' | *[!0-9]*) printf 'GPUAPP\t%s\t-\tother\t-\n' "$line"; continue ;; esac
+    user=- whose=gone cmd=-
+    if [ -d "/proc/$pid" ]; then
+      user=$(stat -c %U "/proc/$pid" 2>/dev/null) || user=-
+      whose=other
+      if { tr '\0' '\n' < "/proc/$pid/environ"; } 2>/dev/null | grep -qxF "$marker_env=$value"; then whose=own; fi
+      cmd=$(tr '\0\t\n\r' '    ' < "/proc/$pid/cmdline" 2>/dev/null | cut -c1-200)
+      [ -n "$cmd" ] || cmd=-
+    fi
+    case "$known" in *" $pid "*) whose=own ;; esac
+    printf 'GPUAPP\t%s\t%s\t%s\t%s\n' "$line" "$user" "$whose" "$cmd"
+  done <<< "$out"
+}
+
+# gpu_pids WHOSE VALUE [PIDS]: the pids of the compute processes gpu_state calls WHOSE (a regular expression:
+# own, or own|gone), one per line, once.
+gpu_pids() {
+  local whose=$1
+  shift
+  gpu_state "$@" | awk -F'\t' -v w="^($whose)\$" '$1 == "GPUAPP" && $(NF - 1) ~ w { split($2, f, ","); gsub(/ /, "", f[2]); print f[2] }' \
+    | sort -u
+}

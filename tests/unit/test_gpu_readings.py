@@ -1,0 +1,229 @@
+"""The node's GPUs as nvidia-smi shows them (issue 32): the real outputs captured on an NVIDIA H200
+(tests/data/nvidia_smi/, SOURCE says where and when) parsed as the readiness check and cleanup parse them; the
+node script's gpu_state (sh/lib_gpu.sh) over a stand-in nvidia-smi that replays them; the simulated node's
+nvidia-smi answering in exactly their format."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl_verify.node import ops, remote
+from rl_verify.suites.spec import NodeNeeds
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "nvidia_smi"
+SIM_SMI = ROOT / "simulator" / "node_bin" / "nvidia-smi"
+STAGES = ("idle", "foreign", "job", "after-cleanup")
+
+
+def captured(stage: str, query: str) -> str:
+    return (DATA / f"{stage}.query-{query}.csv").read_text()
+
+
+def reading(stage: str, whose: str = "other") -> ops.GpuReading:
+    """The stage's capture as gpu_state would have printed it, every process ``whose``."""
+    lines = [f"GPUMEM\t{line}" for line in captured(stage, "gpu").splitlines()]
+    lines += [f"GPUAPP\t{line}\tbob\t{whose}\tpython3 train.py"
+              for line in captured(stage, "compute-apps").splitlines()]
+    return ops.gpu_reading(lines)
+
+
+# ----------------------------------------------------------------------------- the captured H200 outputs
+def test_the_captures_say_where_they_come_from():
+    source = (DATA / "SOURCE").read_text()
+    assert "NVIDIA H200" in source and "driver: 580.159.04" in source and re.search(r"date: 20\d\d-", source)
+
+
+def test_an_idle_h200_reads_zero_mib_and_no_process():
+    gpus, other = ops.parse_gpu_query(captured("idle", "gpu"))
+    assert other == [] and len(gpus) == 1
+    (gpu,) = gpus
+    assert gpu["name"] == "NVIDIA H200" and gpu["used_mib"] == 0 and gpu["total_mib"] == 143771
+    assert gpu["uuid"].startswith("GPU-") and re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.\d", gpu["bus_id"])
+    assert gpu["error"] is None
+    assert ops.parse_compute_apps(captured("idle", "compute-apps")) == ([], [])
+    assert ops.gpu_problems(reading("idle"), 1024) == []
+    assert ops.gpu_release_line(reading("idle")).startswith("GPUs free")
+
+
+def test_a_foreign_cuda_process_makes_the_node_not_ready_naming_gpu_pid_user_command_memory_and_fix():
+    apps, other = ops.parse_compute_apps(captured("foreign", "compute-apps"))
+    assert other == [] and len(apps) == 1 and apps[0]["used_mib"] > 4096  # 4 GiB asked + the CUDA context
+    (problem,) = ops.gpu_problems(reading("foreign"), 1024)
+    pid, mib = apps[0]["pid"], apps[0]["used_mib"]
+    assert problem.startswith("not ready: GPU 0 (")
+    for words in (f"pid {pid} of user bob (python3 train.py)", f"holding {mib} MiB of 143771 MiB",
+                  f"Fix: ask bob to stop it (a leftover of a crashed run: kill {pid})"):
+        assert words in problem, problem
+    # Its memory.used is the process's plus a few MiB of the driver: under the floor, not a second problem.
+    (gpu,) = reading("foreign").gpus
+    assert 0 <= gpu["used_mib"] - mib < 100
+
+
+def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are():
+    apps, _ = ops.parse_compute_apps(captured("job", "compute-apps"))
+    assert len({a["pid"] for a in apps}) == 2  # the job's process and its detached grandchild
+    assert ops.gpu_problems(reading("job", "own"), 1024) == []
+    theirs = ops.gpu_problems(reading("job", "other"), 1024)
+    assert len(theirs) == 2 and all(f"pid {a['pid']} " in p for a, p in zip(apps, theirs))
+    assert ops.gpu_release_line(reading("job", "own")).startswith(
+        f"GPU memory still held by pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB)")
+
+
+def test_after_cleanup_the_gpus_are_free():
+    assert ops.parse_compute_apps(captured("after-cleanup", "compute-apps")) == ([], [])
+    line = ops.gpu_release_line(reading("after-cleanup"))
+    assert line.startswith("GPUs free: no compute process on the node's 1 GPU(s)")
+
+
+def test_a_pid_the_driver_lists_that_is_no_process_here_holds_memory_until_reset():
+    r = reading("foreign", "gone")
+    (problem,) = ops.gpu_problems(r, 1024)
+    assert "no process of the node now" in problem and "nvidia-smi --gpu-reset -i 0" in problem
+    held = ops.gpu_release_line(r)
+    pid = r.apps[0]["pid"]
+    assert held.startswith(f"GPU memory still held by pid {pid} ({r.apps[0]['used_mib']} MiB), on GPU 0")
+    assert "Fix:" in held
+
+
+def test_memory_above_the_floor_that_no_process_explains_is_not_ready_below_it_is():
+    line = captured("idle", "gpu").strip().replace(", 0, 143771", ", 21504, 143771")
+    r = ops.gpu_reading([f"GPUMEM\t{line}"])
+    (problem,) = ops.gpu_problems(r, 1024)
+    assert "21504 MiB of 143771 MiB in use that no compute process" in problem and "1024 MiB floor" in problem
+    assert ops.gpu_problems(r, 30000) == []
+    assert ops.gpu_release_line(r, 1024).startswith("GPU memory still held by 21504 MiB on GPU 0")
+
+
+def test_nvidia_smi_failing_or_a_gpu_in_an_error_state_is_not_ready_quoting_it():
+    lost = "Unable to determine the device handle for GPU00000000:18:00.0: Unknown Error"
+    r = ops.gpu_reading([f"GPUERR\tgpu\t15\t{lost}"])
+    (problem,) = ops.gpu_problems(r, 1024)
+    assert problem.startswith("not ready: nvidia-smi --query-gpu failed (exit 15): ") and lost in problem
+    assert ops.gpu_release_line(r).startswith("GPUs not read after the stop") and lost in ops.gpu_release_line(r)
+    reset = captured("idle", "gpu").strip().replace(", 0, 143771", ", [GPU requires reset], 143771")
+    (problem,) = ops.gpu_problems(ops.gpu_reading([f"GPUMEM\t{reset}"]), 1024)
+    assert "is in an error state: nvidia-smi reports memory.used '[GPU requires reset]'" in problem
+    assert "nvidia-smi --gpu-reset -i 0" in problem
+
+
+def test_the_gpu_problems_are_readiness_problems_only_when_the_launch_needs_gpus():
+    out = "GPUS\t1\t<unset>\nGPUMEM\t" + captured("foreign", "gpu") + "GPUAPP\t" + \
+        captured("foreign", "compute-apps").strip() + "\tbob\tother\tpython3 x.py\n"
+    seen = ops.parse_prerequisites(out).readiness
+    assert len(ops.readiness_problems(NodeNeeds(gpus=1), seen)) == 1
+    assert ops.readiness_problems(NodeNeeds(), seen) == []
+
+
+# ----------------------------------------------------------------------------- sh/lib_gpu.sh's gpu_state
+@pytest.fixture()
+def replayed_smi(tmp_path):
+    """A stand-in nvidia-smi on the PATH replaying the job capture, its two pids replaced by live processes:
+    one with this run's marker (own), one without (other); and a third line for a pid that does not exist."""
+    own = subprocess.Popen(["sleep", "60"], env={**os.environ, "RL_VERIFY_RUN": "k-1"})
+    other = subprocess.Popen(["sleep", "61"], env={k: v for k, v in os.environ.items() if k != "RL_VERIFY_RUN"})
+    apps = captured("job", "compute-apps").splitlines()
+    lines = [re.sub(r", \d+, ", f", {pid}, ", line, count=1) for line, pid in zip(apps, (own.pid, other.pid))]
+    lines.append(re.sub(r", \d+, ", ", 4194303, ", apps[0], count=1))  # above any pid_max: gone
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "gpu.csv").write_text(captured("job", "gpu"))
+    (tmp_path / "apps.csv").write_text("\n".join(lines) + "\n")
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/bash\ncase \"$1\" in --query-gpu=*) cat {tmp_path}/gpu.csv;; "
+                   f"--query-compute-apps=*) cat {tmp_path}/apps.csv;; esac\n")
+    smi.chmod(0o755)
+    try:
+        yield {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, own.pid, other.pid
+    finally:
+        own.kill()
+        other.kill()
+        own.wait()
+        other.wait()
+
+
+def test_gpu_state_marks_the_runs_own_processes_by_their_marker(replayed_smi):
+    env, own, other = replayed_smi
+    script = remote.prerequisites_script([], "/nonexistent/runs", "k-1", needs=NodeNeeds(gpus=1))
+    out = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, env={**os.environ, **env},
+                         timeout=60).stdout
+    r = ops.parse_prerequisites(out).readiness["gpu"]
+    whose = {a["pid"]: a["whose"] for a in r.apps}
+    assert whose == {own: "own", other: "other", 4194303: "gone"}
+    (gpu,) = r.gpus
+    assert gpu["used_mib"] == int(captured("job", "gpu").split(", ")[4])
+    problems = ops.gpu_problems(r, 1024)
+    assert len(problems) == 2 and f"pid {other} of user" in problems[0] and "pid 4194303 (" in problems[1]
+
+
+def test_cleanup_waits_boundedly_for_the_gpus_and_says_who_still_holds_memory(replayed_smi, tmp_path):
+    env, own, other = replayed_smi
+    run_dir = tmp_path / "runs" / "k-1"
+    run_dir.mkdir(parents=True)
+    out = subprocess.run(["bash", "-s"], input=remote.cleanup_script(str(run_dir), "k-1", gpu_wait_s=1),
+                         capture_output=True, text=True, env={**os.environ, **env}, timeout=60).stdout
+    lines = out.splitlines()
+    (wait,) = [line for line in lines if line.startswith("GPUWAIT\t")]
+    waited_ms, before = wait.split("\t")[1:]
+    assert str(own) in before.split()  # the run's process on the GPU, seen before the stop
+    # The own sleep was TERMed by its marker; the stand-in still lists the gone pid: the bound is waited.
+    assert 1000 <= int(waited_ms) < 10000
+    said = ops.gpu_release_line(ops.gpu_reading(lines))
+    assert said.startswith(f"GPU memory still held by pid {own} (") and "pid 4194303 (" in said
+
+
+# ----------------------------------------------------------------------------- the simulated node's nvidia-smi
+def _shape(line: str) -> str:
+    """A line's format: digits, hex runs and words made generic; separators kept."""
+    line = re.sub(r"GPU-[0-9a-f-]{36}", "UUID", line)
+    line = re.sub(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.\d", "BUS", line)
+    line = re.sub(r"NVIDIA H200( \(SIMULATED\))?", "NAME", line)
+    line = re.sub(r"/[^,]*|python3?", "PROC", line)
+    return re.sub(r"\d+", "N", line)
+
+
+def test_the_simulated_nvidia_smi_answers_in_the_captured_format(tmp_path):
+    root = tmp_path / "node"
+    (root / "bin").mkdir(parents=True)
+    smi = root / "bin" / "nvidia-smi"
+    smi.write_text(SIM_SMI.read_text())
+    (root / "sim.json").write_text('{"gpus": 8}')
+    gpu_q = ["--query-gpu=index,uuid,name,pci.bus_id,memory.used,memory.total", "--format=csv,noheader,nounits"]
+    app_q = ["--query-compute-apps=gpu_uuid,pid,used_memory,process_name", "--format=csv,noheader,nounits"]
+
+    def ask(args):
+        done = subprocess.run([sys.executable, str(smi), *args], capture_output=True, text=True, timeout=60)
+        return done.returncode, done.stdout
+
+    rc, out = ask(gpu_q)
+    assert rc == 0 and len(out.splitlines()) == 8
+    assert {_shape(line) for line in out.splitlines()} == {_shape(captured("idle", "gpu").strip())}
+    assert ask(app_q) == (0, "")  # idle: nothing, as the H200 printed
+    (root / "faults.json").write_text('{"node": {"gpu-foreign": {"gpu": 2, "mib": 21504}}}')
+    foreign = subprocess.Popen(["bash", "-c", 'exec -a "$0" sleep 60',
+                                f"python3 x.py --rlsim-gpu-foreign --rlsim-node={root}"])
+    try:
+        deadline = __import__("time").monotonic() + 10
+        while b"--rlsim-gpu-foreign" not in Path(f"/proc/{foreign.pid}/cmdline").read_bytes():
+            assert __import__("time").monotonic() < deadline
+        rc, out = ask(app_q)
+        (line,) = out.splitlines()
+        assert _shape(line) == _shape(captured("foreign", "compute-apps").strip())
+        (app,), _ = ops.parse_compute_apps(out)
+        assert app["pid"] == foreign.pid and app["used_mib"] == 21504
+        gpus, _ = ops.parse_gpu_query(ask(gpu_q)[1])
+        assert gpus[2]["used_mib"] == 21504 and app["uuid"] == gpus[2]["uuid"]
+    finally:
+        foreign.kill()
+        foreign.wait()
+    (root / "faults.json").write_text('{"node": {"gpu-error": {"gpu": 0}}}')
+    rc, out = ask(gpu_q)
+    assert rc == 15 and out.splitlines()[0] == "Unable to determine the device handle for GPU00000000:18:00.0: " \
+                                               "Unknown Error"
+    assert len(ops.parse_gpu_query(out)[0]) == 7
