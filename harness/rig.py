@@ -44,6 +44,9 @@ def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int
         "RL_VERIFY_RECORD_ROOT": str(record_root),
         "RL_VERIFY_JOB_POLL_INTERVAL_S": str(poll_s),
         "RL_VERIFY_CHECKER_TIMEOUT_S": "300",
+        # The simulated node frees a stopped run's GPU memory at once; under its gpu-held fault cleanup waits
+        # this bound (default 60 s) before it reports the memory still held.
+        "RL_VERIFY_GPU_RELEASE_WAIT_S": "5",
         # Manual runs only unless asked: an unpaused nightly schedule would queue a scheduled run
         # (waiting for its approval) ahead of the run the demo or test triggers (max_active_runs=1).
         "RL_VERIFY_SCHEDULE": schedule or "none",

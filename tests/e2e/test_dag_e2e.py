@@ -88,6 +88,10 @@ def test_healthy_commit_passes_with_a_full_record_and_a_clean_node(rig, node_sta
             "grpo/baseline-version/version.json"} <= archived
     assert report["baselines"]["opd"].startswith("v1: shipped") and report["baselines"]["grpo"].startswith("v1: ")
     assert "Baseline version: v1: shipped" in (record / "card.md").read_text()
+    # Cleanup waited until no process of the run held GPU memory: the report and the verdict's message say so.
+    assert "> Node after cleanup: GPUs free: no compute process on the node's 8 GPU(s)" in \
+        Path(out.summary["report"]["md"]).read_text()
+    assert out.summary["gpus"][0].startswith("GPUs free")
     # Deferred, not sleeping: the training tasks held a worker for a small part of their run.
     for suite in ("grpo", "opd"):
         held = rig.client.xcom(DAG_ID, out.run_id, f"run_{suite}", key="worker_seconds")
@@ -232,6 +236,41 @@ def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_i
         assert words in error, words
     assert _untouched(node_state) == before
     assert sim.node_status(node_state)["traps"]["foreign_ray_pid"] == foreign  # the other user's Ray lives on
+
+
+def test_a_foreign_gpu_process_is_refused_before_the_card_naming_its_pid_and_memory(rig, node_state):
+    fault = sim.set_fault(node_state, "node", "gpu-foreign", mib=21504)
+    before = _untouched(node_state)
+    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision=None)
+    assert out.state == "failed" and out.tasks["check_prerequisites"] == "failed"
+    assert out.tasks["approve"] == "upstream_failed" and out.tasks["run_grpo"] == "upstream_failed"
+    error = _task_error(rig.client.task_log(DAG_ID, out.run_id, "check_prerequisites"))
+    (line,) = [line for line in error.splitlines() if line.startswith("  - ")]
+    assert line.startswith("  - not ready: GPU 0 (00000000:18:00.0) is in use by a process that is not this run's: "
+                           f"pid {fault['pid']} of user {fault['user']} (python3 /home/other/finetune/train.py"), line
+    assert "holding 21504 MiB of 143771 MiB" in line and f"Fix: ask {fault['user']} to stop it" in line
+    assert _untouched(node_state) == before  # nothing launched, the other user's process left alone
+
+
+def test_gpu_memory_still_held_after_cleanup_is_reported_and_the_next_run_is_refused_with_the_fix(rig, node_state):
+    # The driver never releases the training's GPU memory (gpu-held): listed under the job's pid once it is gone.
+    sim.set_fault(node_state, "node", "gpu-held", mib=30720)
+    rig.receiver.messages.clear()
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": "rl_gpu_node", "repeats": 0})
+    assert out.state == "success" and out.summary["verdict"] == "PASS", json.dumps(out.tasks)
+    job_pid = int((Path(rig_root(node_state)) / "runs" / run_key(out.run_id) / "jobs" / "grpo" / "pid").read_text())
+    held = f"GPU memory still held by pid {job_pid} (30720 MiB), on GPU 0"
+    assert f"> Node after cleanup: {held}" in Path(out.summary["report"]["md"]).read_text()
+    assert held in rig.client.task_log(DAG_ID, out.run_id, "cleanup")
+    got = rig.receiver.wait_for(lambda ms: any("rl-verify PASS" in m["title"] for m in ms))
+    (verdict,) = [m for m in got if "rl-verify PASS" in m["title"]]
+    assert f"Node after cleanup: {held}" in verdict["message"]
+    # The next run: not ready before its card, the pid, its memory and the fix named.
+    refused = rig.run({"commit": "main", "suites": ["grpo"], "node": "rl_gpu_node"}, decision=None)
+    assert refused.tasks["check_prerequisites"] == "failed" and refused.tasks["approve"] == "upstream_failed"
+    error = _task_error(rig.client.task_log(DAG_ID, refused.run_id, "check_prerequisites"))
+    assert f"pid {job_pid} (python, no process of the node now" in error and "holding 30720 MiB" in error
+    assert "Fix: find it with nvidia-smi on the host" in error and "nvidia-smi --gpu-reset -i 0" in error
 
 
 def test_a_gpu_lost_after_the_prerequisites_ends_the_run_within_the_rule_count_quoting_the_line(rig, node_state):

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 from sim_ssh import simnode
 
+from rl_verify import settings
 from rl_verify.core.names import run_key
 from rl_verify.node import ops as node
+from rl_verify.suites.spec import NodeNeeds
 
 from rl_verify.node import remote
 from rl_verify.engines import load_suite
@@ -108,12 +110,48 @@ def test_cleanup_kills_every_process_of_the_run_and_stops_ray(sim_node):
         while not sim_node.processes("rlsim-teacher") and time.monotonic() < deadline:
             time.sleep(0.2)
         assert sim_node.processes("rlsim-teacher"), "teachers never started"
+        # Another run's readiness sees the training's GPU processes as not its own (beside the busy node).
+        with pytest.raises(node.PrerequisitesError) as err:
+            node.check_prerequisites(sim_node.client, [], _runs(sim_node), run_key("another-run"),
+                                     needs=NodeNeeds(gpus=8))
+        assert "is in use by a process that is not this run's" in str(err.value)
         lines = node.cleanup(sim_node.client, resolved["run_dir"], resolved["run_dir"].rsplit("/", 1)[1])
     finally:
         simnode.clear_faults(sim_node.state)
     assert "ray stopped" in lines
+    assert lines[-1].startswith("GPUs free: no compute process on the node's 8 GPU(s)"), lines
     assert sim_node.wait_no_processes(timeout=10) == []
     assert not simnode.ray_running(sim_node.state)
+
+
+def test_gpu_memory_the_driver_keeps_after_cleanup_is_reported_and_refuses_the_next_run(sim_node, monkeypatch):
+    """The gpu-held fault: the job's memory stays listed under its pid once its processes are gone. Cleanup waits
+    its bound, names the pid and the memory; the next run's readiness is refused with the fix; cleared, free."""
+    monkeypatch.setattr(settings, "GPU_RELEASE_WAIT_S", 1)
+    resolved = _resolve(sim_node, "it-gpu-held")
+    key = resolved["run_dir"].rsplit("/", 1)[1]
+    simnode.set_fault(sim_node.state, "node", "gpu-held", mib=30720)
+    simnode.set_fault(sim_node.state, "grpo", "hang", at_step=2)
+    try:
+        job = _launch(sim_node, resolved, "grpo")
+        pid = int(sim_node.run(f"cat {job}/pid")[1])
+        deadline = time.monotonic() + 30
+        while not sim_node.processes("--rlsim-train") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        lines = node.cleanup(sim_node.client, resolved["run_dir"], key)
+        assert time.monotonic() - t0 >= 1  # waited its bound for the memory
+        assert lines[-1].startswith(f"GPU memory still held by pid {pid} (30720 MiB), on GPU 0"), lines
+        with pytest.raises(node.PrerequisitesError) as err:
+            node.check_prerequisites(sim_node.client, [], _runs(sim_node), run_key("the-next-run"),
+                                     needs=NodeNeeds(gpus=8))
+        text = str(err.value)
+        assert f"pid {pid} (python, no process of the node now" in text and "holding 30720 MiB" in text
+        assert "nvidia-smi --gpu-reset -i 0" in text
+    finally:
+        simnode.clear_faults(sim_node.state)
+    assert node.check_prerequisites(sim_node.client, [], _runs(sim_node), run_key("after-reset"),
+                                    needs=NodeNeeds(gpus=8)).unready == []
 
 
 def test_reaper_removes_old_idle_run_folders_but_keeps_live_and_recent_ones(sim_node):

@@ -4,6 +4,8 @@ untouched."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -60,6 +62,10 @@ def test_a_ready_node_passes_and_reports_what_it_saw(sim_node):
     ("hidden-gpu", ["shows 7 GPU(s)", "waits (forever) for 8", "Fix:"]),
     ("foreign-ray", ["another user's Ray", "`ray stop --force` would kill it", "Fix: ask that user"]),
     ("no-python", ["`python` does not resolve", "python-is-python3"]),
+    ("gpu-foreign", ["GPU 0 (00000000:18:00.0) is in use by a process that is not this run's",
+                     "holding 21504 MiB of 143771 MiB", "/home/other/finetune/train.py", "Fix: ask"]),
+    ("gpu-error", ["nvidia-smi --query-gpu failed (exit 15): 'Unable to determine the device handle for "
+                   "GPU00000000:18:00.0: Unknown Error'", "shows 7 GPU(s)", "dmesg for Xid errors"]),
 ])
 def test_each_trap_is_refused_before_the_card_with_its_fix_and_the_node_untouched(faults, trap, expected):
     sim_node = faults
@@ -72,6 +78,8 @@ def test_each_trap_is_refused_before_the_card_with_its_fix_and_the_node_untouche
     assert "nothing was launched" in text
     for words in expected:
         assert words in text, text
+    if trap == "gpu-foreign":
+        assert f"pid {fault['pid']} of user {fault['user']} (" in text
     if trap == "foreign-ray":
         assert f"process {fault['pid']} of {fault['user']}" in text
         assert str(sim_node.info["ray_ports"][0]) in text
@@ -142,6 +150,6 @@ def test_a_launch_script_running_on_another_simulated_node_of_this_machine_does_
         busy = [line for line in str(refused.value).splitlines() if "node busy" in line]
         assert len(busy) == 1 and f"(pid {procs['this node'].pid}: bash {script})" in busy[0], busy
     finally:
-        for p in procs.values():
-            p.kill()
+        for p in procs.values():  # the whole group: the script's `sleep` too (it carries the node's RLSIM_NODE)
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()

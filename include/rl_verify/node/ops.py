@@ -318,7 +318,8 @@ def gpu_reading(lines: Iterable[str]) -> GpuReading:
             waited = rest.split("\t")[0]
             reading.waited_ms = int(waited) if waited.isdigit() else None
     reading.gpus, other = parse_gpu_query("\n".join(smi))
-    reading.errors += [f"nvidia-smi reports {line!r}" for line in other]
+    if not any(e.startswith("nvidia-smi --query-gpu ") for e in reading.errors):  # a failure quotes them already
+        reading.errors += [f"nvidia-smi reports {line!r}" for line in other]
     index = {g["uuid"]: g["index"] for g in reading.gpus}
     reading.apps = [{**a, "gpu": index.get(a["uuid"], a["uuid"])} for a in rows]
     return reading

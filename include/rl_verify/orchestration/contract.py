@@ -125,3 +125,5 @@ class ReportSummary(TypedDict):
     report: dict[str, str]
     failed_suites: list[str]
     suites: list[SuiteSummary]
+    #: The node's GPUs after cleanup, one line per node ("GPUs free: ..." or "GPU memory still held by pid P ...").
+    gpus: NotRequired[list[str]]

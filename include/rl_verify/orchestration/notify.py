@@ -49,15 +49,21 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
         head = (f"Every suite of {suites} passes." if summary["verdict"] == "PASS" else
                 "At least one suite is INCONCLUSIVE: its FAIL was neither reproduced nor cleared within the budget.")
         return (f"rl-verify {summary['verdict']}: {commit}",
-                "\n".join([head, *confirmed, f"Report: {report}"]))
+                "\n".join([head, *confirmed, *_gpu_lines(summary), f"Report: {report}"]))
     classes = " + ".join(summary.get("failure_classes") or ["unknown"])
     lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
              if s.get("outcome", s["verdict"]) in ("FAIL", "FAIL (reproduced)")]
     lines += [c for c in confirmed if "FAIL" not in c.split(":")[0]]  # suites whose FAIL was noise
     if next_step:
         lines.append(f"Next step: {next_step}")
+    lines += _gpu_lines(summary)
     lines.append(f"Report: {report}")
     return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def _gpu_lines(summary: dict[str, Any]) -> list[str]:
+    """"Node after cleanup: GPUs free ..." or "...: GPU memory still held by pid P (N MiB) ...", one per node."""
+    return [f"Node after cleanup: {line}" for line in summary.get("gpus") or []]
 
 
 def bisection(result: dict[str, Any]) -> tuple[str, str]:
@@ -90,7 +96,9 @@ def infrastructure(failed_tasks: list[str], commit: str, dag_run_id: str, cleanu
     state = ("the node is clean: no process of this run is left, Ray stopped if this run started it"
              if node_clean else "the node is NOT clean: " + "; ".join(line for line in cleanup_lines
                                                                      if line.startswith("LEFT")))
-    body = [f"Failed task(s): {', '.join(failed_tasks) or 'unknown'}", f"Cleanup: {state}", f"Run: {run}"]
+    gpus = [line for line in cleanup_lines if line.startswith(("GPUs free", "GPU memory still held", "GPUs not read"))]
+    body = [f"Failed task(s): {', '.join(failed_tasks) or 'unknown'}", f"Cleanup: {state}",
+            *(f"GPUs: {line}" for line in gpus), f"Run: {run}"]
     return f"rl-verify: infrastructure failure in the run of {commit}", "\n".join(body)
 
 

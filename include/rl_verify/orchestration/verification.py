@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 POINTS_FILE = settings.POINTS_FILE
 #: A suite's outcome over its runs (``confirm_<suite>``), beside its first run's files.
 OUTCOME_FILE = "outcome.json"
+#: What cleanup saw of the node's GPUs after stopping the run (``gpus``: one line per node), in the run's record.
+CLEANUP_FILE = "cleanup.json"
 
 
 # --- configuration (read at run time, never at parse time) ----------------------------------------
@@ -531,6 +533,8 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
                      + (f" (pre-approved as a probe of bisection {decision['bisection']}, verified against its "
                         "approval record)" if decision.get("bisection") else "") + ".")
     notes += gaps or []
+    gpus = (record.read_json(run_dir / CLEANUP_FILE) or {}).get("gpus") or []
+    notes += [f"Node after cleanup: {line}" for line in gpus]
     results = []
     outcomes: dict[str, dict[str, Any]] = {}
     for suite in suites if overall is None else []:
@@ -564,7 +568,7 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
     return {"verdict": verdict, "failure_classes": classes, "record": where,
             "report": {k: f"{where}/{Path(v).name}" for k, v in written.items()},
             "failed_suites": [r.suite for r in failing],
-            "suites": [suite_summary(r, outcomes.get(r.suite)) for r in results]}
+            "suites": [suite_summary(r, outcomes.get(r.suite)) for r in results], "gpus": gpus}
 
 
 def _with_run_reports(run_dir: Path, dag_run_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
@@ -722,11 +726,17 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     jobs = [(suite, k) for suite in resolved["suites"] for k in range(settings.MAX_REPEATS + 1)
             if k == 0 or settings.training_task(suite, k) in (failed_tasks or [])]
     fetched = [f"{settings.attempt_name(suite, k)}/fetch.json" for suite, k in jobs]
+    gpus: list[str] = []  # each node's GPUs after the stop ("GPUs free" / "GPU memory still held by pid P")
+    by_node = suites_by_node(resolved)
     with record.workspace(dag_run_id, parts=fetched) as run_dir:
-        for conn, suites in suites_by_node(resolved).items():
+        for conn, suites in by_node.items():
             folders = suite_node(resolved, suites[0])[1]
             with ssh_client(conn) as client:
-                lines += node.cleanup(client, folders["run_dir"], resolved["run_key"])
+                done = node.cleanup(client, folders["run_dir"], resolved["run_key"])
+                lines += done
+                said = node.gpu_line(done)
+                if said:
+                    gpus.append(said if len(by_node) == 1 else f"node {conn}: {said}")
                 for suite, attempt in [j for j in jobs if j[0] in suites] if failed_tasks else []:
                     name = settings.attempt_name(suite, attempt)
                     dest = run_dir / name
@@ -736,6 +746,7 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
                     meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=name)
                     record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
                                                             ["collected by cleanup after a failure"]})
+        record.write_json(run_dir / CLEANUP_FILE, {"gpus": gpus})  # the report (written next) states them
     for line in lines:
         log.info("cleanup: %s", line)
     left = [line for line in lines if line.startswith("LEFT")]

@@ -10,7 +10,8 @@
 #     whose: own (the process carries marker_env=VALUE, or its pid is one of PIDS), other (it does not, or its
 #     environment cannot be read: another user's), gone (no such process here: it exited while the driver still
 #     lists it, or it runs in another container); user and cmd are - where they cannot be read;
-#   GPUERR<TAB>query<TAB>exit status<TAB>what nvidia-smi printed (one line) for a query that failed.
+#   GPUERR<TAB>query<TAB>exit status<TAB>the lines nvidia-smi printed that are no row (one line), for a query that
+#     exited non-zero (its rows are printed as above all the same).
 # Both queries use --format=csv,noheader,nounits (memory in MiB).
 # marker_env is assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
@@ -21,22 +22,21 @@ gpu_query() {
 }
 
 gpu_state() {
-  local value=$1 known=" ${2:-} " out rc line pid user whose cmd
+  local value=$1 known=" ${2:-} " out rc line pid user whose cmd bad=
   out=$(gpu_query gpu index,uuid,name,pci.bus_id,memory.used,memory.total); rc=$?
-  if [ "$rc" -ne 0 ]; then
-    printf 'GPUERR\tgpu\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\t\n' '  ' | cut -c1-400)"
-    return 0
-  fi
-  while IFS= read -r line; do [ -n "$line" ] && printf 'GPUMEM\t%s\n' "$line"; done <<< "$out"
-  out=$(gpu_query compute-apps gpu_uuid,pid,used_memory,process_name); rc=$?
-  if [ "$rc" -ne 0 ]; then
-    printf 'GPUERR\tcompute-apps\t%s\t%s\n' "$rc" "$(printf '%s' "$out" | tr '\t\n' '  ' | cut -c1-400)"
-    return 0
-  fi
+  # Every line as it came (a line that is no GPU's row is parsed as what nvidia-smi said about that GPU).
   while IFS= read -r line; do
     [ -n "$line" ] || continue
-    pid=$(printf '%s' "$line" | cut -d, -f2 | tr -d ' ')
-    case "$pid" in '' | *[!0-9]*) printf 'GPUAPP\t%s\t-\tother\t-\n' "$line"; continue ;; esac
+    printf 'GPUMEM\t%s\n' "$line"
+    case "$line" in [0-9]*,*) ;; *) bad="$bad $line" ;; esac
+  done <<< "$out"
+  if [ "$rc" -ne 0 ]; then printf 'GPUERR\tgpu\t%s\t%s\n' "$rc" "$(printf '%s' "${bad# }" | tr '\t' ' ' | cut -c1-400)"; fi
+  out=$(gpu_query compute-apps gpu_uuid,pid,used_memory,process_name); rc=$?
+  bad=
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    pid=$(printf '%s' "$line" | cut -s -d, -f2 | tr -d ' ')
+    case "$pid" in '' | *[!0-9]*) bad="$bad $line"; continue ;; esac
     user=- whose=gone cmd=-
     if [ -d "/proc/$pid" ]; then
       user=$(stat -c %U "/proc/$pid" 2>/dev/null) || user=-
@@ -48,6 +48,10 @@ gpu_state() {
     case "$known" in *" $pid "*) whose=own ;; esac
     printf 'GPUAPP\t%s\t%s\t%s\t%s\n' "$line" "$user" "$whose" "$cmd"
   done <<< "$out"
+  # (A line that is no process's row, with exit 0, is a notice such as "No running processes found".)
+  if [ "$rc" -ne 0 ]; then
+    printf 'GPUERR\tcompute-apps\t%s\t%s\n' "$rc" "$(printf '%s' "${bad# }" | tr '\t' ' ' | cut -c1-400)"
+  fi
 }
 
 # gpu_pids WHOSE VALUE [PIDS]: the pids of the compute processes gpu_state calls WHOSE (a regular expression:
