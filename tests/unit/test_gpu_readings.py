@@ -227,3 +227,15 @@ def test_the_simulated_nvidia_smi_answers_in_the_captured_format(tmp_path):
     assert rc == 15 and out.splitlines()[0] == "Unable to determine the device handle for GPU00000000:18:00.0: " \
                                                "Unknown Error"
     assert len(ops.parse_gpu_query(out)[0]) == 7
+
+
+# ----------------------------------------------------------------------------- what people are told
+def test_the_verdict_and_the_infrastructure_messages_state_the_gpus_after_cleanup():
+    from rl_verify.orchestration import notify
+
+    held = ops.gpu_release_line(reading("foreign", "gone"))
+    summary = {"verdict": "PASS", "suites": [{"suite": "grpo", "verdict": "PASS"}], "gpus": [held]}
+    _, body = notify.verdict(summary, "main (abc)", "manual__1", None)
+    assert f"Node after cleanup: {held}" in body
+    _, body = notify.infrastructure(["run_grpo"], "main", "manual__1", ["TERM group 5", held], True)
+    assert f"GPUs: {held}" in body
