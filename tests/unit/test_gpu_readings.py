@@ -74,6 +74,10 @@ def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are(
     assert len(theirs) == 2 and all(f"pid {a['pid']} " in p for a, p in zip(apps, theirs))
     assert ops.gpu_release_line(reading("job", "own")).startswith(
         f"GPU memory still held by pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB)")
+    # Another run's or user's live processes are not this run's memory: named, not "held".
+    assert ops.gpu_release_line(reading("job", "other")).startswith(
+        f"GPUs free of this run's processes; in use by others (the next run is refused while they run): "
+        f"pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB), on GPU 0: bob's python3 train.py")
 
 
 def test_after_cleanup_the_gpus_are_free():

@@ -385,30 +385,39 @@ GPUS_FREE, GPUS_HELD, GPUS_UNREAD = "GPUs free", "GPU memory still held by", "GP
 
 
 def gpu_release_line(reading: GpuReading, floor_mib: int | None = None) -> str:
-    """Cleanup's one line on the GPUs after the run's stop: "GPUs free" (no compute process of the run or of
-    anyone, nothing above the floor) or "GPU memory still held by pid P (N MiB)", each holder named, with the fix."""
+    """Cleanup's one line on the GPUs after the run's stop: "GPU memory still held by pid P (N MiB)" for a process of
+    the run, a listed pid that is no process any more (memory never released) or memory above the floor no process
+    explains, each named, with the fix; else "GPUs free" (other users' live processes, which the run's wait does
+    not wait for, are named after it: the next run's check refuses them)."""
     floor_mib = settings.GPU_MEMORY_FLOOR_MIB if floor_mib is None else floor_mib
     waited = f" (waited {reading.waited_ms / 1000:.1f} s)" if reading.waited_ms is not None else ""
     if reading.errors:
         return f"{GPUS_UNREAD}: " + "; ".join(reading.errors)
-    held: dict[int, dict[str, Any]] = {}
+    holders: dict[int, dict[str, Any]] = {}
     for app in reading.apps:
-        h = held.setdefault(app["pid"], {**app, "mib": 0, "on": []})
+        h = holders.setdefault(app["pid"], {**app, "mib": 0, "on": []})
         h["mib"] += app["used_mib"] or 0
         h["on"].append(str(app["gpu"]))
-    words = []
-    for pid, h in held.items():
-        whose = {"own": "a process of this run", "gone": "no process of the node now (exited, its memory not "
-                 "released)"}.get(h["whose"], f"user {h.get('user') or '?'}'s {h.get('cmd') or h['name']}"[:120])
-        words.append(f"pid {pid} ({h['mib']} MiB), on GPU {', '.join(h['on'])}: {whose}")
+    held, others = [], []
+    for pid, h in holders.items():
+        words = f"pid {pid} ({h['mib']} MiB), on GPU {', '.join(h['on'])}"
+        if h["whose"] == "own":
+            held.append(f"{words}: a process of this run")
+        elif h["whose"] == "gone":
+            held.append(f"{words}: no process of the node now (exited, its memory never released)")
+        else:
+            others.append(f"{words}: {h.get('user') or '?'}'s {(h.get('cmd') or h['name'])[:100]}")
     listed = {str(a["gpu"]) for a in reading.apps}
-    loose = [f"{g['used_mib']} MiB on GPU {g['index']} (no process shown)" for g in reading.gpus
+    held += [f"{g['used_mib']} MiB on GPU {g['index']} (no process shown)" for g in reading.gpus
              if str(g["index"]) not in listed and (g["used_mib"] or 0) > floor_mib]
-    if not words and not loose:
-        return f"{GPUS_FREE}: no compute process on the node's {len(reading.gpus)} GPU(s){waited}"
-    return (f"{GPUS_HELD} " + "; ".join(words + loose) + f"{waited}. The next run on this node is refused until "
-            "it is free. Fix: stop the process; if none holds the memory, reset the GPU as root (nvidia-smi "
-            "--gpu-reset -i N) or reboot the node")
+    if held:
+        return (f"{GPUS_HELD} " + "; ".join(held) + f"{waited}. The next run on this node is refused until it is "
+                "free. Fix: stop the process; if none holds the memory, reset the GPU as root (nvidia-smi "
+                "--gpu-reset -i N) or reboot the node")
+    if others:
+        return (f"{GPUS_FREE} of this run's processes{waited}; in use by others (the next run is refused while they "
+                "run): " + "; ".join(others))
+    return f"{GPUS_FREE}: no compute process on the node's {len(reading.gpus)} GPU(s){waited}"
 
 
 def _iso(epoch: str) -> str:
