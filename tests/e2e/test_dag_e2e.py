@@ -216,9 +216,11 @@ def rig_root(node_state: Path) -> str:
 
 
 def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_its_fix(rig, node_state):
-    for trap in ("low-nofile", "hidden-gpu", "foreign-ray", "no-python"):
+    for trap in ("low-nofile", "hidden-gpu", "foreign-ray", "no-python", "gpu-foreign"):
         sim.set_fault(node_state, "node", trap)
     foreign = sim.node_status(node_state)["traps"]["foreign_ray_pid"]
+    gpu_user = sim.node_status(node_state)["traps"]["faults"]["gpu-foreign"]["user"]
+    gpu_foreign = sim.node_status(node_state)["traps"]["gpu_foreign_pid"]  # another user's CUDA job: 21 GiB on GPU 0
     before = _untouched(node_state)
     out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision=None)
     assert out.state == "failed"
@@ -229,27 +231,17 @@ def test_a_node_not_ready_is_refused_before_the_card_naming_every_problem_with_i
     assert "prerequisite problem(s) on the node; nothing was launched" in error.splitlines()[0]
     unready = [line for line in error.splitlines() if line.startswith("  - not ready:")]
     assert [line for line in error.splitlines() if line.startswith("  - ")] == unready, error  # nothing else
-    # open files, GPUs, both Ray ports, python: each named once, each with its fix
-    assert len(unready) == 5 and all("Fix:" in line for line in unready), error
+    # open files, GPUs, both Ray ports, python, the GPU in use: each named once, each with its fix
+    assert len(unready) == 6 and all("Fix:" in line for line in unready), error
     for words in ("hard open-files limit is 20000, below the 65536", "shows 7 GPU(s)",
-                  f"held by process {foreign} of", "`ray stop --force` would kill it", "`python` does not resolve"):
+                  f"held by process {foreign} of", "`ray stop --force` would kill it", "`python` does not resolve",
+                  "GPU 0 (00000000:18:00.0) is in use by a process that is not this run's: "
+                  f"pid {gpu_foreign} of user {gpu_user} (python3 /home/other/finetune/train.py",
+                  "holding 21504 MiB of 143771 MiB", f"Fix: ask {gpu_user} to stop it"):
         assert words in error, words
     assert _untouched(node_state) == before
     assert sim.node_status(node_state)["traps"]["foreign_ray_pid"] == foreign  # the other user's Ray lives on
-
-
-def test_a_foreign_gpu_process_is_refused_before_the_card_naming_its_pid_and_memory(rig, node_state):
-    fault = sim.set_fault(node_state, "node", "gpu-foreign", mib=21504)
-    before = _untouched(node_state)
-    out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision=None)
-    assert out.state == "failed" and out.tasks["check_prerequisites"] == "failed"
-    assert out.tasks["approve"] == "upstream_failed" and out.tasks["run_grpo"] == "upstream_failed"
-    error = _task_error(rig.client.task_log(DAG_ID, out.run_id, "check_prerequisites"))
-    (line,) = [line for line in error.splitlines() if line.startswith("  - ")]
-    assert line.startswith("  - not ready: GPU 0 (00000000:18:00.0) is in use by a process that is not this run's: "
-                           f"pid {fault['pid']} of user {fault['user']} (python3 /home/other/finetune/train.py"), line
-    assert "holding 21504 MiB of 143771 MiB" in line and f"Fix: ask {fault['user']} to stop it" in line
-    assert _untouched(node_state) == before  # nothing launched, the other user's process left alone
+    assert sim.node_status(node_state)["traps"]["gpu_foreign_pid"] == gpu_foreign  # and so does their CUDA job
 
 
 def test_gpu_memory_still_held_after_cleanup_is_reported_and_the_next_run_is_refused_with_the_fix(rig, node_state):
