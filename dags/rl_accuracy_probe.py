@@ -32,6 +32,9 @@ settings.raise_problems()
     max_active_runs=settings.MAX_ACTIVE_PROBES,
     tags=settings.PROBE_TAGS,
     doc_md=__doc__,
+    # The one line the DAG list shows (issue 35); doc_md is the whole story on the DAG's page.
+    description=("One probe of a bisection: a verification of one commit (early abort, repeats, report, cleanup), "
+                 "started by rl_regression_bisect, never by hand."),
     default_args=settings.DEFAULT_ARGS,
     params=verification_dag.params(),
 )

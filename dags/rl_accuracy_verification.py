@@ -49,6 +49,9 @@ settings.raise_problems()
     max_active_runs=1,
     tags=settings.TAGS,
     doc_md=__doc__,
+    # The one line the DAG list shows (issue 35); doc_md is the whole story on the DAG's page.
+    description=("Does an XTuner commit keep GRPO and OPD RL accuracy on the baselines? Card, approval, training on "
+                 "the GPU node, report with verdict and next step. Nightly and on demand."),
     default_args=settings.DEFAULT_ARGS,
     params=verification_dag.params(),
 )

@@ -47,6 +47,9 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
     max_active_runs=1,
     tags=settings.CALIBRATION_TAGS,
     doc_md=__doc__,
+    # The one line the DAG list shows (issue 35); doc_md is the whole story on the DAG's page.
+    description=("Make a new baseline version: train a reference commit N times, propose means and thresholds, a "
+                 "person approves the promotion."),
     default_args=settings.DEFAULT_ARGS,
     params={
         "commit": Param(settings.DEFAULT_COMMIT, type="string", title="Reference commit",

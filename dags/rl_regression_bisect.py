@@ -42,6 +42,9 @@ SUITES = engines.known_suites()
     max_active_runs=1,
     tags=settings.BISECT_TAGS,
     doc_md=__doc__,
+    # The one line the DAG list shows (issue 35); doc_md is the whole story on the DAG's page.
+    description=("Which commit broke it: bisect between a verified PASS and a reproduced FAIL with verification probes"
+                 " on the GPU nodes, one approval."),
     default_args=settings.DEFAULT_ARGS,
     params={
         "good": Param("", type="string", title="Good commit (the last verified PASS)",

@@ -147,21 +147,14 @@ def single(args: argparse.Namespace) -> int:
     summary = outcome.summary or {}
     leftovers = sim.node_processes(STATE / "node")
     _say(f"DAG run {outcome.run_id}: {outcome.state}")
-    print("\n  task states: " + ", ".join(f"{k}={v}" for k, v in sorted(outcome.tasks.items())))
-    print("\n  wall time:")
-    print(f"    airflow + node start        {rig.timings['airflow start'] + rig.timings['node start']:7.1f} s")
-    print(f"    until the approval was asked {outcome.timings.get('until approval asked', 0):6.1f} s")
-    for task in ("run_grpo", "run_opd", "fetch_grpo", "compare_grpo", "fetch_opd", "compare_opd", "report"):
-        if task in durations:
-            print(f"    {task:<28} {durations[task]:7.1f} s")
-    for suite in conf["suites"]:
-        held = rig.client.xcom(DAG_ID, outcome.run_id, f"run_{suite}", key="worker_seconds")
-        if held is not None:
-            print(f"    worker time held by run_{suite:<5}   {float(held):6.2f} s (deferred time not counted)")
-    print(f"    total                        {time.monotonic() - t0:7.1f} s")
-    print(f"\n  node processes left by the run: {len(leftovers)}")
+    # The details first; the last lines are what a person acts on: the verdict, the report's URL, the time split.
+    states: dict[str, int] = {}
+    for state in outcome.tasks.values():
+        states[str(state)] = states.get(str(state), 0) + 1
+    print("\n  tasks: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+          + " (every task's state: the run's grid in the Airflow UI)")
+    print(f"  node processes left by the run: {len(leftovers)}")
     verdict = summary.get("verdict", "UNKNOWN (no report)")
-    print(f"\n  VERDICT: {verdict}")
     if summary and verdict != "PASS":
         report = json.loads(Path(summary["report"]["json"]).read_text())
         for suite in report.get("suites", []):
@@ -172,15 +165,26 @@ def single(args: argparse.Namespace) -> int:
             print(f"  {suite['suite']}: {suite['verdict']} ({suite.get('failure_class')})"
                   + (f"; breached: {', '.join(breached)}" if breached else "")
                   + (f"; not measured: {', '.join(missing)}" if missing else ""))
-            for step in suite.get("next_steps", []):
+            for step in suite.get("next_steps", [])[:1]:
                 print(f"    next step: {step}")
+    if summary:
+        print(f"  report:  {summary['report'].get('md', summary['record'])}")
+        print(f"  record:  {summary['record']}")
+    print(f"\n  VERDICT: {verdict}")
     if summary:
         from rl_verify.orchestration import links
 
         view = links.absolute(rig.stack.base_url, links.report_view_path(DAG_ID, outcome.run_id))
         print(f"  report in the Airflow UI: {view}" + ("" if args.keep else " (while Airflow runs: KEEP=1)"))
-        print(f"  report:  {summary['report'].get('md', summary['record'])}")
-        print(f"  record:  {summary['record']}")
+    trainings = sum(v for t, v in durations.items() if t.startswith("run_"))  # repeats (run_opd-r1) included
+    checks = sum(v for t, v in durations.items() if t.startswith(("fetch_", "compare_", "confirm_", "report")))
+    held = [rig.client.xcom(DAG_ID, outcome.run_id, f"run_{suite}", key="worker_seconds") for suite in conf["suites"]]
+    started = rig.timings["airflow start"] + rig.timings["node start"]
+    print(f"  time: {time.monotonic() - t0:.0f} s in all = start {started:.0f} s"
+          f" + until the card {outcome.timings.get('until approval asked', 0):.0f} s + training {trainings:.0f} s"
+          f" + fetch/compare/confirm/report {checks:.0f} s (+ the rest: scheduling, cleanup, verdict); "
+          f"worker time held by the trainings {sum(float(h) for h in held if h is not None):.1f} s "
+          "(deferred time not counted)")
     if args.keep:
         (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))
         _say(f"KEEP=1: Airflow stays up at {rig.stack.base_url} (user '{rig.stack.username}', password in "

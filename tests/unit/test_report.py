@@ -240,7 +240,7 @@ def test_engine_and_report_words_name_no_cli_flag():
 
 
 def test_the_confirmations_table_writes_a_spread_and_a_shift_with_the_digits_of_the_metrics_errors():
-    from rl_verify.core.report import confirmation_html, confirmation_lines
+    from rl_verify.core.report import estimates_html, estimates_lines
 
     outcome = {"outcome": "PASS", "reason": "the first run passed: nothing to confirm", "runs": [],
                "estimates": {"simulated": "1000 healthy verifications", "spread": "shipped", "false_alarm": 0.006,
@@ -251,10 +251,10 @@ def test_the_confirmations_table_writes_a_spread_and_a_shift_with_the_digits_of_
                                          "response/response_len/mean": {"sigma": 0.0749676, "threshold": 0.18,
                                                                         "healthy_breach": 0.174,
                                                                         "min_detectable_shift": None}}}}
-    md = "\n".join(confirmation_lines(outcome))
+    md = "\n".join(estimates_lines(outcome))
     assert "| eval/gsm8k/acc | 0.0101 | 0.03 | 5.8% | 0.0233 |" in md
     assert "| response/response_len/mean | 0.075 | 0.18 | 17.4% | - |" in md
-    html = "\n".join(confirmation_html(outcome))
+    html = "\n".join(estimates_html(outcome))
     assert "<td>0.0101</td><td>0.03</td><td>5.8%</td><td>0.0233</td>" in html
 
 

@@ -207,6 +207,90 @@ def _pct(value: float | None) -> str:
     return "< 0.1%" if 0 < value < 0.001 else f"{value:.1%}"
 
 
+#: The confirmation rule in words a reader without statistics follows (its formula is the outcome's ``rule``).
+RULE_IN_WORDS = ("Training is noisy: a healthy commit sometimes misses a threshold by chance. So a FAIL that noise "
+                 "could explain is not believed at once: the suite is trained again at the same commit with new seeds. "
+                 "The FAIL stands only if the new runs, taken together, still miss the baseline by far more than "
+                 "run-to-run noise explains; it is cleared when a new run ends close enough to the baseline. A NaN, "
+                 "a crash, a wrong step count or a miss no noise produces is a FAIL at once, without repeating.")
+
+
+def deciding_suites(suites: list[SuiteResult], outcomes: dict[str, dict[str, Any]]) -> list[SuiteResult]:
+    """The suites whose outcome is not a PASS (FAIL, reproduced or at once, and INCONCLUSIVE): what the
+    decision is about."""
+    return [s for s in suites if suite_outcome(s, outcomes) not in (PASS, NOT_REPRODUCED)]
+
+
+def breached_metrics(suite: SuiteResult) -> list[dict[str, Any]]:
+    """One entry per breached metric of a suite: ``metric``, ``steps`` (where it was outside, in the tracker's
+    steps), ``worst`` (its largest error and threshold, as the table shows them) and ``shape``."""
+    styles = styles_of(suite.checks) if suite.checks else {}
+    out: dict[str, dict[str, Any]] = {}
+    for check in suite.checks:
+        if not check.breached:
+            continue
+        entry = out.setdefault(check.metric, {"metric": check.metric, "steps": [], "worst": None, "ratio": -1.0,
+                                              "shape": check.shape_text})
+        said = check.breach_steps or (str(check.step) if check.step is not None else
+                                      (str(check.first_breach_step) if check.first_breach_step is not None else ""))
+        if said and said not in entry["steps"]:
+            entry["steps"].append(said)
+        ratio = _ratio(check.error, check.threshold)
+        if ratio > entry["ratio"]:
+            st = styles[check.metric]
+            entry["ratio"] = ratio
+            entry["worst"] = (f"error {st.error(check.error, check.baseline, check.current)} vs "
+                              f"{st.threshold(check.operator, check.threshold)}"
+                              + (f" at step {check.step}" if check.step is not None else ""))
+    return [{**e, "steps": ", ".join(e["steps"]) or "-"} for e in out.values()]
+
+
+def _ratio(error: float | None, threshold: float | None) -> float:
+    if error is None or threshold in (None, 0) or not isinstance(error, (int, float)) or math.isnan(error):
+        return math.inf if isinstance(error, float) and math.isnan(error) else 0.0
+    return abs(float(error)) / abs(float(threshold))
+
+
+def first_step_parts(step: str) -> tuple[str, str]:
+    """A next step split into what to do and why ("first, suspect X. Why: ..." -> ("suspect X", "...")), the
+    "Inference:" prefix dropped; a step without a stated reason gives ("the step", "")."""
+    text = step.removeprefix("Inference: ").removeprefix("first, ")
+    action, sep, why = text.partition(". Why: ")
+    return (action, why.rstrip(".")) if sep else (text, "")
+
+
+def decision(suites: list[SuiteResult], meta: ReportMeta) -> list[dict[str, Any]]:
+    """Per deciding suite: its ``outcome``, the ``reason`` it has it, its first next step (``action`` and
+    ``why``) and its breached metrics: what the top of a FAIL report says, in this order."""
+    out = []
+    for s in deciding_suites(suites, meta.outcomes):
+        outcome = meta.outcomes.get(s.suite) or {}
+        action, why = first_step_parts(s.next_steps[0]) if s.next_steps else ("", "")
+        out.append({"suite": s.suite, "outcome": suite_outcome(s, meta.outcomes), "failure_class": s.failure_class,
+                    "reason": outcome.get("reason") if len(outcome.get("runs") or []) > 1 else "",
+                    "action": action, "why": why, "breached": breached_metrics(s),
+                    "missing": sorted({c.metric for c in s.checks if c.missing})})
+    return out
+
+
+def _short_commit(meta: ReportMeta) -> str:
+    """The commit in one line: "sim/regress-teacher at 1a2b3c4d5e6f (baseline opd v1)"."""
+    said = (f"{meta.commit_ref} at " if meta.commit_ref else "") + (meta.commit or meta.commit_hint or "unresolved")
+    versions = "; ".join(f"{k}: {v}" for k, v in meta.baselines.items())
+    return said + (f" (baselines {versions})" if versions else "")
+
+
+def estimates_sentence(est: dict[str, Any]) -> str:
+    """What the check tells apart, said once per baseline version and rule: these figures are the version's
+    (its spread and judged points) and the rule's, the same in every report against that version."""
+    return (f"Error rates of this check against this baseline version (the same in every verification against it "
+            f"with this rule; they do not depend on this run; estimated: {est.get('simulated')}; spread: "
+            f"{est.get('spread')}): one healthy run FAILs the runbook's thresholds "
+            f"{_pct(est.get('single_run_false_alarm'))} of the time; after confirmation a healthy verification FAILs "
+            f"{_pct(est.get('false_alarm'))} of the time, ends INCONCLUSIVE {_pct(est.get('inconclusive'))}, and "
+            f"takes {est.get('mean_runs', 0):.2f} runs on average.")
+
+
 def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
     """How sure a suite's verdict is, in Markdown lines: the outcome and the rule that decided it, every
     run with its own runbook verdict and report, and what the check can tell apart."""
@@ -222,15 +306,16 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
                          f"{r.get('seed') if r.get('seed') is not None else 'node default'} | {verdict} | {steps} | "
                          f"{link} |")
         lines.append("")
-    if outcome.get("rule"):
-        lines += [f"Rule (pre-registered): {outcome['rule']}.", ""]
+    return lines
+
+
+def estimates_lines(outcome: dict[str, Any]) -> list[str]:
+    """The error rates of the suite's check, in Markdown: the same for every verification against the same
+    baseline version with the same rule (they do not depend on this run)."""
+    lines: list[str] = []
     est = outcome.get("estimates") or {}
     if est.get("metrics"):
-        lines += [f"What the check tells apart (estimated: {est.get('simulated')}; spread: {est.get('spread')}): one "
-                  f"healthy run FAILs the runbook's thresholds {_pct(est.get('single_run_false_alarm'))} of the time; "
-                  f"after confirmation a healthy verification FAILs {_pct(est.get('false_alarm'))} of the time, ends "
-                  f"INCONCLUSIVE {_pct(est.get('inconclusive'))}, and takes {est.get('mean_runs', 0):.2f} runs on "
-                  "average.", "",
+        lines += [estimates_sentence(est), "",
                   "| metric | run-to-run sigma | threshold | a healthy run breaches it | smallest shift detected "
                   "with 90% probability |", "|---|---|---|---|---|"]
         for metric, m in est["metrics"].items():
@@ -319,18 +404,40 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
     lines.append(f"**{verdict}**" + (f" (computed {computed})" if verdict != computed else "")
                  + (f": {summary}" if summary else ": no suite evaluated"))
     lines.append("")
+    items = decision(suites, meta) if verdict not in (PASS, "REJECTED", "NOT APPROVED") else []
+    for d in items:  # the decision first (issue 35): next step with its reason, breached metrics, commit
+        lines += [f"## {d['suite']}: {d['outcome']}" + (f" ({d['failure_class']})" if d["failure_class"] else ""), ""]
+        if d["action"]:
+            lines += [f"**Next step** (inference): {d['action']}", ""]
+            lines += [f"**Why**: {d['why']}", ""] if d["why"] else []
+        lines += [f"**Over its runs**: {d['reason']}", ""] if d["reason"] else []
+        if d["breached"]:
+            lines += ["| breached metric | outside at step(s) | worst |", "|---|---|---|"]
+            lines += [f"| {_md_cell(b['metric'])} | {_md_cell(b['steps'])} | {_md_cell(b['worst'] or '-')} |"
+                      for b in d["breached"]] + [""]
+        lines += [f"Not measured: {', '.join(d['missing'])}", ""] if d["missing"] else []
+    if meta.commit or meta.commit_hint:
+        lines += [f"**Commit**: `{_short_commit(meta)}`", ""]
+    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
+    if abnormal:
+        lines += ["## Abnormal findings", ""] + [f"- {a}" for a in abnormal] + [""]
     for note in meta.notes:
         lines.append(f"> {note}")
     if meta.notes:
         lines.append("")
-    abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
-    if abnormal:
-        lines += ["## Abnormal findings", ""] + [f"- {a}" for a in abnormal] + [""]
     for suite in suites:
         if suite.suite in meta.outcomes:
-            lines += [f"## {suite.suite}: how sure", ""] + confirmation_lines(meta.outcomes[suite.suite])
+            lines += [f"## {suite.suite}: its runs", ""] + confirmation_lines(meta.outcomes[suite.suite])
     for suite in suites:
         lines += _suite_markdown(suite, out_dir)
+    stats = [(s.suite, estimates_lines(meta.outcomes[s.suite])) for s in suites if s.suite in meta.outcomes]
+    rules = list(dict.fromkeys(meta.outcomes[s.suite].get("rule") for s in suites
+                               if s.suite in meta.outcomes and meta.outcomes[s.suite].get("rule")))
+    if any(body for _, body in stats) or rules:
+        lines += ["## How sure: the rule and its error rates", "", f"The rule: {RULE_IN_WORDS}", ""]
+        lines += [f"Its formula (pre-registered): {rule}." for rule in rules] + ([""] if rules else [])
+        for name, body in stats:
+            lines += ([f"### {name}", ""] + body) if body else []
     files = file_rows(suites, meta)
     if files or meta.record_location:
         lines += ["## Files", ""]
@@ -472,15 +579,16 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                        f"<td>{e(str(seed))}</td><td class=\"{css}\">{e(verdict)}</td><td>{e(steps)}</td>"
                        f"<td>{link}</td></tr>")
         out.append("</table></div>")
-    if outcome.get("rule"):
-        out.append(f"<p>Rule (pre-registered): {e(outcome['rule'])}.</p>")
+    return out
+
+
+def estimates_html(outcome: dict[str, Any]) -> list[str]:
+    """:func:`estimates_lines` as escaped HTML."""
+    e = html.escape
+    out: list[str] = []
     est = outcome.get("estimates") or {}
     if est.get("metrics"):
-        out.append(f"<p>What the check tells apart (estimated: {e(str(est.get('simulated')))}; spread: "
-                   f"{e(str(est.get('spread')))}): one healthy run FAILs the runbook's thresholds "
-                   f"{e(_pct(est.get('single_run_false_alarm')))} of the time; after confirmation a healthy "
-                   f"verification FAILs {e(_pct(est.get('false_alarm')))} of the time, ends INCONCLUSIVE "
-                   f"{e(_pct(est.get('inconclusive')))}, and takes {est.get('mean_runs', 0):.2f} runs on average.</p>")
+        out.append(f"<p>{e(estimates_sentence(est))}</p>")
         out.append("<div class=\"wide\"><table><tr><th>metric</th>"
                    "<th>run-to-run sigma</th><th>threshold</th><th>a healthy run "
                    "breaches it</th><th>smallest shift detected with 90% probability</th></tr>")
@@ -513,8 +621,71 @@ def _data_uri(path: str) -> str | None:
     return "data:image/png;base64," + base64.b64encode(raw).decode("ascii")
 
 
+def _suite_html(suite: SuiteResult) -> list[str]:
+    """One suite's section: its runbook verdict, checker line, metric table, sources and plots."""
+    e = html.escape
+    out = [f"<h3>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
+           f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h3>"]
+    checker = _checker_line(suite)
+    if checker:
+        out.append(f"<p>{e(checker)}</p>")
+    if suite.checks:
+        styles = styles_of(suite.checks)
+        out.append("<div class=\"wide\"><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
+        for check in suite.checks:
+            cells = _check_cells(check, styles)
+            out.append("<tr>" + "".join(
+                f"<td class=\"n {e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else
+                f"<td class=\"{'t' if i in TEXT_COLUMNS else 'n'}\">{e(cell)}</td>"
+                for i, cell in enumerate(cells)) + "</tr>")
+        out.append("</table></div>")
+    sources = _sources_line(suite)
+    if sources:
+        out.append(f"<p>{e(sources)}</p>")
+    for plot in suite.plots:
+        uri = _data_uri(plot)
+        if uri:
+            out.append(f"<figure><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\">"
+                       f"<figcaption>{e(plot_caption(plot))}</figcaption></figure>")
+        else:
+            out.append(f"<p>plot missing: {e(plot)}</p>")
+    return out
+
+
+def _decision_html(items: list[dict[str, Any]]) -> list[str]:
+    """The top of a report that is not a PASS: per deciding suite its next step with the reason, then its
+    breached metrics with their steps."""
+    e = html.escape
+    out = ['<div class="decision">']
+    for d in items:
+        cls = f" ({d['failure_class']})" if d["failure_class"] else ""
+        out.append(f"<h2 id=\"next-{e(d['suite'])}\">{e(d['suite'])}: {e(d['outcome'])}{e(cls)}</h2>")
+        if d["action"]:
+            out.append(f"<p class=\"next\"><b>Next step</b> (inference): {e(d['action'])}</p>")
+            if d["why"]:
+                out.append(f"<p class=\"why\"><b>Why</b>: {e(d['why'])}</p>")
+        if d["reason"]:
+            out.append(f"<p class=\"why\"><b>Over its runs</b>: {e(d['reason'])}</p>")
+        if d["breached"]:
+            out.append('<div class="wide"><table class="breached"><tr><th>breached metric</th><th>outside at step(s)'
+                       "</th><th>worst</th></tr>")
+            out += [f"<tr><td class=\"t\"><b>{e(b['metric'])}</b></td><td class=\"t\">{e(b['steps'])}</td>"
+                    f"<td class=\"t\">{e(b['worst'] or '-')}</td></tr>" for b in d["breached"]]
+            out.append("</table></div>")
+        if d["missing"]:
+            out.append(f"<p>Not measured: {e(', '.join(d['missing']))}</p>")
+    out.append("</div>")
+    return out
+
+
 def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> str:
-    """Self-contained HTML report: PNGs inlined, every tracker/path string escaped."""
+    """Self-contained HTML report: PNGs inlined, every tracker/path string escaped.
+
+    It reads top-down as a decision (issue 35): the verdict and the suites that decide it; for a report that
+    is not a PASS, each such suite's next step with its reason and its breached metrics with their steps; the
+    commit; then the abnormal findings and notes; then the details, runbook order (metric tables, plots,
+    files, commit, every next step), the statistics in a collapsible section and the rule stated once. A
+    PASS report shows its verdict, commit and notes; its tables are one click away."""
     meta = meta or ReportMeta()
     e = html.escape
     computed = verification_verdict(suites, meta.outcomes)
@@ -531,50 +702,54 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
            "td.n{white-space:nowrap}td.t,td code{overflow-wrap:anywhere}"
            ".wide{max-width:100%;overflow-x:auto}.wide table{width:100%}"
            ".FAIL{color:#cf222e;font-weight:bold}"
-           ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}</style></head><body>",
+           ".pass{color:#1a7f37}.abn{background:#fff3cd;padding:.5em}img{max-width:100%}"
+           "h1{margin:.2em 0 .3em}.decision h2{font-size:1.15em;margin:.8em 0 .2em}.decision p{margin:.25em 0}"
+           ".decision table.breached{width:auto;font-size:13px}p.next{font-size:1.05em}"
+           "details{margin:.6em 0}summary{cursor:pointer;font-weight:bold}</style></head><body>",
            f"<h1>RL accuracy verification: <span style=\"color:{color}\">{e(verdict)}</span></h1>"]
     summary = suites_summary(suites, meta.outcomes) or "no suite evaluated"
     out.append(f"<p><b>{e(verdict)}</b>{e(f' (computed {computed})' if verdict != computed else '')}: {e(summary)}</p>")
-    for note in meta.notes:
-        out.append(f"<blockquote>{e(note)}</blockquote>")
+    items = decision(suites, meta) if verdict not in (PASS, "REJECTED", "NOT APPROVED") else []
+    out += _decision_html(items) if items else []
+    if meta.commit or meta.commit_hint:
+        out.append(f"<p><b>Commit</b>: <code>{e(_short_commit(meta))}</code></p>")
     abnormal = [f"[{s.suite}] {a}" for s in suites for a in s.abnormal]
     if abnormal:
         out.append("<div class=\"abn\"><h2>Abnormal findings</h2><ul>")
         out += [f"<li>{e(a)}</li>" for a in abnormal]
         out.append("</ul></div>")
+    for note in meta.notes:
+        out.append(f"<blockquote>{e(note)}</blockquote>")
+    deciding = {d["suite"] for d in items}
+    if suites:
+        out.append("<h2>Metrics</h2>")
     for suite in suites:
-        if suite.suite in meta.outcomes:
-            out.append(f"<h2>{e(suite.suite)}: how sure</h2>")
-            out += confirmation_html(meta.outcomes[suite.suite])
-    for suite in suites:
-        out.append(f"<h2>{e(suite.suite)}: <span class=\"{e(suite.verdict)}\">{e(suite.verdict)}</span>"
-                   f"{e(f' ({suite.failure_class})' if suite.failure_class else '')}</h2>")
-        checker = _checker_line(suite)
-        if checker:
-            out.append(f"<p>{e(checker)}</p>")
-        if suite.checks:
-            styles = styles_of(suite.checks)
-            out.append("<div class=\"wide\"><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEADERS) + "</tr>")
-            for check in suite.checks:
-                cells = _check_cells(check, styles)
-                out.append("<tr>" + "".join(
-                    f"<td class=\"n {e(cell)}\">{e(cell)}</td>" if i == RESULT_COLUMN else
-                    f"<td class=\"{'t' if i in TEXT_COLUMNS else 'n'}\">{e(cell)}</td>"
-                    for i, cell in enumerate(cells)) + "</tr>")
-            out.append("</table></div>")
-        sources = _sources_line(suite)
-        if sources:
-            out.append(f"<p>{e(sources)}</p>")
-        for plot in suite.plots:
-            uri = _data_uri(plot)
-            if uri:
-                out.append(f"<figure><img alt=\"{e(Path(plot).name)}\" src=\"{uri}\">"
-                           f"<figcaption>{e(plot_caption(plot))}</figcaption></figure>")
-            else:
-                out.append(f"<p>plot missing: {e(plot)}</p>")
+        runs = confirmation_html(meta.outcomes[suite.suite]) if suite.suite in meta.outcomes else []
+        body = runs + _suite_html(suite)
+        if suite.suite in deciding:
+            out += body
+        else:  # a passing suite: one line, its table one click away
+            out.append(f"<details><summary>{e(suite.suite)}: {e(suite_outcome(suite, meta.outcomes))} (its runs, "
+                       "table and plots)</summary>")
+            out += body
+            out.append("</details>")
+    stats = [(s.suite, estimates_html(meta.outcomes[s.suite])) for s in suites if s.suite in meta.outcomes]
+    rules = list(dict.fromkeys(meta.outcomes[s.suite].get("rule") for s in suites
+                               if s.suite in meta.outcomes and meta.outcomes[s.suite].get("rule")))
+    if any(body for _, body in stats) or rules:
+        out.append("<details class=\"stats\"><summary>How sure: the rule and its error rates</summary>")
+        out.append(f"<p><b>The rule</b>: {e(RULE_IN_WORDS)}</p>")
+        for rule in rules:
+            out.append(f"<details><summary>details: the rule's formula</summary><p>Pre-registered: {e(rule)}.</p>"
+                       "</details>")
+        for name, body in stats:
+            if body:
+                out.append(f"<h3>{e(name)}</h3>")
+                out += body
+        out.append("</details>")
     files = file_rows(suites, meta)
     if files or meta.record_location:
-        out.append("<h2>Files</h2>")
+        out.append("<details><summary>Files: the record, trackers and logs</summary>")
         if meta.record_location:
             folder = (f'<a href="{e(meta.files_url)}">record folder</a>' if meta.files_url else "record folder")
             out.append(f"<p>{folder} (every file of the run, with its sha256 in manifest.json): "
@@ -594,6 +769,7 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
                 out.append(f"<tr><td>{e(f['suite'])}</td><td class=\"t\">{e(f['what'])}</td><td class=\"t\">{cell}</td>"
                            f"<td class=\"t\">{node}</td></tr>")
             out.append("</table></div>")
+        out.append("</details>")
     commit = _commit_items(meta)
     if commit:
         out.append("<h2>Commit under test</h2><ul>")
@@ -605,7 +781,8 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
             else:
                 out.append(f"<li>{e(label)}: <code>{e(value)}</code></li>")
         out.append("</ul>")
-    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps]
+    steps = [f"[{suite.suite}] {step}" for suite in suites for step in suite.next_steps
+             if suite.suite in deciding or not items]
     if steps:
         out.append("<h2>Suggested next steps (inference, not measurement)</h2><ul>")
         out += [f"<li>{e(step)}</li>" for step in steps]

@@ -592,7 +592,8 @@ def _write_run_reports(run_dir: Path, results: list[SuiteResult], outcomes: Mapp
             folder = run_dir / r["folder"]
             data = record.relocate(record.read_json(folder / "result.json"), run_dir)
             result = SuiteResult.from_dict(data) if data else by_suite[suite]
-            note = (f"Run {r['attempt'] + 1} of {len(runs)} of {suite} (seed {r.get('seed')}), judged by the runbook's "
+            seed = r["seed"] if r.get("seed") is not None else "node default"
+            note = (f"Run {r['attempt'] + 1} of {len(runs)} of {suite} (seed {seed}), judged by the runbook's "
                     f"thresholds. The verification's outcome for {suite}: {outcome['outcome']}: {outcome['reason']}")
             one = ReportMeta(commit=meta.commit, commit_ref=meta.commit_ref, diff_stat=meta.diff_stat,
                              dag_run_id=meta.dag_run_id, node=meta.node, paths={suite: _paths(folder, run_dir)},
@@ -665,25 +666,28 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     view = links.absolute(links.ui_base_url(),
                           links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
-    _notify_verdict(summary, dag_run_id)
     said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" for s in summary.get("suites") or []
             if s.get("runs", 1) > 1]
     if summary["verdict"] == "FAIL":
         line = verdict_message(summary, view)
     else:
         line = f"{summary['verdict']}" + (f": {'; '.join(said)}" if said else "") + f"; report: {view}"
-    _note_run(dag_run_id, line)
+    # The verdict is the log's first line (issue 35): the notification and the run's note log after it.
     if summary["verdict"] == "FAIL":  # a reproduced FAIL, a FAIL noise cannot produce, or infrastructure
         step = _first_next_step(dag_run_id)
         log.error("%s", line + (f"\n  next step: {step} (inference)" if step else "") + f"\n  report: {view}")
+    elif summary["verdict"] == "INCONCLUSIVE":
+        log.warning("%s", line)
+    else:
+        log.info("PASS: every suite of %s passes; report: %s",
+                 ", ".join(s["suite"] for s in summary.get("suites") or []), view)
+    _notify_verdict(summary, dag_run_id)
+    # The note is shown in the run's header: the verdict in words, the report as a Markdown link, not its URL.
+    _note_run(dag_run_id, line.replace(f"; report: {view}", f" ([report]({view}))"))
+    if summary["verdict"] == "FAIL":
         # Not retried: the verdict will not change. Airflow's traceback below is how it records the failure.
         raise AirflowFailException(line)
-    if summary["verdict"] == "INCONCLUSIVE":
-        log.warning("%s", line)
-        return "INCONCLUSIVE"
-    log.info("PASS: every suite of %s passes; report: %s", ", ".join(s["suite"] for s in summary.get("suites") or []),
-             view)
-    return "PASS"
+    return "INCONCLUSIVE" if summary["verdict"] == "INCONCLUSIVE" else "PASS"
 
 
 def _note_run(dag_run_id: str, note: str) -> None:

@@ -78,15 +78,94 @@ def run_report(dag_id: str, run_id: str, folder: str) -> Any:
     return page
 
 
+class NoBisection(Exception):
+    """The Bisection tab of a run that has no bisection result: said as a page (``message``, escaped HTML),
+    never as the API's JSON error."""
+
+    def __init__(self, message: str, status: int = 200) -> None:
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
 def bisection_page(dag_id: str, run_id: str) -> str:
-    """The bisection run's result page (404 for another DAG or before the bisection has its answer)."""
+    """The bisection run's result page. A verification or probe run has none: a page says so and links the
+    bisections that probed its commit or that its FAIL started (:func:`related_bisections`); a bisection
+    run without its answer yet says where to look. Another DAG is 404."""
+    if dag_id in (settings.DAG_ID, settings.PROBE_DAG_ID):
+        raise NoBisection(_no_bisection_html(dag_id, run_id))
     if dag_id != settings.BISECT_DAG_ID:
         raise HTTPException(404, f"DAG {dag_id!r} runs no bisections")
     folder = _record_folder(dag_records(dag_id), run_id)
     page = _listed(folder, "bisection.html") if folder is not None else None
     if page is None or not page.is_file():
-        raise HTTPException(404, f"no bisection result for run {run_id!r} (yet): see its bisect task's log")
+        raise NoBisection(_page("Bisection", "<h1>No bisection result yet</h1><p>This bisection has no answer yet: "
+                                "its probes may still run. The <code>bisect</code> task's log says what it is "
+                                "doing.</p>"), status=404)
     return page.read_bytes().decode("utf-8")
+
+
+#: The most bisection records the Bisection tab of a verification run reads to find those that probed it.
+RELATED_BISECTIONS_SCANNED = 200
+
+
+def related_bisections(dag_id: str, run_id: str) -> list[dict[str, str]]:
+    """The bisections that probed this run's commit, ran this probe, or that this run's FAIL started: each
+    ``{"bisection": run id, "link": its page, "why": in words, "answer": its headline}`` (newest records
+    first, at most :data:`RELATED_BISECTIONS_SCANNED` read)."""
+    folder = _record_folder(dag_records(dag_id), run_id)
+    commit = None
+    if folder is not None:
+        try:
+            commit = json.loads((folder / "report.json").read_bytes()).get("commit")
+        except (OSError, ValueError):
+            commit = None
+    store = record.dag_store(settings.BISECT_DAG_ID)
+    folders = sorted((p for p in store.iterdir()), key=lambda p: p.name, reverse=True) if store.exists() else []
+    out = []
+    for bis in folders[:RELATED_BISECTIONS_SCANNED]:
+        result_file = _listed(bis, "bisection.json")
+        try:
+            result = json.loads(result_file.read_bytes()) if result_file is not None else None
+        except (OSError, ValueError):
+            result = None
+        if not isinstance(result, dict):
+            continue
+        probes = result.get("probes") or []
+        why = ("started by this run's FAIL" if (result.get("source") or {}).get("run_id") == run_id else
+               "this run is one of its probes" if any(p.get("run_id") == run_id for p in probes) else
+               "it probed this run's commit" if commit and any(p.get("sha") == commit for p in probes) else None)
+        if why:
+            answer = (result.get("answer") or {}).get("reason") or ""
+            name = str(result.get("dag_run_id") or bis.name)
+            # the plugin's own route, in this frame: Airflow's sandboxed iframe allows no top navigation
+            out.append({"bisection": name, "why": why, "answer": str(answer),
+                        "link": links.bisection_path(settings.BISECT_DAG_ID, name)})
+    return out
+
+
+def _no_bisection_html(dag_id: str, run_id: str) -> str:
+    esc = html.escape
+    related = related_bisections(dag_id, run_id)
+    body = ["<h1>No bisection of this run</h1>",
+            "<p>A bisection is a run of the DAG <code>rl_regression_bisect</code>: it starts on its own after a "
+            "scheduled verification's FAIL is reproduced, or by hand with a good and a bad commit. This run is a "
+            "verification" + (" probe" if dag_id == settings.PROBE_DAG_ID else "") + ", not a bisection.</p>"]
+    if related:
+        body.append("<h2>Bisections that probed it</h2><ul>")
+        body += [f'<li><a href="{esc(r["link"])}">{esc(r["bisection"])}</a> ({esc(r["why"])})'
+                 + (f": {esc(r['answer'])}" if r["answer"] else "") + "</li>" for r in related]
+        body.append("</ul>")
+    else:
+        body.append("<p>No bisection has probed this run's commit.</p>")
+    body.append(f'<p><a href="{esc(links.report_path(dag_id, run_id))}">&larr; this run\'s verification report</a>'
+                "</p>")
+    return _page("Bisection", "".join(body))
+
+
+def _page(title: str, body: str) -> str:
+    style = ("body{font-family:system-ui,sans-serif;margin:1.2em;color:#222;overflow-wrap:anywhere}" + WIDE_CSS)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{body}</body></html>")
 
 
 def _with_bisection_link(folder: Any, page: str) -> str:
@@ -132,7 +211,7 @@ def files_page(dag_id: str, run_id: str) -> str:
     rows = "".join(f'<tr><td><a href="{esc(base + "/" + f["path"])}"><code>{esc(f["path"])}</code></a></td>'
                    f'<td>{int(f.get("bytes", 0)):,}</td><td><code>{esc(str(f.get("sha256", ""))[:16])}</code></td></tr>'
                    for f in manifest.get("files") or [])
-    back = (f'<a href="{esc(links.report_path(dag_id, run_id))}">&larr; the report</a> · '
+    back = (f'<a class="back" href="{esc(links.report_path(dag_id, run_id))}">&larr; the report</a> · '
             f'<a href="{esc(links.history_path(dag_id))}">Verification history</a>')
     style = ("body{font-family:system-ui,sans-serif;margin:1.2em}table{border-collapse:collapse;max-width:100%}"
              "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;overflow-wrap:anywhere}" + WIDE_CSS)
@@ -207,12 +286,19 @@ WIDE_CSS = (".wide{max-width:100%;overflow-x:auto}.wide table{max-width:100%}"
             "td,th{overflow-wrap:anywhere;vertical-align:top}")
 
 
-def with_back_link(page: str, dag_id: str, back: str | None) -> str:
-    """The served report with a bar on top: "Verification history" (same frame, so it works inside
-    Airflow's sandboxed iframe), and "back to the history" when the reader came from there."""
-    label = "&larr; back to the verification history" if back == "history" else "Verification history"
-    bar = (f'<nav style="font:14px system-ui,sans-serif;margin:0 0 .8em"><a href="'
-           f'{html.escape(links.history_path(dag_id))}">{label}</a></nav>')
+def with_back_link(page: str, dag_id: str, back: str | None, run_id: str | None = None) -> str:
+    """The served report with a bar on top, in the same frame (so it works inside Airflow's sandboxed iframe):
+    "back to the history" when the reader came from there, "back to the verification's report" on one run's
+    report (``back="report"``, ``run_id`` the verification's), and "Verification history" always."""
+    history = links.history_path(dag_id)
+    if back == "report" and run_id is not None:
+        items = [f'<a class="back" href="{html.escape(links.report_path(dag_id, run_id))}">&larr; back to the '
+                 "verification's report</a>", f'<a href="{html.escape(history)}">Verification history</a>']
+    elif back == "history":
+        items = [f'<a class="back" href="{html.escape(history)}">&larr; back to the verification history</a>']
+    else:
+        items = [f'<a class="back" href="{html.escape(history)}">&larr; Verification history</a>']
+    bar = f'<nav style="font:14px system-ui,sans-serif;margin:0 0 .8em">{" · ".join(items)}</nav>'
     head, sep, rest = page.partition("<body>")
     return head + sep + bar + rest if sep else bar + page
 
@@ -232,13 +318,19 @@ def create_app() -> FastAPI:
 
     @app.get("/dags/{dag_id}/runs/{run_id}/bisection", response_class=HTMLResponse, dependencies=[access])
     def bisection_view(dag_id: str, run_id: str) -> Response:
-        """A bisection's result page: the culprit, the evidence table linked to each probe's report, the plot."""
-        return HTMLResponse(bisection_page(dag_id, run_id))
+        """A bisection's result page: the culprit, the evidence table linked to each probe's report, the plot.
+        On a verification run's page: "no bisection of this run", with the bisections that probed it."""
+        try:
+            return HTMLResponse(bisection_page(dag_id, run_id))
+        except NoBisection as none:
+            return HTMLResponse(none.message, status_code=none.status)
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report/{folder}", response_class=HTMLResponse, dependencies=[access])
     def one_run_report(dag_id: str, run_id: str, folder: str) -> Response:
-        """The report of one run of a repeated suite (its own runbook verdict), linked from the run's report."""
-        return HTMLResponse(run_report(dag_id, run_id, folder).read_bytes().decode("utf-8"))
+        """The report of one run of a repeated suite (its own runbook verdict), linked from the run's report,
+        with a link back to it."""
+        page = run_report(dag_id, run_id, folder).read_bytes().decode("utf-8")
+        return HTMLResponse(with_back_link(page, dag_id, "report", run_id))
 
     @app.get("/dags/{dag_id}/runs/{run_id}/report.json", dependencies=[access])
     def report_json(dag_id: str, run_id: str) -> Response:
