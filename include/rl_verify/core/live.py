@@ -29,7 +29,7 @@ import importlib
 import math
 import re
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -240,6 +240,42 @@ def aborted_result(suite: str, abort: dict, rules: EngineRules) -> SuiteResult:
                          details={"early_abort": {k: v for k, v in abort.items() if k != "certain"}})
     result.next_steps = suggest(rules, checks, FAIL, failure_class)
     return result
+
+
+def full_aborted_checks(certain: list[Check], compared: list[Check], judged: Sequence[str], stop: int,
+                        expected: int | None) -> list[Check]:
+    """An aborted run's whole table (issue 35): every judged metric, not only the breaches that stopped it.
+
+    ``certain``: the live check's rows (:func:`aborted_checks`); ``compared``: the engine's comparison of the
+    partial tracker (every judged row it could form); ``judged``: the metrics the suite judges; ``stop``: the
+    step the run was stopped at. A compared row past the stop, or one with no value because the run never got
+    there, reads "not reached" (judged neither way); a certain row replaces the compared row of its metric and
+    step; a judged metric with no row at all gets one "not reached" row. Rows keep the compared table's order."""
+    out: list[Check] = []
+    taken = {(c.metric, c.step) for c in certain}
+    placed: set[tuple[str, int | None]] = set()
+    for row in compared:
+        key = (row.metric, row.step)
+        if key in taken:
+            if key not in placed:
+                out += [k for k in certain if (k.metric, k.step) == key]
+                placed.add(key)
+            continue
+        if row.step is not None and row.step > stop or row.missing:
+            row = replace(row, passed=None, missing=False, current=None if row.step is not None and row.step > stop
+                          else row.current, error=None, first_breach_step=None, shape=None, shape_text="",
+                          breach_steps="", note=f"not reached: the run was stopped at step {stop}"
+                          + (f" of {expected}" if expected else ""))
+        out.append(row)
+    out += [k for k in certain if (k.metric, k.step) not in placed]
+    have = {c.metric for c in out}
+    for metric in judged:
+        if metric not in have:
+            out.append(Check(metric=metric, step=None, baseline=None, current=None, error=None, threshold=None,
+                             operator="", method="", passed=None, source="live",
+                             note=f"not reached: the run was stopped at step {stop}"
+                             + (f" of {expected}" if expected else "") + " before this metric was judged"))
+    return out
 
 
 _FLOATS = {"baseline", "current", "error", "threshold"}

@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
-from rl_verify.core.confirm import RunPoints, Spread
+from rl_verify.core.confirm import Layout, RunPoints, Spread
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import LiveCheck
-from rl_verify.core.model import SuiteResult
+from rl_verify.core.model import Check, SuiteResult
 from rl_verify.core.nextsteps import EngineRules
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.tracker import check_baseline_tracker
@@ -123,6 +123,18 @@ class Engine(ABC):
             diff = (c.current - c.baseline) if c.current is not None and c.baseline is not None else 0.0
             breached.setdefault(c.metric, (diff > 0) - (diff < 0) if math.isfinite(diff) else 0)
         return RunPoints(result.verdict, result.failure_class, [], breached, not_repeatable)
+
+    def judged_layout(self, spec: SuiteSpec, version: Mapping[str, Path]) -> Layout | None:
+        """Every point a complete run is judged at (metric -> threshold and steps) against the baseline version's
+        files: what the error rates of a verification against that version are computed over, the same for
+        every run (issue 35); None when the engine judges no point comparisons."""
+        return None
+
+    def partial_checks(self, spec: SuiteSpec, suite_dir: Path, version: Mapping[str, Path]) -> list[Check]:
+        """The comparison rows a run stopped early can show, from its partial tracker (issue 35: an aborted
+        run's whole table); [] when the engine judges only whole runs (its judged metrics then read
+        "not reached")."""
+        return []
 
     def spread(self, spec: SuiteSpec, version: Mapping[str, Any] | None) -> Spread | None:
         """The run-to-run spread of the judged metrics, from the baseline version's record (``version.json``:

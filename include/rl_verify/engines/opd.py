@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rl_verify.core.confirm import Point as ConfirmPoint
-from rl_verify.core.confirm import RunPoints, Spread, sigma_from_max_dev
+from rl_verify.core.confirm import Layout, RunPoints, Spread, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
                                  compact_tracker, compared_points, near_bound, tracker_from_text, wall_time_breach)
@@ -521,6 +521,29 @@ class OpdEngine(Engine):
                 diff = diff / abs(c.baseline) if c.baseline else math.inf
             points.append(ConfirmPoint(c.metric, c.step, diff, c.threshold or 0.0, c.breached))
         return RunPoints(result.verdict, result.failure_class, points, base.breached, base.not_repeatable)
+
+    def judged_layout(self, spec: SuiteSpec, version: Mapping[str, Path]) -> Layout | None:
+        """Every judged (metric, eval point) of the golden table in use: a complete run's points, whatever
+        this run reached."""
+        golden = load_golden(version.get(self.baseline_file, data_file(spec.data)))
+        thresholds = {m: float(r.threshold) for m, r in golden.thresholds.items() if not r.reference_only}
+        steps = {m: tuple(sorted(p for p in spec.eval_points if wanted_at(m, p, golden))) for m in thresholds}
+        return Layout({m: t for m, t in thresholds.items() if steps[m]}, {m: s for m, s in steps.items() if s})
+
+    def partial_checks(self, spec: SuiteSpec, suite_dir: Path, version: Mapping[str, Path]) -> list[Check]:
+        """The comparison of what a run stopped early wrote: every eval point it reached, judged."""
+        tracker = suite_dir / "tracker.jsonl"
+        if not tracker.is_file():
+            return []
+        baseline = suite_dir / "baseline.jsonl"
+        try:
+            with tempfile.TemporaryDirectory(prefix="rl-verify-partial-") as out:
+                judged = compare_opd(tracker, Path(out), golden=version.get(self.baseline_file, data_file(spec.data)),
+                                     baseline=baseline if baseline.is_file() else None, plot=False, suite=spec.name,
+                                     eval_points=list(spec.eval_points))
+        except InputError:
+            return []
+        return judged.checks
 
     def spread(self, spec: SuiteSpec, version: Mapping[str, Any] | None) -> Spread | None:
         """From the version's statistics: the measured max deviation of each metric over its N runs (the

@@ -20,7 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from rl_verify import engines, settings
 from rl_verify.core import confirm, launch, numbers
 from rl_verify.core.errors import InputError
-from rl_verify.core.live import aborted_result, describe_hit, partial_plot
+from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
 from rl_verify.core.model import SuiteResult
 from rl_verify.core.names import repeat_seed, run_key
 from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
@@ -297,6 +297,11 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None, dag_run_id: 
         engine = engine_of(spec)
         result = aborted_result(suite, meta["early_abort"], engine.rules)
         data = engine.load_data(engine.data_in_use(spec, version))
+        # The whole table (issue 35): every judged metric with its points up to the stop, judged or "not reached".
+        abort = meta["early_abort"]
+        result.checks = full_aborted_checks(result.checks, engine.partial_checks(spec, suite_dir, version),
+                                            engine.judged_metrics(data), int(abort.get("step") or 0),
+                                            abort.get("expected_steps"))
         png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
                            suite_dir / "baseline.jsonl", lambda metric: engine.reference_points(data, metric), out)
         if png is not None:
@@ -454,7 +459,10 @@ def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
     if spread is None or first is None or not first.points:
         return {"spread": None, "note": "the baseline version records no run-to-run spread (or the engine judges "
                                         "no point comparisons): one repeat decides, no error rate is estimated"}
-    layout = confirm.Layout.of(first.points)
+    # Every point a complete run is judged at against this version, not the points this run reached: a run
+    # stopped early at step 5 would otherwise state lower error rates than a PASS on the same version (issue 35).
+    spec = load_suite(suite)
+    layout = engine_of(spec).judged_layout(spec, version_files(run_dir / suite)) or confirm.Layout.of(first.points)
     # Seeded simulations of the same inputs give the same figures: computed once per baseline spread, judged
     # points and budget (tens of seconds on a busy core), kept in the record store for every later run.
     key = {"code": _confirm_code(), "thresholds": layout.thresholds, "steps": layout.steps, "sigma": spread.sigma,
