@@ -187,3 +187,42 @@ def test_one_runs_report_links_back_to_the_verifications_report(records):
     bar = page[page.index("<body>"):page.index("<h1>")]
     assert f'href="{links.report_path(settings.DAG_ID, RUN)}"' in bar and "back to the verification's report" in bar
     assert "target=" not in bar
+
+
+def test_a_long_fail_note_fits_the_runs_header_naming_its_first_breach_and_how_many_more():
+    view = "http://ui/dags/rl_accuracy_verification/runs/r/plugin/verification-report"
+    summary = {"verdict": "FAIL", "failure_classes": ["accuracy"], "suites": [
+        {"suite": "opd", "verdict": "FAIL", "outcome": "FAIL (reproduced)", "runs": 2, "breached": [
+            {"metric": "distillation/reduced_distillation_kl", "steps": "5"},
+            {"metric": "distillation/reduced_distillation_abs_loss", "steps": "5"}]}]}
+    line = ("FAIL (accuracy): opd distillation/reduced_distillation_kl breached at step 5; distillation/"
+            f"reduced_distillation_abs_loss breached at step 5 (FAIL (reproduced) over 2 runs); report: {view}")
+    note = pipeline.run_note(summary, line, view)
+    said, link = note.split(" ([report](")
+    assert said == "FAIL (accuracy): opd distillation/reduced_distillation_kl breached at step 5 (+1 more)"
+    assert len(said) <= pipeline.NOTE_FITS and link == view + "))"
+    short = f"FAIL (accuracy): grpo eval/accuracy breached at step 45; report: {view}"
+    assert pipeline.run_note({"verdict": "FAIL", "suites": []}, short, view) == (
+        f"FAIL (accuracy): grpo eval/accuracy breached at step 45 ([report]({view}))")
+
+
+def test_a_gate_that_says_no_skips_the_repeats_tasks_and_then_itself(monkeypatch):
+    """In the grid an unrun repeat is all "skipped", its gate too: the gate sends the skip of the later tasks
+    itself (what SkipMixin.skip has the runner send) and raises AirflowSkipException instead of succeeding."""
+    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
+
+    from rl_verify.orchestration import verification_dag
+
+    sent = []
+
+    class Comms:
+        def send(self, msg):
+            sent.append(msg)
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", Comms(), raising=False)
+    with pytest.raises(AirflowSkipException, match="no repeat 1 of opd"):
+        verification_dag.skip_repeat(None, ["fetch_opd-r1", "run_opd-r1"], "no repeat 1 of opd: decided")
+    assert len(sent) == 1 and isinstance(sent[0], SkipDownstreamTasks)
+    assert list(sent[0].tasks) == ["fetch_opd-r1", "run_opd-r1"]

@@ -690,12 +690,32 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         log.info("PASS: every suite of %s passes; report: %s",
                  ", ".join(s["suite"] for s in summary.get("suites") or []), view)
     _notify_verdict(summary, dag_run_id)
-    # The note is shown in the run's header: the verdict in words, the report as a Markdown link, not its URL.
-    _note_run(dag_run_id, line.replace(f"; report: {view}", f" ([report]({view}))"))
+    _note_run(dag_run_id, run_note(summary, line, view))
     if summary["verdict"] == "FAIL":
         # Not retried: the verdict will not change. Airflow's traceback below is how it records the failure.
         raise AirflowFailException(line)
     return "INCONCLUSIVE" if summary["verdict"] == "INCONCLUSIVE" else "PASS"
+
+
+#: About what the run's header shows of its note at a 1280 px window before it cuts the line off.
+NOTE_FITS = 100
+
+
+def run_note(summary: ReportSummary, line: str, view: str) -> str:
+    """The run's note (shown in its header, cut off at about :data:`NOTE_FITS` characters): the verdict line
+    when it fits; a FAIL naming more than fits says its first breach and how many more ("+2 more"), so what
+    shows is whole. The report follows as a Markdown link (the run's Verification report tab shows it too)."""
+    said = line.replace(f"; report: {view}", "")
+    if summary.get("verdict") == "FAIL" and len(said) > NOTE_FITS:
+        failed = [s for s in summary.get("suites") or [] if s.get("outcome", s["verdict"]) in confirm.FAILING]
+        breaches = [(s["suite"], b) for s in failed for b in s.get("breached") or []]
+        if breaches:
+            suite, first = breaches[0]
+            short = suite_line({"suite": suite, "breached": [first]})
+            classes = " + ".join(summary.get("failure_classes") or ["unknown"])
+            more = len(breaches) - 1 + sum(1 for s in failed if not s.get("breached"))
+            said = f"FAIL ({classes}): {short}" + (f" (+{more} more)" if more else "")
+    return f"{said} ([report]({view}))"
 
 
 def _note_run(dag_run_id: str, note: str) -> None:

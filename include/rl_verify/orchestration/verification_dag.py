@@ -62,6 +62,25 @@ def params() -> dict[str, Param]:
     }
 
 
+def skip_repeat(ti, tasks: list[str], why: str) -> None:
+    """Skip ``tasks`` (a repeat's later tasks) and then the calling gate itself (issue 35: a repeat that never
+    ran reads "skipped" in the grid, gate included). ``SkipMixin.skip`` would mark the gate "success": the
+    Task SDK's runner sends the same SkipDownstreamTasks message, then succeeds the task. Here the message is
+    sent by hand and the gate raises AirflowSkipException. Outside a task runner (a unit test calling the
+    callable) ``skip`` is used, whose DownstreamTasksSkipped names the same tasks."""
+    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
+
+    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
+    if comms is None or not tasks:
+        if tasks:
+            ti.task.skip(ti=ti, tasks=[ti.task.dag.get_task(t) for t in tasks])
+        raise AirflowSkipException(why)
+    comms.send(msg=SkipDownstreamTasks(tasks=tasks))
+    raise AirflowSkipException(why)
+
+
 def build() -> None:
     """Add the verification's tasks to the DAG being defined (see the DAG files' docs for what each does)."""
     suites = engines.known_suites()
@@ -102,9 +121,11 @@ def build() -> None:
     def repeat_gate(suite, attempt, run_id=None, ti=None):
         if verification.repeat_gate(suite, attempt, run_id):
             return True
-        # No: every later run of the suite is skipped at once, not one task per scheduler loop down the chain.
+        # No: every later run of the suite is skipped at once, not one task per scheduler loop down the chain,
+        # and so is the gate itself: in the grid an unrun repeat is all skipped, never a green "success" gate.
         later = settings.attempt_tasks(suite, attempt) - {ti.task_id}
-        ti.task.skip(ti=ti, tasks=[t for t in ti.task.get_flat_relatives(upstream=False) if t.task_id in later])
+        skip_repeat(ti, sorted(t.task_id for t in ti.task.get_flat_relatives(upstream=False) if t.task_id in later),
+                    f"no repeat {attempt} of {suite}: the confirmation needs no more runs (see the lines above)")
         return False
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
