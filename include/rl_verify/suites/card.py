@@ -120,11 +120,15 @@ def render_card(commit: Mapping[str, Any], sections: Mapping[str, list[str]], ru
                 fingerprint: str, notes: Iterable[str] = ()) -> str:
     """Full Markdown card: a title naming the commit and suites, the commit under test, then the four sections."""
     suites = ", ".join(commit.get("suites") or [])
+    # One line each (issue 35): in Airflow's Required Actions dialog an inline code span that wraps draws its
+    # background over the line above, hiding its underscores; the run id and the worktree path (long, full of
+    # underscores) are plain escaped text, so they wrap without hiding anything.
     lines = [f"# Experiment card — `{commit['commit_ref']}`" + (f" · {suites}" if suites else ""), "",
-             f"**DAG run:** `{run_id}`", "",
-             f"**Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — "
+             f"- **DAG run:** {_plain(run_id)}",
+             f"- **Commit under test:** `{commit['sha']}` (asked for `{commit['commit_ref']}`) — "
              f"{_plain(commit.get('subject', ''))}",
-             f"**Worktree:** `{commit['worktree']}`" + (" — clean" if not commit.get("dirty_stat") else ""), ""]
+             f"- **Worktree:** {_plain(commit['worktree'])}" + (" — clean" if not commit.get("dirty_stat") else ""),
+             ""]
     if commit.get("dirty_stat"):
         lines += ["**The worktree is dirty:**", "```", commit["dirty_stat"].rstrip(), "```", ""]
     for title, body in sections.items():
