@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,6 +165,27 @@ def test_gpu_state_marks_the_runs_own_processes_by_their_marker(replayed_smi):
     assert gpu["used_mib"] == int(captured("job", "gpu").split(", ")[4])
     problems = ops.gpu_problems(r, 1024)
     assert len(problems) == 2 and f"pid {other} of user" in problems[0] and "pid 4194303 (" in problems[1]
+
+
+def test_a_zombie_the_driver_still_lists_is_gone_not_another_users_process(replayed_smi, tmp_path):
+    """An exited job not yet reaped by its parent (state Z: no environment, no command line) is the run's memory
+    the driver keeps, not another user's live process (CI saw cleanup call such a pid 'in use by others')."""
+    env, own, _ = replayed_smi
+    zombie = subprocess.Popen(["true"], env={**os.environ, "RL_VERIFY_RUN": "k-1"})
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":  # exited, not reaped
+            assert time.monotonic() < deadline, "the child did not exit"
+            time.sleep(0.01)
+        apps = tmp_path / "apps.csv"
+        apps.write_text(re.sub(r", \d+, ", f", {zombie.pid}, ", apps.read_text().splitlines()[0], count=1) + "\n")
+        script = remote.prerequisites_script([], "/nonexistent/runs", "k-1", needs=NodeNeeds(gpus=1))
+        out = subprocess.run(["bash", "-s"], input=script, capture_output=True, text=True, env={**os.environ, **env},
+                             timeout=60).stdout
+        r = ops.parse_prerequisites(out).readiness["gpu"]
+        assert {a["pid"]: a["whose"] for a in r.apps} == {zombie.pid: "gone"}
+    finally:
+        zombie.wait()
 
 
 def test_cleanup_waits_boundedly_for_the_gpus_and_says_who_still_holds_memory(replayed_smi, tmp_path):

@@ -8,8 +8,8 @@
 #   GPUMEM<TAB><one line of --query-gpu=index,uuid,name,pci.bus_id,memory.used,memory.total>
 #   GPUAPP<TAB><one line of --query-compute-apps=gpu_uuid,pid,used_memory,process_name><TAB>user<TAB>whose<TAB>cmd
 #     whose: own (the process carries marker_env=VALUE, or its pid is one of PIDS), other (it does not, or its
-#     environment cannot be read: another user's), gone (no such process here: it exited while the driver still
-#     lists it, or it runs in another container); user and cmd are - where they cannot be read;
+#     environment cannot be read: another user's), gone (no such process here, or a zombie: it exited while the
+#     driver still lists it, or it runs in another container); user and cmd are - where they cannot be read;
 #   GPUERR<TAB>query<TAB>exit status<TAB>the lines nvidia-smi printed that are no row (one line), for a query that
 #     exited non-zero (its rows are printed as above all the same).
 # Both queries use --format=csv,noheader,nounits (memory in MiB).
@@ -38,7 +38,9 @@ gpu_state() {
     pid=$(printf '%s' "$line" | cut -s -d, -f2 | tr -d ' ')
     case "$pid" in '' | *[!0-9]*) bad="$bad $line"; continue ;; esac
     user=- whose=gone cmd=-
-    if [ -d "/proc/$pid" ]; then
+    # A zombie (state Z: exited, not yet reaped by its parent) holds no memory and has no environment to read:
+    # it is gone, like a pid with no /proc entry, not another user's process.
+    if [ -d "/proc/$pid" ] && [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]; then
       user=$(stat -c %U "/proc/$pid" 2>/dev/null) || user=-
       whose=other
       if { tr '\0' '\n' < "/proc/$pid/environ"; } 2>/dev/null | grep -qxF "$marker_env=$value"; then whose=own; fi
