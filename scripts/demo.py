@@ -157,12 +157,13 @@ def single(args: argparse.Namespace) -> int:
     verdict = summary.get("verdict", "UNKNOWN (no report)")
     if summary and verdict != "PASS":
         report = json.loads(Path(summary["report"]["json"]).read_text())
-        for suite in report.get("suites", []):
+        for suite in [s for s in report.get("suites", []) if s.get("verdict") != "PASS"]:  # the failing ones
             breached = sorted({c["metric"] + (f" (first breach at step {c['first_breach_step']})"
                                               if c.get("first_breach_step") is not None else "")
                                for c in suite.get("checks", []) if c.get("passed") is False and not c.get("missing")})
             missing = sorted({c["metric"] for c in suite.get("checks", []) if c.get("missing")})
-            print(f"  {suite['suite']}: {suite['verdict']} ({suite.get('failure_class')})"
+            said = f" ({suite['failure_class']})" if suite.get("failure_class") else ""
+            print(f"  {suite['suite']}: {suite['verdict']}{said}"
                   + (f"; breached: {', '.join(breached)}" if breached else "")
                   + (f"; not measured: {', '.join(missing)}" if missing else ""))
             for step in suite.get("next_steps", [])[:1]:
