@@ -207,22 +207,35 @@ def test_a_long_fail_note_fits_the_runs_header_naming_its_first_breach_and_how_m
 
 
 def test_a_gate_that_says_no_skips_the_repeats_tasks_and_then_itself(monkeypatch):
-    """In the grid an unrun repeat is all "skipped", its gate too: the gate sends the skip of the later tasks
-    itself (what SkipMixin.skip has the runner send) and raises AirflowSkipException instead of succeeding."""
-    from airflow.sdk.exceptions import AirflowSkipException
-    from airflow.sdk.execution_time import task_runner
-    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
+    """In the grid an unrun repeat is all "skipped", its gate too: the gate skips the later tasks through the REST
+    API (public, one bulk request) and raises AirflowSkipException instead of succeeding; when the API cannot,
+    Airflow's SkipMixin.skip skips them (the gate then ends green)."""
+    from types import SimpleNamespace
 
-    from rl_verify.orchestration import verification_dag
+    from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
+
+    from rl_verify.orchestration import airflow_api, verification_dag
 
     sent = []
-
-    class Comms:
-        def send(self, msg):
-            sent.append(msg)
-
-    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", Comms(), raising=False)
+    monkeypatch.setattr(airflow_api, "skip_tasks", lambda conn, dag_id, run_id, tasks, note: sent.append(
+        (dag_id, run_id, list(tasks), note)))
+    ti = SimpleNamespace(dag_id="rl_accuracy_verification", run_id="manual__x")
     with pytest.raises(AirflowSkipException, match="no repeat 1 of opd"):
-        verification_dag.skip_repeat(None, ["fetch_opd-r1", "run_opd-r1"], "no repeat 1 of opd: decided")
-    assert len(sent) == 1 and isinstance(sent[0], SkipDownstreamTasks)
-    assert list(sent[0].tasks) == ["fetch_opd-r1", "run_opd-r1"]
+        verification_dag.skip_repeat(ti, ["fetch_opd-r1", "run_opd-r1"], "no repeat 1 of opd: decided")
+    assert sent == [("rl_accuracy_verification", "manual__x", ["fetch_opd-r1", "run_opd-r1"],
+                     "no repeat 1 of opd: decided")]
+
+    def unreachable(*args):
+        raise ConnectionError("API down")
+
+    skipped = []
+
+    def skip(ti, tasks):
+        skipped.extend(t for t in tasks)
+        raise DownstreamTasksSkipped(tasks=[t for t in tasks])
+
+    monkeypatch.setattr(airflow_api, "skip_tasks", unreachable)
+    ti.task = SimpleNamespace(skip=skip, dag=SimpleNamespace(get_task=lambda t: t))
+    with pytest.raises(DownstreamTasksSkipped):
+        verification_dag.skip_repeat(ti, ["run_opd-r1"], "no repeat 1 of opd: decided")
+    assert skipped == ["run_opd-r1"]

@@ -8,12 +8,16 @@ Called inside a ``@dag`` function at parse time. The task bodies' modules import
 
 from __future__ import annotations
 
+import logging
+
 from airflow.sdk import Asset, Param, chain, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration import bisection, verification
+from rl_verify.orchestration import airflow_api, bisection, verification
 from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
+
+log = logging.getLogger(__name__)
 
 
 def params() -> dict[str, Param]:
@@ -63,21 +67,20 @@ def params() -> dict[str, Param]:
 
 
 def skip_repeat(ti, tasks: list[str], why: str) -> None:
-    """Skip ``tasks`` (a repeat's later tasks) and then the calling gate itself (issue 35: a repeat that never
-    ran reads "skipped" in the grid, gate included). ``SkipMixin.skip`` would mark the gate "success": the
-    Task SDK's runner sends the same SkipDownstreamTasks message, then succeeds the task. Here the message is
-    sent by hand and the gate raises AirflowSkipException. Outside a task runner (a unit test calling the
-    callable) ``skip`` is used, whose DownstreamTasksSkipped names the same tasks."""
+    """Skip ``tasks`` (a repeat's later tasks) and then the calling gate itself, so that a repeat that never ran
+    reads "skipped" in the grid, gate included (issue 35). Airflow's public ``SkipMixin.skip`` would end the gate
+    "success"; here the tasks are skipped through the REST API (the package's API connection, as a bisection
+    stops its probes) and the gate raises ``AirflowSkipException``. When the API cannot skip them, ``skip`` does
+    (the grid then shows the gate green; the run is the same)."""
     from airflow.sdk.exceptions import AirflowSkipException
-    from airflow.sdk.execution_time import task_runner
-    from airflow.sdk.execution_time.comms import SkipDownstreamTasks
 
-    comms = getattr(task_runner, "SUPERVISOR_COMMS", None)
-    if comms is None or not tasks:
-        if tasks:
+    if tasks:
+        try:
+            airflow_api.skip_tasks(settings.AIRFLOW_API_CONN_ID, ti.dag_id, ti.run_id, tasks, why)
+        except Exception as err:
+            log.warning("Could not skip the later repeats through the API (%s: %s); skipping them from this gate",
+                        type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
             ti.task.skip(ti=ti, tasks=[ti.task.dag.get_task(t) for t in tasks])
-        raise AirflowSkipException(why)
-    comms.send(msg=SkipDownstreamTasks(tasks=tasks))
     raise AirflowSkipException(why)
 
 
