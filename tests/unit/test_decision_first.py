@@ -239,3 +239,31 @@ def test_a_gate_that_says_no_skips_the_repeats_tasks_and_then_itself(monkeypatch
     with pytest.raises(DownstreamTasksSkipped):
         verification_dag.skip_repeat(ti, ["run_opd-r1"], "no repeat 1 of opd: decided")
     assert skipped == ["run_opd-r1"]
+
+
+def test_skip_tasks_asks_the_api_to_skip_each_task_with_the_reason(monkeypatch):
+    """The client calls the gate makes exist in the pinned apache-airflow-client and carry what the API needs."""
+    from contextlib import contextmanager
+
+    import airflow_client.client as ac
+
+    from rl_verify.orchestration import airflow_api
+
+    calls = []
+
+    class FakeTaskInstanceApi:
+        def __init__(self, client):
+            assert client == "client"
+
+        def patch_task_instance(self, dag_id, run_id, task_id, body):
+            calls.append((dag_id, run_id, task_id, body.new_state, body.note))
+
+    @contextmanager
+    def fake_client(conn_id):
+        yield "client"
+
+    monkeypatch.setattr(airflow_api, "api_client", fake_client)
+    monkeypatch.setattr(ac, "TaskInstanceApi", FakeTaskInstanceApi)
+    airflow_api.skip_tasks("conn", "dag", "run", ["run_opd-r1", "fetch_opd-r1"], "no repeat 1 of opd")
+    assert calls == [("dag", "run", "run_opd-r1", "skipped", "no repeat 1 of opd"),
+                     ("dag", "run", "fetch_opd-r1", "skipped", "no repeat 1 of opd")]

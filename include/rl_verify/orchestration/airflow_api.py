@@ -153,18 +153,15 @@ def task_states(conn_id: str, dag_id: str, dag_run_id: str) -> dict[str, str]:
 
 
 def skip_tasks(conn_id: str, dag_id: str, dag_run_id: str, task_ids: list[str], note: str) -> None:
-    """Mark task instances of the run skipped, in one request (the REST API's bulk update), with ``note`` saying
-    why. Raises the client's error when the API refuses or cannot be reached."""
+    """Mark task instances of the run skipped, with ``note`` saying why (one API session, one request a task).
+    Raises the client's error when the API refuses or cannot be reached."""
     import airflow_client.client as ac
 
-    entities = [ac.BulkTaskInstanceBody(task_id=t, new_state="skipped", note=note[:1000]) for t in task_ids]
-    body = ac.BulkBodyBulkTaskInstanceBody(actions=[ac.BulkBodyBulkTaskInstanceBodyActionsInner(
-        ac.BulkUpdateActionBulkTaskInstanceBody(action="update", entities=entities))])
     with api_client(conn_id) as client:
-        done = ac.TaskInstanceApi(client).bulk_task_instances(dag_id, dag_run_id, body)
-    errors = getattr(getattr(done, "update", None), "errors", None)
-    if errors:
-        raise RuntimeError(f"the API did not skip every task: {errors}")
+        api = ac.TaskInstanceApi(client)
+        for task_id in task_ids:
+            api.patch_task_instance(dag_id, dag_run_id, task_id,
+                                    ac.PatchTaskInstanceBody(new_state="skipped", note=note[:1000]))
 
 
 def fail_task(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: str) -> None:
