@@ -246,6 +246,7 @@ def test_skip_tasks_asks_the_api_to_skip_each_task_with_the_reason(monkeypatch):
     from contextlib import contextmanager
 
     import airflow_client.client as ac
+    from airflow_client.client.exceptions import ConflictException
 
     from rl_verify.orchestration import airflow_api
 
@@ -257,6 +258,8 @@ def test_skip_tasks_asks_the_api_to_skip_each_task_with_the_reason(monkeypatch):
 
         def patch_task_instance(self, dag_id, run_id, task_id, body):
             calls.append((dag_id, run_id, task_id, body.new_state, body.note))
+            if task_id == "fetch_opd-r1":
+                raise ConflictException(status=409, reason="Task id fetch_opd-r1 is already in skipped state")
 
     @contextmanager
     def fake_client(conn_id):
@@ -264,6 +267,6 @@ def test_skip_tasks_asks_the_api_to_skip_each_task_with_the_reason(monkeypatch):
 
     monkeypatch.setattr(airflow_api, "api_client", fake_client)
     monkeypatch.setattr(ac, "TaskInstanceApi", FakeTaskInstanceApi)
-    airflow_api.skip_tasks("conn", "dag", "run", ["run_opd-r1", "fetch_opd-r1"], "no repeat 1 of opd")
-    assert calls == [("dag", "run", "run_opd-r1", "skipped", "no repeat 1 of opd"),
-                     ("dag", "run", "fetch_opd-r1", "skipped", "no repeat 1 of opd")]
+    airflow_api.skip_tasks("conn", "dag", "run", ["run_opd-r1", "fetch_opd-r1", "compare_opd-r1"], "no repeat 1")
+    assert [c[2] for c in calls] == ["run_opd-r1", "fetch_opd-r1", "compare_opd-r1"]  # a 409 (skipped) goes on
+    assert calls[0] == ("dag", "run", "run_opd-r1", "skipped", "no repeat 1")

@@ -153,15 +153,19 @@ def task_states(conn_id: str, dag_id: str, dag_run_id: str) -> dict[str, str]:
 
 
 def skip_tasks(conn_id: str, dag_id: str, dag_run_id: str, task_ids: list[str], note: str) -> None:
-    """Mark task instances of the run skipped, with ``note`` saying why (one API session, one request a task).
-    Raises the client's error when the API refuses or cannot be reached."""
+    """Mark task instances of the run skipped, with ``note`` saying why (one API session, one request a task; one
+    skipped already is left as it is). Raises the client's error when the API refuses or cannot be reached."""
     import airflow_client.client as ac
+    from airflow_client.client.exceptions import ConflictException
 
     with api_client(conn_id) as client:
         api = ac.TaskInstanceApi(client)
         for task_id in task_ids:
-            api.patch_task_instance(dag_id, dag_run_id, task_id,
-                                    ac.PatchTaskInstanceBody(new_state="skipped", note=note[:1000]))
+            try:
+                api.patch_task_instance(dag_id, dag_run_id, task_id,
+                                        ac.PatchTaskInstanceBody(new_state="skipped", note=note[:1000]))
+            except ConflictException:  # 409: the task instance is skipped already
+                continue
 
 
 def fail_task(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: str) -> None:
