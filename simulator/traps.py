@@ -306,14 +306,20 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def foreign_ray_pid(root: Path) -> int | None:
-    """The live foreign Ray of this node, if any."""
-    info = _read_json(_foreign_file(root), None)
+def _recorded_pid(record: Path, root: Path, mark: bytes) -> int | None:
+    """The pid a trap recorded in ``record`` while that process lives and is the node's (its command line names
+    the node and ``mark``); None otherwise."""
+    info = _read_json(record, None)
     if not info:
         return None
     pid = int(info["pid"])
-    tag = f"--rlsim-node={root}".encode()
-    return pid if _pid_alive(pid) and tag in _cmdline(pid) and b"gcs_server" in _cmdline(pid) else None
+    line = _cmdline(pid)
+    return pid if _pid_alive(pid) and f"--rlsim-node={root}".encode() in line and mark in line else None
+
+
+def foreign_ray_pid(root: Path) -> int | None:
+    """The live foreign Ray of this node, if any."""
+    return _recorded_pid(_foreign_file(root), root, b"gcs_server")
 
 
 # Runs as the other user: bind the ports (sockets owned by that user), then become a long-lived
@@ -375,16 +381,21 @@ def start_foreign_ray(root: Path, user: str = "nobody") -> dict[str, Any]:
     return info
 
 
+def _kill_and_wait(pid: int | None) -> None:
+    """SIGKILL ``pid`` (None: nothing) and wait up to 5 s for it to be gone."""
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 5
+    while _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def stop_foreign_ray(root: Path) -> None:
-    pid = foreign_ray_pid(root)
-    if pid is not None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    _kill_and_wait(foreign_ray_pid(root))
     _foreign_file(root).unlink(missing_ok=True)
 
 
@@ -396,12 +407,7 @@ def _gpu_foreign_file(root: Path) -> Path:
 
 def gpu_foreign_pid(root: Path) -> int | None:
     """The live foreign GPU process of this node, if any."""
-    info = _read_json(_gpu_foreign_file(root), None)
-    if not info:
-        return None
-    pid = int(info["pid"])
-    tag = f"--rlsim-node={root}".encode()
-    return pid if _pid_alive(pid) and tag in _cmdline(pid) and b"--rlsim-gpu-foreign" in _cmdline(pid) else None
+    return _recorded_pid(_gpu_foreign_file(root), root, b"--rlsim-gpu-foreign")
 
 
 def start_gpu_foreign(root: Path, user: str = "nobody") -> dict[str, Any]:
@@ -433,15 +439,7 @@ def start_gpu_foreign(root: Path, user: str = "nobody") -> dict[str, Any]:
 
 
 def stop_gpu_foreign(root: Path) -> None:
-    pid = gpu_foreign_pid(root)
-    if pid is not None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    _kill_and_wait(gpu_foreign_pid(root))
     _gpu_foreign_file(root).unlink(missing_ok=True)
 
 
