@@ -339,6 +339,15 @@ os.execv("/bin/sleep", [argv0, "infinity"])
 """
 
 
+def _as_user(user: str) -> tuple[dict[str, Any], str]:
+    """``subprocess.Popen`` arguments that run a process as ``user`` (root only; else as the control user), and
+    the name of the user it then runs as."""
+    if os.geteuid() != 0:
+        return {}, pwd.getpwuid(os.getuid()).pw_name
+    pw = pwd.getpwnam(user)
+    return {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}, user
+
+
 def start_foreign_ray(root: Path, user: str = "nobody") -> dict[str, Any]:
     """Start a process of ``user`` (root only; else the control user, see README) listening on the
     node's Ray ports, outside the node's marker env, looking like a Ray GCS in ``ps``."""
@@ -351,13 +360,7 @@ def start_foreign_ray(root: Path, user: str = "nobody") -> dict[str, Any]:
                                f"`ray stop --force` on the node first)")
     argv0 = (f"{FOREIGN_ARGV0} --gcs_server_port={port} --dashboard_port={dash} "
              f"--node-ip-address=127.0.0.1 --session-name=session_foreign --rlsim-node={root}")
-    kwargs: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam(user)
-        kwargs = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-        run_as = user
-    else:
-        run_as = pwd.getpwuid(os.getuid()).pw_name
+    kwargs, run_as = _as_user(user)
     python = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else _node_python()
     log = root / "state" / "foreign_ray.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -416,13 +419,7 @@ def start_gpu_foreign(root: Path, user: str = "nobody") -> dict[str, Any]:
     the GPU and the memory)."""
     stop_gpu_foreign(root)
     argv0 = f"{FOREIGN_GPU_ARGV0} --rlsim-gpu-foreign --rlsim-node={root}"
-    kwargs: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam(user)
-        kwargs = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
-        run_as = user
-    else:
-        run_as = pwd.getpwuid(os.getuid()).pw_name
+    kwargs, run_as = _as_user(user)
     proc = subprocess.Popen(["/bin/bash", "-c", 'exec -a "$0" sleep infinity', argv0], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
                             env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True,
