@@ -268,8 +268,10 @@ def test_a_submitted_job_records_its_leaders_start_time_beside_its_pid(tmp_path)
         assert (job / "pid.start").read_text().strip() == _start_time(pid)
         assert _job_state(job) == "running\n"
         # The submit returns once the pid is written; the job's own `sleep` comes a moment later.
+        deadline = time.monotonic() + 30
         while not (found := subprocess.run(["pgrep", "-g", str(pid), "-x", "sleep"], text=True,
                                            capture_output=True).stdout.split()):
+            assert time.monotonic() < deadline, "the job's sleep never started"
             time.sleep(0.01)
         (sleeper,) = [int(p) for p in found]
         environ = open(f"/proc/{sleeper}/environ", "rb").read().split(b"\0")
@@ -308,7 +310,9 @@ def test_a_job_number_now_leading_a_later_process_group_is_not_that_job(tmp_path
 def _zombie() -> subprocess.Popen:
     """A group leader that has exited but is not reaped yet (it still answers ``kill -0``)."""
     child = subprocess.Popen(["true"], start_new_session=True)
+    deadline = time.monotonic() + 30
     while _stat(child.pid)[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
         time.sleep(0.01)  # waits for a state, not a duration: the child exits at once
     return child
 
