@@ -153,7 +153,8 @@ def _evaluate(args: tuple[str, int, int, str, str, dict[str, int] | None]) -> tu
         if abort is not None:
             result = aborted_result(suite, abort, engine.rules)
         else:
-            result = engine.compare_archived(spec, folder, folder / "out", {"wall_time_s": None}, "bench", {})
+            result = engine.compare_archived(spec, folder, folder / "out", {"wall_time_s": None}, "bench", {},
+                                            plot=False)
         points = engine.run_points(spec, folder, result, {})
     return (suite, index, attempt, scenario), {
         "verdict": points.verdict, "failure_class": points.failure_class,

@@ -88,37 +88,41 @@ def _build_share(root: Path) -> None:
     sim = _read_json(root / "sim.json", {})
     mode = curves.check_noise_mode(sim.get("noise", curves.DEFAULT_NOISE))
     seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
+    ratio = curves.check_spread_ratio(sim.get("spread_ratio", 1.0))
     base = root / "share" / "baseline"
     if visible("share/baseline/" + GRPO_BASELINE):
         p = base / GRPO_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves, mode, seed)))
+        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves, mode, seed, ratio)))
     if visible("share/baseline/" + OPD_BASELINE):
         p = base / OPD_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves, mode=mode, seed=seed)))
+        p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves, mode=mode, seed=seed,
+                                                                            spread_ratio=ratio)))
     # What the baselines were written for: the trainer warns when sim.json was changed behind it.
     (root / "state").mkdir(parents=True, exist_ok=True)
     _write_json(root / "state" / "baseline_noise.json",
                 {"noise": mode, "baseline_error_seed": None if mode == "bounded" else seed})
 
 
-def grpo_baseline_rows(curves: ModuleType, mode: str = "bounded", seed: str | None = None) -> list[dict[str, float]]:
+def grpo_baseline_rows(curves: ModuleType, mode: str = "bounded", seed: str | None = None,
+                       spread_ratio: float = 1.0) -> list[dict[str, float]]:
     """The GRPO baseline: 45 step-summary rows; eval/accuracy only on the final step (0.9007).
 
     ``mode`` is the node's noise mode and ``seed`` its baseline_error_seed (see curves.baseline_rows:
-    bounded = the reference curve with small noise, realistic = one 5-run mean of the node's truth).
+    bounded = the reference curve with small noise, realistic = one 5-run mean of the node's truth);
+    ``spread_ratio`` the node's (curves.check_spread_ratio).
     """
     seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
-    return curves.baseline_rows("grpo", mode, baseline_error_seed=seed)
+    return curves.baseline_rows("grpo", mode, baseline_error_seed=seed, spread_ratio=spread_ratio)
 
 
 def opd_baseline_rows(curves: ModuleType, steps: int = 25, mode: str = "bounded",
-                      seed: str | None = None) -> list[dict[str, float]]:
+                      seed: str | None = None, spread_ratio: float = 1.0) -> list[dict[str, float]]:
     """An OPD baseline tracker around the golden table (step-0 eval row + 25 step-summary rows), exactly
     the golden table at its points; ``mode`` and ``seed`` as for :func:`grpo_baseline_rows` (3-run mean)."""
     seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
-    return curves.baseline_rows("opd", mode, steps=steps, baseline_error_seed=seed)
+    return curves.baseline_rows("opd", mode, steps=steps, baseline_error_seed=seed, spread_ratio=spread_ratio)
 
 
 def _build_bin(root: Path) -> None:

@@ -246,6 +246,17 @@ if SCHEDULED_REPEATS > MAX_REPEATS:
 #: Separates a suite from its repeat number in task ids and folders (suite names cannot contain it).
 REPEAT_MARK = "-r"
 
+# --- the spread the confirmation learns from the runs we make (rl_verify.core.spread, issue 34) ---
+#: Where the record store keeps, per suite, one entry per finished verification: its spread key, outcome and
+#: every run's judged points (``<root>/spread-history/<suite>/<finished>__<run key>.json``).
+SPREAD_HISTORY_FOLDER = "spread-history"
+#: History older than this is not evidence of today's node (RL_VERIFY_SPREAD_HISTORY_DAYS).
+SPREAD_HISTORY_DAYS = _number("RL_VERIFY_SPREAD_HISTORY_DAYS", 30, float, 0)
+#: The newest this many healthy verifications at most (about two months of nightlies and their repeats).
+SPREAD_HISTORY_MAX = int(_number("RL_VERIFY_SPREAD_HISTORY_MAX", 60, int, 0))
+#: Family-wise p of the drift alarm over a suite's metrics (two-sided F test of learned against prior spread).
+SPREAD_DRIFT_P = 0.01
+
 
 def attempt_name(suite: str, attempt: int = 0) -> str:
     """``suite`` for a suite's first run, ``suite-r<k>`` for its k-th repeat: its record folder, job

@@ -10,6 +10,7 @@ same rows: tests/integration/test_sim_noise_node.py).
 from __future__ import annotations
 
 import json
+import statistics
 import math
 import subprocess
 import sys
@@ -382,7 +383,8 @@ def test_set_noise_switches_the_node_and_rewrites_its_baselines(tmp_path: Path) 
     def tracker(rel: str) -> list[dict]:
         return [json.loads(line) for line in (base / rel).read_text().splitlines()]
 
-    assert set_noise(tmp_path, "realistic", 12) == {"noise": "realistic", "baseline_error_seed": "12"}
+    assert set_noise(tmp_path, "realistic", 12) == {"noise": "realistic", "baseline_error_seed": "12",
+                                                    "spread_ratio": 1.0}
     sim = json.loads((root / "sim.json").read_text())
     assert sim == {"step_seconds": 1.0, "seed": "s", "noise": "realistic", "baseline_error_seed": "12"}
     assert tracker("qwen3-rl-lmdeploy/tracker.jsonl") == curves.baseline_rows("grpo", "realistic",
@@ -398,8 +400,8 @@ def test_set_noise_switches_the_node_and_rewrites_its_baselines(tmp_path: Path) 
                              cwd=REPO, capture_output=True, text=True, check=True)
         return json.loads(res.stdout)
 
-    assert cli() == {"noise": "realistic", "baseline_error_seed": "12"}
-    assert cli("--mode", "bounded") == {"noise": "bounded", "baseline_error_seed": "12"}
+    assert cli() == {"noise": "realistic", "baseline_error_seed": "12", "spread_ratio": 1.0}
+    assert cli("--mode", "bounded") == {"noise": "bounded", "baseline_error_seed": "12", "spread_ratio": 1.0}
     assert noise_settings(tmp_path)["noise"] == "bounded"
     assert tracker("opd-qwen3-vl-2b-25step/tracker.jsonl") == curves.baseline_rows("opd")
     assert json.loads((root / "state" / "baseline_noise.json").read_text()) == {"noise": "bounded",
@@ -408,3 +410,28 @@ def test_set_noise_switches_the_node_and_rewrites_its_baselines(tmp_path: Path) 
         set_noise(tmp_path, "uniform")
     with pytest.raises(RuntimeError, match="start_node first"):
         set_noise(tmp_path / "elsewhere", "realistic")
+
+
+def test_spread_ratio_scales_the_run_noise_and_the_baselines_own_error_and_nothing_else() -> None:
+    seeds = [f"ratio-{i}" for i in range(300)]
+
+    def spread(ratio: float) -> tuple[float, float]:
+        """(sd of a run's gsm8k accuracy at step 10 around its truth, sd of the truth around the design curve)."""
+        runs, truths = [], []
+        for seed in seeds:
+            truth = curves.true_means("opd", mode="realistic", baseline_error_seed=seed, spread_ratio=ratio)
+            row = next(r for r in curves.run_rows("opd", seed, None, "realistic", baseline_error_seed=seed,
+                                                  spread_ratio=ratio) if r["step"] == 10 and "eval/gsm8k/acc" in r)
+            runs.append(row["eval/gsm8k/acc"] - truth[10]["eval/gsm8k/acc"])
+            truths.append(truth[10]["eval/gsm8k/acc"] - curves.design_means("opd", 10)["eval/gsm8k/acc"])
+        return statistics.pstdev(runs), statistics.pstdev(truths)
+
+    run_1, truth_1 = spread(1.0)
+    run_15, truth_15 = spread(1.5)
+    assert run_1 == pytest.approx(curves.OPD_SIGMA["eval/gsm8k/acc"], rel=0.15)
+    assert run_15 / run_1 == pytest.approx(1.5, rel=0.05)  # the same draws, scaled (binomial rounding aside)
+    assert truth_15 / truth_1 == pytest.approx(1.5, rel=1e-6)
+    assert curves.run_rows("opd", "x", None, "bounded", spread_ratio=2.0) == curves.run_rows("opd", "x", None, "bounded")
+    for bad in (0, -1, float("nan"), 11):
+        with pytest.raises(ValueError, match="spread_ratio"):
+            curves.check_spread_ratio(bad)

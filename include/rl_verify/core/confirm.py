@@ -67,11 +67,27 @@ class Point:
 @dataclass(frozen=True)
 class Spread:
     """The run-to-run spread the rule judges against: ``sigma`` per metric (in the unit of its points'
-    diffs), ``runs`` the N the reference is the mean of, ``source`` where it comes from."""
+    diffs), ``runs`` the N the reference is the mean of, ``source`` where it comes from.
+
+    ``df``: per metric, the degrees of freedom of its sigma, i.e. how many independent squared deviations
+    the estimate rests on (``core.spread``). The rule's bounds are then Student-t's, so a thin estimate
+    asks for more evidence instead of crying wolf; a metric not in ``df`` has a sigma taken as exact
+    (normal bounds). ``sources`` and ``drift`` say, in words, what it was learned from and which metrics'
+    learned spread left the prior's plausible range (``core.spread.learn``)."""
 
     sigma: Mapping[str, float]
     runs: int
     source: str
+    df: Mapping[str, float] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+    prior_sigma: Mapping[str, float] = field(default_factory=dict)
+    drift: tuple[str, ...] = ()
+
+    def df_of(self, metric: str) -> float:
+        """The degrees of freedom of ``metric``'s sigma (infinity: taken as exact), rounded to 0.1 (the
+        bounds are cached per value)."""
+        df = self.df.get(metric)
+        return math.inf if df is None or not math.isfinite(df) else max(1.0, round(float(df), 1))
 
 
 @dataclass(frozen=True)
@@ -84,19 +100,20 @@ class Rule:
     budget: int = 2              # extra runs at most
     points_per_metric: int = 6   # the most judged points of one metric (OPD: eval points 0, 5, ..., 25)
 
-    def z_reproduce(self, metrics: int) -> float:
+    def z_reproduce(self, metrics: int, df: float = math.inf) -> float:
         """|z| from which one of ``metrics`` metrics' Stouffer z reproduces the FAIL (Sidak, two-sided; half
-        of ``p_reproduce``, the other half is the single points')."""
-        return _two_sided_bound(self.p_reproduce / 2, metrics)
+        of ``p_reproduce``, the other half is the single points'); Student-t with ``df`` when the sigma is
+        an estimate on ``df`` degrees of freedom."""
+        return _two_sided_bound(self.p_reproduce / 2, metrics, df)
 
-    def z_point(self, metrics: int) -> float:
+    def z_point(self, metrics: int, df: float = math.inf) -> float:
         """|z| from which one point alone reproduces the FAIL (Sidak over every point of ``metrics`` metrics;
         the other half of ``p_reproduce``): what lets a repeat stop at its first such point."""
-        return _two_sided_bound(self.p_reproduce / 2, metrics * self.points_per_metric)
+        return _two_sided_bound(self.p_reproduce / 2, metrics * self.points_per_metric, df)
 
-    def z_clear(self, metrics: int) -> float:
+    def z_clear(self, metrics: int, df: float = math.inf) -> float:
         """|z| below which every one of ``metrics`` metrics reads as noise (Sidak, two-sided)."""
-        return _two_sided_bound(self.p_clear, metrics)
+        return _two_sided_bound(self.p_clear, metrics, df)
 
     def describe(self) -> str:
         return (f"repeat a FAIL that noise can produce (accuracy class, no NaN, every breach within {self.z_far:g} "
@@ -108,10 +125,14 @@ class Rule:
                 f"else another repeat, INCONCLUSIVE when the budget is spent")
 
 
-@lru_cache(maxsize=256)
-def _two_sided_bound(p: float, metrics: int) -> float:
+@lru_cache(maxsize=1024)
+def _two_sided_bound(p: float, metrics: int, df: float = math.inf) -> float:
     per_test = 1 - (1 - p) ** (1 / max(1, metrics))
-    return -_NORMAL.inv_cdf(per_test / 2)
+    if not math.isfinite(df):
+        return -_NORMAL.inv_cdf(per_test / 2)
+    from scipy.stats import t  # only for an estimated sigma (kept out of DAG parsing)
+
+    return float(-t.ppf(per_test / 2, df))
 
 
 @dataclass
@@ -217,31 +238,37 @@ def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None
         return Decision(None, "the first run's FAIL could be noise: repeat it", rule=text)
     breached = {p.metric for p in first.points if p.breached}
     metrics = _tested(spread)
-    z_rep, z_pt, z_clear = rule.z_reproduce(len(metrics)), rule.z_point(len(metrics)), rule.z_clear(len(metrics))
     evidence = []
     for metric in metrics:
         z, steps, top_point = _metric_z(metric, repeats, spread)
+        df = spread.df_of(metric)
         evidence.append({"metric": metric, "direction": None if not z else "up" if z > 0 else "down",
                          "steps": steps, "points_seen": len(steps), "z": None if z is None else round(z, 3),
                          "max_point_z": round(top_point, 3), "repeats": len(repeats),
-                         "breached_first": metric in breached})
-    shifted = [e for e in evidence if e["z"] is not None and (abs(e["z"]) >= z_rep or e["max_point_z"] >= z_pt)]
+                         "breached_first": metric in breached, "df": None if not math.isfinite(df) else df,
+                         "z_reproduce": round(rule.z_reproduce(len(metrics), df), 3),
+                         "z_point": round(rule.z_point(len(metrics), df), 3),
+                         "z_clear": round(rule.z_clear(len(metrics), df), 3)})
+    shifted = [e for e in evidence if e["z"] is not None and (abs(e["z"]) >= e["z_reproduce"]
+                                                              or e["max_point_z"] >= e["z_point"])]
     if shifted:
-        top = max(shifted, key=lambda e: max(abs(e["z"]) / z_rep, e["max_point_z"] / z_pt))
+        top = max(shifted, key=lambda e: max(abs(e["z"]) / e["z_reproduce"], e["max_point_z"] / e["z_point"]))
         which = "one of the first run's breaches" if top["breached_first"] else \
             "not a metric the first run breached before it ended"
-        how = (f"|z| = {abs(top['z']):.2f} >= {z_rep:.2f} over {top['points_seen']} point(s)"
-               if abs(top["z"]) >= z_rep else
-               f"one point's |z| = {top['max_point_z']:.2f} >= {z_pt:.2f}")
+        how = (f"|z| = {abs(top['z']):.2f} >= {top['z_reproduce']:.2f} over {top['points_seen']} point(s)"
+               if abs(top["z"]) >= top["z_reproduce"] else
+               f"one point's |z| = {top['max_point_z']:.2f} >= {top['z_point']:.2f}")
         return Decision(REPRODUCED, f"{top['metric']} is {'above' if top['z'] > 0 else 'below'} its reference "
                         f"again ({which}): over {len(repeats)} repeat(s), {how} (p = {rule.p_reproduce:g} over "
-                        f"{len(metrics)} metrics)", evidence, text)
-    undecided = [e for e in evidence if e["z"] is None or abs(e["z"]) >= z_clear]
+                        f"{len(metrics)} metrics{_df_words(top)})", evidence, text)
+    undecided = [e for e in evidence if e["z"] is None or abs(e["z"]) >= e["z_clear"]]
     complete = any(r.complete for r in repeats)
     if not undecided and complete:
         said = ", ".join(f"{e['metric']} z = {e['z']:.2f}" for e in evidence)
+        bounds = sorted({e["z_clear"] for e in evidence})
+        below = f"{bounds[0]:.2f}" if len(bounds) == 1 else f"its bound ({bounds[0]:.2f} to {bounds[-1]:.2f})"
         return Decision(NOT_REPRODUCED, f"the first run's breach reads as noise: over {len(repeats)} repeat(s) no "
-                        f"judged metric is off its reference beyond the noise ({said}; every |z| < {z_clear:.2f}, "
+                        f"judged metric is off its reference beyond the noise ({said}; every |z| < {below}, "
                         f"p = {rule.p_clear:g} over {len(metrics)} metrics)", evidence, text)
     pending = [f"{e['metric']} z = {'n/a' if e['z'] is None else format(e['z'], '.2f')}" for e in undecided]
     if not complete:
@@ -250,10 +277,16 @@ def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None
         return Decision(None, f"undecided after {len(repeats)} repeat(s): {', '.join(pending)}; another repeat",
                         evidence, text)
     settle = "; ".join(pending)
+    edge = undecided[0] if undecided else evidence[0]
     return Decision(INCONCLUSIVE, f"the budget of {budget} extra run(s) is spent and {settle} (|z| between "
-                    f"{z_clear:.2f} and {z_rep:.2f} is neither noise nor a reproduction). What would settle it: more "
+                    f"{edge['z_clear']:.2f} and {edge['z_reproduce']:.2f} is neither noise nor a reproduction). "
+                    "What would settle it: more "
                     "runs of this commit (trigger it again with a larger 'repeats'), or a baseline version "
                     "calibrated from more runs (its own error is shared by every repeat)", evidence, text)
+
+
+def _df_words(e: Mapping[str, Any]) -> str:
+    return "" if e.get("df") is None else f"; Student-t bounds: its spread is an estimate on {e['df']:g} df"
 
 
 def stop_early(first: RunPoints, spread: Spread | None, rule: Rule = Rule()) -> dict[str, list[float]]:
@@ -263,8 +296,8 @@ def stop_early(first: RunPoints, spread: Spread | None, rule: Rule = Rule()) -> 
     the repeat run on, so that its other points are measured."""
     if spread is not None and first.points and all(p.metric in spread.sigma for p in first.points if p.breached):
         metrics = _tested(spread)
-        z_pt = rule.z_point(len(metrics))
-        return {m: [0, z_pt * spread.sigma[m] * math.sqrt(1 + 1 / spread.runs)] for m in metrics}
+        return {m: [0, rule.z_point(len(metrics), spread.df_of(m)) * spread.sigma[m] * math.sqrt(1 + 1 / spread.runs)]
+                for m in metrics}
     breached = first.breached or {p.metric: _sign(p.diff) for p in first.points if p.breached}
     return {m: [s, 0.0] for m, s in breached.items()}
 
@@ -307,6 +340,20 @@ def max_dev_factor(runs: int, points: int, samples: int = 100_000) -> float:
     x = rng.standard_normal((samples, points, runs))
     dev = np.abs(x - x.mean(axis=2, keepdims=True)).max(axis=(1, 2))
     return float(dev.mean())
+
+
+@lru_cache(maxsize=64)
+def max_dev_df(runs: int, points: int, samples: int = 100_000) -> float:
+    """The degrees of freedom a sigma read from one max deviation (:func:`max_dev_factor`) is worth: those of
+    a sample standard deviation with the same relative spread, 1 / (2 cv^2) (runbook's N=3 at 6 points: ~8;
+    its ~25% uncertainty)."""
+    import numpy as np  # kept out of DAG parsing
+
+    rng = np.random.default_rng(20261204)
+    x = rng.standard_normal((samples, points, runs))
+    dev = np.abs(x - x.mean(axis=2, keepdims=True)).max(axis=(1, 2))
+    cv = float(dev.std() / dev.mean())
+    return round(1 / (2 * cv * cv), 1)
 
 
 def sigma_from_max_dev(max_dev: float, runs: int, points: int) -> float:

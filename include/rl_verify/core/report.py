@@ -306,7 +306,24 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
                          f"{r.get('seed') if r.get('seed') is not None else 'node default'} | {verdict} | {steps} | "
                          f"{link} |")
         lines.append("")
-    return lines
+    return lines + spread_sentences(outcome) + ([""] if outcome.get("spread") else [])
+
+
+def spread_sentences(outcome: dict[str, Any]) -> list[str]:
+    """The spread the rule decided with, in sentences (plain text, for Markdown and HTML alike): the drift
+    alarm first, then its sources and, per metric, its sigma against the prior's."""
+    learned = outcome.get("spread") or {}
+    if not learned:
+        return []
+    out = [f"Drift alarm (information, not a FAIL): {alarm}." for alarm in learned.get("drift") or []]
+    per_metric = "; ".join(
+        f"{m} {fmt_number(v['sigma'])}" + (f" ({v['moved']:.2f}x the prior's {fmt_number(v['prior_sigma'])}"
+                                           f"{', df ' + format(v['df'], 'g') if v.get('df') is not None else ''})"
+                                           if v.get("moved") is not None else "")
+        for m, v in (learned.get("metrics") or {}).items())
+    out.append(f"The spread that decided (run-to-run sigma per metric, pooled): {'; '.join(learned.get('sources') or [])}. "
+               f"Per metric: {per_metric}.")
+    return out
 
 
 def estimates_lines(outcome: dict[str, Any]) -> list[str]:
@@ -579,6 +596,9 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                        f"<td>{e(str(seed))}</td><td class=\"{css}\">{e(verdict)}</td><td>{e(steps)}</td>"
                        f"<td>{link}</td></tr>")
         out.append("</table></div>")
+    for sentence in spread_sentences(outcome):
+        css = " class=\"FAIL\"" if sentence.startswith("Drift alarm") else ""
+        out.append(f"<p{css}>{e(sentence)}</p>")
     return out
 
 

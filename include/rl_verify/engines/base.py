@@ -83,9 +83,10 @@ class Engine(ABC):
 
     @abstractmethod
     def compare_archived(self, spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any],
-                         node_name: str | None, version: Mapping[str, Path]) -> SuiteResult:
+                         node_name: str | None, version: Mapping[str, Path], plot: bool = True) -> SuiteResult:
         """The verdict of a suite from the files its fetch archived in ``suite_dir``, judged against
-        the baseline version in use (its files, name -> local path; {}: what ships)."""
+        the baseline version in use (its files, name -> local path; {}: what ships). ``plot=False``
+        draws no figure of ours (a benchmark judging thousands of runs; the verdict is the same)."""
 
     @abstractmethod
     def cli_args(self, parser: argparse.ArgumentParser) -> None:

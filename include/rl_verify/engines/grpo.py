@@ -659,13 +659,13 @@ class GrpoEngine(Engine):
         return grpo_criteria(spec, data)
 
     def compare_archived(self, spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any],
-                         node_name: str | None, version: Mapping[str, Path]) -> SuiteResult:
+                         node_name: str | None, version: Mapping[str, Path], plot: bool = True) -> SuiteResult:
         return compare_grpo(baseline=version.get(TRACKER_FILE, suite_dir / "baseline.jsonl"),
                             current=suite_dir / "tracker.jsonl",
                             checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
                             wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,
                             thresholds=data_file(spec.data), suite=spec.name, expected_steps=spec.expected_steps,
-                            wall_time_budget_s=spec.wall_time_budget_s)
+                            wall_time_budget_s=spec.wall_time_budget_s, plot=plot)
 
     def cli_args(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--baseline", required=True, help="baseline tracker.jsonl")

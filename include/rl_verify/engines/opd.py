@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rl_verify.core.confirm import Point as ConfirmPoint
-from rl_verify.core.confirm import Layout, RunPoints, Spread, sigma_from_max_dev
+from rl_verify.core.confirm import Layout, RunPoints, Spread, max_dev_df, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import (Certain, LiveCheck, LiveResult, Status, WAITING, BREACHED, WARNING, WITHIN,
                                  compact_tracker, compared_points, near_bound, tracker_from_text, wall_time_breach)
@@ -434,13 +434,13 @@ class OpdEngine(Engine):
         return out
 
     def compare_archived(self, spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any],
-                         node_name: str | None, version: Mapping[str, Path]) -> SuiteResult:
+                         node_name: str | None, version: Mapping[str, Path], plot: bool = True) -> SuiteResult:
         baseline = suite_dir / "baseline.jsonl"
         missing = meta.get("reference_baseline_missing")
         return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
                            golden=version.get(self.baseline_file, data_file(spec.data)),
                            baseline=baseline if baseline.exists() else None, suite=spec.name,
-                           eval_points=list(spec.eval_points),
+                           eval_points=list(spec.eval_points), plot=plot,
                            missing_reference=missing_reference_hint(spec, missing, node_name) if missing else None)
 
     def cli_args(self, parser: argparse.ArgumentParser) -> None:
@@ -566,9 +566,10 @@ class OpdEngine(Engine):
         if not measured:
             return None
         sigma = {m: sigma_from_max_dev(dev, int(runs), points) for m, (dev, points) in measured.items()}
+        df = {m: max_dev_df(int(runs), points) for m, (_, points) in measured.items()}
         kind = "calibration" if stats.get("metrics") else "shipped"
         return Spread(sigma, int(runs), f"{kind} baseline: measured max run-to-run deviation over N={runs} runs "
-                                         "(sigma = max deviation / its expected value under normal noise)")
+                                         "(sigma = max deviation / its expected value under normal noise)", df)
 
     def shipped(self, spec: SuiteSpec) -> tuple[Provenance, dict[str, bytes]]:
         raw = data_file(spec.data).read_bytes()

@@ -114,6 +114,8 @@ class SuiteSummary(TypedDict):
     outcome_reason: NotRequired[str]
     #: An infrastructure FAIL's first finding (what ended the run, with its fix when known).
     cause: NotRequired[str]
+    #: The drift alarm of the spread its outcome was decided with (``core.spread``): information, not a FAIL.
+    drift: NotRequired[list[str]]
 
 
 class ReportSummary(TypedDict):

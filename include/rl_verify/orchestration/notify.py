@@ -44,6 +44,7 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
     report = _ui(links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     confirmed = [f"{s['suite']} {s['outcome']} over {s['runs']} runs: {s.get('outcome_reason', '')}"
                  for s in summary.get("suites") or [] if s.get("runs", 1) > 1]
+    confirmed += _drift_lines(summary)
     if summary["verdict"] in ("PASS", "INCONCLUSIVE"):
         suites = ", ".join(s["suite"] for s in summary.get("suites") or [])
         head = (f"Every suite of {suites} passes." if summary["verdict"] == "PASS" else
@@ -59,6 +60,12 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
     lines += _gpu_lines(summary)
     lines.append(f"Report: {report}")
     return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def _drift_lines(summary: dict[str, Any]) -> list[str]:
+    """"Drift alarm (opd, information, not a FAIL): ..." per metric whose learned spread left its prior's range."""
+    return [f"Drift alarm ({s['suite']}, information, not a FAIL): {alarm}" for s in summary.get("suites") or []
+            for alarm in s.get("drift") or []]
 
 
 def _gpu_lines(summary: dict[str, Any]) -> list[str]:
@@ -116,7 +123,7 @@ def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSu
             "outcome": (outcome or {}).get("outcome") or result.verdict,
             "runs": len((outcome or {}).get("runs") or []) or 1,
             "outcome_reason": (outcome or {}).get("reason", ""),
-            "cause": _cause(result)}
+            "cause": _cause(result), "drift": list(((outcome or {}).get("spread") or {}).get("drift") or [])}
 
 
 def _cause(result: Any) -> str:

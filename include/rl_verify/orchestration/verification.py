@@ -29,7 +29,7 @@ from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, links, notify
+from rl_verify.orchestration import airflow_api, links, notify, spread_history
 from rl_verify.orchestration.notify import suite_line, suite_summary, verdict_message
 from rl_verify.orchestration.contract import (Card, Decision, Fetched, NodeFolders, Prerequisites, ReportSummary,
                                               Resolved)
@@ -359,23 +359,34 @@ def _spread(run_dir: Path, suite: str) -> confirm.Spread | None:
     return engine_of(spec).spread(spec, version)
 
 
-def _decision(run_dir: Path, suite: str, budget: int) -> tuple[confirm.Decision, int]:
-    """The rule's decision over the suite's runs in the record so far, and how many repeats it saw."""
-    first = _run_points(run_dir, suite, 0)
-    if first is None:
-        return confirm.Decision(confirm.FAIL, "the first run reached no comparison (see its tasks)"), 0
-    repeats = []
-    for attempt in range(1, settings.MAX_REPEATS + 1):
+def _runs(run_dir: Path, suite: str) -> list[confirm.RunPoints]:
+    """The suite's runs that reached their comparison, in order, up to the first that did not."""
+    runs = []
+    for attempt in range(settings.MAX_REPEATS + 1):
         points = _run_points(run_dir, suite, attempt)
         if points is None:
             break
-        repeats.append(points)
-    return confirm.decide(first, repeats, _spread(run_dir, suite), confirm.Rule(budget=budget), budget), len(repeats)
+        runs.append(points)
+    return runs
 
 
-def _stop_early(run_dir: Path, suite: str) -> dict[str, list[float]]:
-    first = _run_points(run_dir, suite, 0)
-    return confirm.stop_early(first, _spread(run_dir, suite)) if first is not None else {}
+def _learned_spread(run_dir: Path, suite: str, dag_run_id: str,
+                    repeats: list[confirm.RunPoints]) -> confirm.Spread | None:
+    """The spread the rule decides with: the version's, learned from the repeats and the spread history."""
+    resolved = record.read_json(run_dir / "commit.json") or {}
+    return spread_history.learned(_spread(run_dir, suite), load_suite(suite), resolved, dag_run_id, repeats)
+
+
+def _decision(run_dir: Path, suite: str, budget: int,
+              dag_run_id: str) -> tuple[confirm.Decision, int, confirm.Spread | None]:
+    """The rule's decision over the suite's runs in the record so far, how many repeats it saw, and the spread
+    it decided with."""
+    runs = _runs(run_dir, suite)
+    if not runs:
+        return confirm.Decision(confirm.FAIL, "the first run reached no comparison (see its tasks)"), 0, None
+    first, repeats = runs[0], runs[1:]
+    learned = _learned_spread(run_dir, suite, dag_run_id, repeats)
+    return confirm.decide(first, repeats, learned, confirm.Rule(budget=budget), budget), len(repeats), learned
 
 
 def _confirm_parts(suite: str) -> list[str]:
@@ -399,14 +410,14 @@ def repeat_gate(suite: str, attempt: int, dag_run_id: str) -> bool:
             log.info("No repeat %d of %s: this probe was stopped by bisection %s (%s)", attempt, suite,
                      stopped.get("bisection"), stopped.get("why"))
             return False
-        decision, seen = _decision(run_dir, suite, budget)
+        decision, seen, learned = _decision(run_dir, suite, budget, dag_run_id)
         if seen != attempt - 1:
             log.info("No repeat %d of %s: run %d has no comparison (see its tasks)", attempt, suite, attempt)
             return False
         if decision.outcome is not None:
             log.info("No repeat %d of %s: %s (%s)", attempt, suite, decision.outcome, decision.reason)
             return False
-        stop = _stop_early(run_dir, suite)
+        stop = confirm.stop_early(_run_points(run_dir, suite, 0), learned)
         record.write_json(run_dir / settings.attempt_name(suite, attempt) / settings.STOP_EARLY_FILE, stop)
         log.warning("%s: repeat %d of %d at the same commit with a new seed: %s. It stops early only on a "
                     "certain FAIL that decides the outcome: %s", suite, attempt, budget, decision.reason,
@@ -425,15 +436,19 @@ def confirm_outcome(suite: str, dag_run_id: str) -> dict[str, Any]:
         if suite not in (resolved.get("suites") or []):
             raise AirflowSkipException(f"suite {suite} not selected for this run")
         budget = int(resolved.get("repeats", 0))
-        decision, seen = _decision(run_dir, suite, budget)
+        decision, seen, learned = _decision(run_dir, suite, budget, dag_run_id)
         if decision.outcome is None:  # a repeat the rule asked for did not reach its comparison
             decision = confirm.Decision(confirm.FAIL, f"repeat {seen + 1} did not reach its comparison (see its "
                                         "tasks): an infrastructure failure", decision.evidence, decision.rule)
         runs = [_run_summary(run_dir, resolved, suite, k) for k in range(seen + 1)]
         outcome = {"suite": suite, "outcome": decision.outcome, "reason": decision.reason, "rule": decision.rule,
                    "evidence": decision.evidence, "budget": budget, "runs": runs,
-                   "estimates": _estimates(run_dir, suite, budget)}
+                   "spread": spread_history.describe(learned), "estimates": _estimates(run_dir, suite, budget)}
         record.write_json(run_dir / suite / OUTCOME_FILE, outcome)
+        spread_history.keep(suite, dag_run_id, spread_history.spread_key(load_suite(suite), resolved),
+                            decision.outcome, _runs(run_dir, suite))
+        for alarm in (learned.drift if learned is not None else ()):
+            log.warning("%s: drift alarm: %s", suite, alarm)
     log.info("%s: %s: %s", suite, decision.outcome, decision.reason)
     if decision.outcome in confirm.FAILING:
         raise AirflowFailException(f"{suite} {decision.outcome}: {decision.reason}")

@@ -452,6 +452,18 @@ def check_noise_mode(mode: str) -> str:
     return mode
 
 
+def check_spread_ratio(value: float) -> float:
+    """The node's true run-to-run spread over the spread the baselines and the rule assume (sim.json
+    ``"spread_ratio"``, default 1.0): every sigma of SIGMA, the run's noise and the baseline's own error
+    (its N runs were as noisy), is multiplied by it in the realistic modes. 1.25 is the issue-34 case: the
+    runbook's sigma, read from one max deviation over 3 runs, is one standard error low. Bounded mode
+    ignores it. Raise ValueError unless it is a finite number in (0, 10]."""
+    ratio = float(value)
+    if not (math.isfinite(ratio) and 0 < ratio <= 10):
+        raise ValueError(f"spread_ratio {value!r}: give a number in (0, 10] (1.0: the assumed spread)")
+    return ratio
+
+
 def _check_suite(suite: str) -> None:
     if suite not in SIGMA:
         raise ValueError(f"unknown suite {suite!r}: grpo or opd")
@@ -470,10 +482,11 @@ def design_means(suite: str, step: int) -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=512)
-def _truth(suite: str, steps: int, baseline_error_seed: str) -> tuple[tuple[tuple[str, float], ...], ...]:
+def _truth(suite: str, steps: int, baseline_error_seed: str,
+           spread_ratio: float = 1.0) -> tuple[tuple[tuple[str, float], ...], ...]:
     """The node's true healthy curve: the reference plus one draw of the baseline's own error per
-    (metric, step), sigma / sqrt(N) (normal: a mean of N runs). Drawn for every metric at every step
-    in a fixed order, so a longer run shares a shorter one's steps."""
+    (metric, step), spread_ratio x sigma / sqrt(N) (normal: a mean of N runs). Drawn for every metric at
+    every step in a fixed order, so a longer run shares a shorter one's steps."""
     rng = Noise(f"{suite}:truth:{baseline_error_seed}")
     root_n = math.sqrt(BASELINE_RUNS[suite])
     out = []
@@ -481,7 +494,7 @@ def _truth(suite: str, steps: int, baseline_error_seed: str) -> tuple[tuple[tupl
         means = design_means(suite, step)
         point = {}
         for key in _KEYS[suite]:
-            delta = SIGMA[suite][key] / root_n * rng.z("realistic")
+            delta = spread_ratio * SIGMA[suite][key] / root_n * rng.z("realistic")
             if key in means:
                 point[key] = (means[key] * (1.0 + delta) if key in RELATIVE_METRICS
                               else _physical(key, means[key] + delta))
@@ -490,7 +503,8 @@ def _truth(suite: str, steps: int, baseline_error_seed: str) -> tuple[tuple[tupl
 
 
 def true_means(suite: str, steps: int | None = None, mode: str = DEFAULT_NOISE,
-               baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED) -> list[dict[str, float]]:
+               baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED,
+               spread_ratio: float = 1.0) -> list[dict[str, float]]:
     """The healthy node's true mean of every metric, indexed by step (0..steps): the reference curve in
     bounded mode; in the realistic modes the reference offset by the baseline's own error, the same
     for every run of a node with this ``baseline_error_seed``. Regressions are not applied."""
@@ -499,7 +513,7 @@ def true_means(suite: str, steps: int | None = None, mode: str = DEFAULT_NOISE,
     steps = _DEFAULT_STEPS[suite] if steps is None else int(steps)
     if mode == "bounded":
         return [design_means(suite, s) for s in range(steps + 1)]
-    return [dict(point) for point in _truth(suite, steps, str(baseline_error_seed))]
+    return [dict(point) for point in _truth(suite, steps, str(baseline_error_seed), check_spread_ratio(spread_ratio))]
 
 
 def _minibatch_rows(step: int, noise: Noise) -> list[dict[str, float]]:
@@ -517,19 +531,19 @@ def _physical(key: str, value: float) -> float:
     return value
 
 
-def _noisy(suite: str, key: str, true: float, noise: Noise, mode: str) -> float:
+def _noisy(suite: str, key: str, true: float, noise: Noise, mode: str, spread_ratio: float = 1.0) -> float:
     """One run's value of a training metric around its true mean (relative or absolute sigma)."""
-    sigma = SIGMA[suite][key]
+    sigma = spread_ratio * SIGMA[suite][key]
     if key in RELATIVE_METRICS:
         return true * (1.0 + sigma * noise.z(mode))
     return _physical(key, true + sigma * noise.z(mode))
 
 
-def _noisy_eval(suite: str, key: str, true: float, noise: Noise, mode: str) -> float:
+def _noisy_eval(suite: str, key: str, true: float, noise: Noise, mode: str, spread_ratio: float = 1.0) -> float:
     """One run's eval accuracy: the model's accuracy (true mean + model-level noise), then the score
     of EVAL_TRIALS[key] answers at that accuracy (binomial, normal approximation: n p (1-p) > 400
     here). The model-level sigma makes the total equal SIGMA at the true mean."""
-    sigma, n = SIGMA[suite][key], EVAL_TRIALS[key]
+    sigma, n = spread_ratio * SIGMA[suite][key], EVAL_TRIALS[key]
     p = min(max(true, 0.0), 1.0)
     model_sd = math.sqrt(max(sigma * sigma - p * (1.0 - p) / n, 0.0))
     p_model = min(max(p + model_sd * noise.z(mode), 0.0), 1.0)
@@ -539,21 +553,21 @@ def _noisy_eval(suite: str, key: str, true: float, noise: Noise, mode: str) -> f
 
 
 def _realistic_row(suite: str, step: int, truth: dict[str, float], noise: Noise, mode: str,
-                   eval_step: bool) -> dict[str, float]:
+                   eval_step: bool, spread_ratio: float = 1.0) -> dict[str, float]:
     """A realistic step-summary row (eval keys merged on eval steps), before any regression."""
     row = {}
     for key in (grpo_mean(step) if suite == "grpo" else opd_mean(step)):
-        row[key] = _noisy(suite, key, truth[key], noise, mode)
+        row[key] = _noisy(suite, key, truth[key], noise, mode, spread_ratio)
     if eval_step:
         for key in _EVAL_KEYS[suite]:
-            row[key] = _noisy_eval(suite, key, truth[key], noise, mode)
+            row[key] = _noisy_eval(suite, key, truth[key], noise, mode, spread_ratio)
     return row
 
 
 def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: str = DEFAULT_NOISE, *,
              steps: int | None = None, eval_every: int | None = None,
              baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED, regression_scale: float = 1.0,
-             regression_from: int = 0) -> list[dict[str, float]]:
+             regression_from: int = 0, spread_ratio: float = 1.0) -> list[dict[str, float]]:
     """Every row the simulated trainer writes for one run, in order: the step-0 eval row, then per step
     its two mini-batch rows and its step-summary row (eval keys merged on eval steps).
 
@@ -564,8 +578,9 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     ``steps`` / ``eval_every`` default to the runbook's (GRPO 45 / 15, OPD 25 / 5);
     ``baseline_error_seed`` fixes the node's true curve in the realistic modes (ignored when bounded);
     ``regression_scale`` / ``regression_from``: the regression's size (x its kind's shifts) and the first
-    training step it shows at (:func:`regression_applier`; behaviour.json's ``scale`` / ``from_step``).
-    The noise draws never depend on the regression: the same seed gives the same noise on every commit.
+    training step it shows at (:func:`regression_applier`; behaviour.json's ``scale`` / ``from_step``);
+    ``spread_ratio``: the node's true run-to-run spread over the one the baselines assume (SIGMA), see
+    :func:`check_spread_ratio`. The noise draws never depend on the regression: the same seed gives the same noise on every commit.
     Bounded mode reproduces the rows of the earlier trainer exactly.
     """
     _check_suite(suite)
@@ -581,13 +596,14 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
             rows.append({"step": step, **summary_row(suite, step, noise, regression, eval_every, apply)})
         return rows
 
-    truth = true_means(suite, steps, mode, baseline_error_seed)
-    first = {"step": 0, **{k: _noisy_eval(suite, k, truth[0][k], noise, mode) for k in _EVAL_KEYS[suite]}}
+    truth = true_means(suite, steps, mode, baseline_error_seed, spread_ratio)
+    first = {"step": 0, **{k: _noisy_eval(suite, k, truth[0][k], noise, mode, spread_ratio)
+                           for k in _EVAL_KEYS[suite]}}
     apply(regression, 0, first)
     rows = [first]
     for step in range(1, steps + 1):
         rows += _minibatch_rows(step, noise)
-        row = _realistic_row(suite, step, truth[step], noise, mode, step % eval_every == 0)
+        row = _realistic_row(suite, step, truth[step], noise, mode, step % eval_every == 0, spread_ratio)
         apply(regression, step, row)
         if suite == "opd":
             # k1 loss mode: the opd_* aliases are numerically identical to the reduced_* metrics.
@@ -598,7 +614,8 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
 
 
 def baseline_rows(suite: str, mode: str = DEFAULT_NOISE, *, steps: int | None = None,
-                  baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED) -> list[dict[str, float]]:
+                  baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED,
+                  spread_ratio: float = 1.0) -> list[dict[str, float]]:
     """The rows of the node share's baseline tracker of ``suite``.
 
     GRPO: 45 step-summary rows, ``eval/accuracy`` only on the last (0.9007, the runbook's value).
@@ -614,12 +631,12 @@ def baseline_rows(suite: str, mode: str = DEFAULT_NOISE, *, steps: int | None = 
     steps = _DEFAULT_STEPS[suite] if steps is None else int(steps)
     if mode == "bounded":
         return _bounded_baseline_rows(suite, steps)
-    truth = true_means(suite, steps, mode, baseline_error_seed)
+    truth = true_means(suite, steps, mode, baseline_error_seed, spread_ratio)
     rng = Noise(f"{suite}:baseline:{baseline_error_seed}")
     root_n = math.sqrt(BASELINE_RUNS[suite])
 
     def mean_of_runs(key: str, step: int) -> float:
-        err = SIGMA[suite][key] / root_n * rng.z("realistic")  # always drawn: the order never shifts
+        err = spread_ratio * SIGMA[suite][key] / root_n * rng.z("realistic")  # always drawn: the order never shifts
         true = truth[step][key]
         return true * (1.0 + err) if key in RELATIVE_METRICS else _physical(key, true + err)
 

@@ -150,6 +150,8 @@ class Node:
         #: the launch like a bad config would.
         self.noise = curves.check_noise_mode(sim.get("noise", curves.DEFAULT_NOISE))
         self.baseline_error_seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
+        #: The node's true run-to-run spread over the assumed one (curves.check_spread_ratio): a noisier node.
+        self.spread_ratio = curves.check_spread_ratio(sim.get("spread_ratio", 1.0))
         #: What the share's baseline trackers were last written for (simulator/checkout.py).
         self.share_noise = _read_json(self.root / "state" / "baseline_noise.json", {}) if self.root else {}
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
@@ -253,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     rows = curves.run_rows(suite, seed, regression, node.noise, steps=total, eval_every=eval_every,
                            baseline_error_seed=node.baseline_error_seed,
                            regression_scale=float(behaviour.get("scale", 1.0)),
-                           regression_from=int(behaviour.get("from_step", 0)))
+                           regression_from=int(behaviour.get("from_step", 0)), spread_ratio=node.spread_ratio)
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
