@@ -5,6 +5,7 @@ feeds, the drift alarm, and the record store's history entries (a local store, t
 
 from __future__ import annotations
 
+import json
 import math
 from datetime import datetime, timedelta, timezone
 
@@ -180,3 +181,34 @@ def test_the_verification_learns_from_the_kept_history_of_its_own_key_only(store
     assert learned.sigma[KL] < 0.02  # neither the other node's nor the reproduced FAIL's 0.5
     said = spread_history.describe(learned)
     assert said["metrics"][KL]["df"] == 32.0 and said["sources"] == list(learned.sources)
+
+
+def test_the_calibration_proposal_shows_the_learned_spread_beside_its_own(store, tmp_path):
+    from rl_verify.orchestration import calibration
+    from rl_verify.store import baselines
+
+    baselines.import_shipped("opd")
+    current = {}
+    for name, data in baselines.version_files("opd", 1).items():
+        (tmp_path / name).write_bytes(data)
+        current[name] = tmp_path / name
+    provenance = json.loads(current[baselines.VERSION_FILE].read_text())
+    spec = load_suite("opd")
+    resolved = {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": "rl_gpu_node"}}
+    prior = engines.get("opd").spread(spec, provenance)
+    rng = np.random.default_rng(11)
+    noisy = [RunPoints("PASS", None, [Point(m, s, float(rng.normal(0, 3 * prior.sigma[m])), 0.0, False)
+                                      for m in prior.sigma for s in STEPS]) for _ in range(20)]
+    for i, run in enumerate(noisy):
+        spread_history.keep("opd", f"night-{i}", spread_history.spread_key(spec, resolved), "PASS", [run],
+                            now=datetime.now(timezone.utc) - timedelta(days=i + 1))
+    lines = calibration._spread_beside(spec, 1, current, 3, provenance["statistics"], ["rl_gpu_node", "other"],
+                                       "calibration-run")
+    table = [line for line in lines if line.startswith(f"| {KL} |")]
+    assert len(table) == 1
+    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    assert cells[1] == cells[2] == format(prior.sigma[KL], ".4g")  # these 3 runs are the shipped table's
+    assert cells[3].endswith("x)") and 2.0 < float(cells[3].split("(")[1].rstrip("x)")) < 3.2
+    assert cells[4] == f"{prior.sigma[KL]:.4g} (1.00x)"  # nothing learned on a node with no history
+    assert any(line.startswith("- drift on rl_gpu_node: ") for line in lines)
+    assert any("20 runs of 20 healthy verifications" in line for line in lines)

@@ -12,6 +12,7 @@ under ``calibration/``.
 
 from __future__ import annotations
 
+import json
 import logging
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -27,7 +28,7 @@ from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import links
+from rl_verify.orchestration import links, spread_history
 from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
                                            pool_problems, ssh_client, suite_node)
 from rl_verify.store import baselines, record
@@ -189,6 +190,8 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
                     f"{versions[suite]['label']}\n\n{proposal.markdown}\n"
                     f"Plot of the {len(trackers)} runs, their band and the current baseline: "
                     f"`{record.location(dag_run_id, dag_id=DAG_ID)}/{FOLDER}/{suite}/proposal/{png.name}`\n")
+            text += "\n".join(_spread_beside(spec, versions[suite]["version"], current_files, len(trackers),
+                                              proposal.statistics, plan_data.get("nodes") or [], dag_run_id))
             warnings = ["**Warnings**", ""] + [f"- {w}" for w in proposal.warnings] + [""] if proposal.warnings else []
             record.write_atomic(folder / "proposal.md", "\n".join([text, *warnings]))
             body += [text, _plot_markdown(suite, len(trackers), dag_run_id), "", *warnings]
@@ -204,6 +207,36 @@ def propose(trainings: list[dict[str, Any]], dag_run_id: str) -> dict[str, Any]:
     record.put_json(dag_run_id, f"{FOLDER}/proposal.json", {"sha": sha, "suites": summary}, dag_id=DAG_ID)
     log.info("Proposal:\n%s", markdown)
     return {"markdown": markdown, "sha": sha, "suites": summary}
+
+
+def _spread_beside(spec: Any, version: int, current_files: Mapping[str, Path], runs: int,
+                   statistics: Mapping[str, Any], nodes: list[str], dag_run_id: str) -> list[str]:
+    """Markdown: per metric, the run-to-run sigma of this calibration's runs beside the one the confirmation
+    rule has learned on each node from the current version's verifications (``core.spread``); [] for an
+    engine with no spread."""
+    engine = engine_of(spec)
+    provenance = current_files.get(baselines.VERSION_FILE)
+    prior = engine.spread(spec, json.loads(provenance.read_text()) if provenance else None)
+    own = engine.spread(spec, {"runs": runs, "statistics": statistics})
+    if prior is None or own is None:
+        return []
+    learned = {conn: spread_history.learned(prior, spec, {"baselines": {spec.name: {"version": version}},
+                                                          "suite_nodes": {spec.name: conn}}, dag_run_id, [])
+               for conn in nodes}
+    lines = ["", f"Run-to-run sigma: these {runs} runs beside what verifications learned against the current "
+                 "version (its prior pooled with their repeats and healthy history; the confirmation rule decides "
+                 "with it):", "",
+             "| metric | these runs | current version's prior | " + " | ".join(f"learned on {c}" for c in learned) + " |",
+             "|---|---|---|" + "---|" * len(learned)]
+    for metric in sorted(own.sigma):
+        cells = [f"{learned[c].sigma[metric]:.4g} ({learned[c].sigma[metric] / prior.sigma[metric]:.2f}x)"
+                 if metric in prior.sigma and prior.sigma[metric] else "-" for c in learned]
+        lines.append(f"| {metric} | {own.sigma[metric]:.4g} | "
+                     f"{format(prior.sigma[metric], '.4g') if metric in prior.sigma else '-'} | " + " | ".join(cells)
+                     + " |")
+    lines += [""] + [f"- learned on {c}: {'; '.join(s.sources)}" for c, s in learned.items()]
+    lines += [f"- drift on {c}: {alarm}" for c, s in learned.items() for alarm in s.drift] + [""]
+    return lines
 
 
 def _plot_markdown(suite: str, runs: int, dag_run_id: str) -> str:
