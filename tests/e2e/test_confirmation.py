@@ -1,6 +1,11 @@
 """A FAIL you can believe, through the whole DAG (real Airflow, the simulated node at realistic noise):
-a healthy run's noise FAIL is repeated and cleared, a regression is reproduced by a repeat aborted early,
-a NaN and a crash are never repeated, and the node is clean after each.
+a healthy run's noise FAIL is repeated and cleared with the spread learned from the node's healthy nights
+(issue 34: the report names its sources), a regression is reproduced by a repeat aborted early, a NaN and
+a crash are never repeated, a node made noisier raises the drift alarm, and the node is clean after each.
+
+The healthy nights are kept in the record store's spread history before the first test
+(``harness.nights``: the node's own runs judged by the engine, as a PASS night keeps them); the first
+test's verification adds its own entry, which later verifications read.
 
 The first run's seed is the node's (sim.json "seed"); each repeat's comes from the DAG run's id
 (``core.names.repeat_seed``), so a fixed run id makes the outcome reproducible: with the node's baseline
@@ -20,12 +25,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.nights import keep_nights
 from harness.rig import DAG_ID, Rig
+from rl_verify import settings
 from simulator import node as sim
 
 pytestmark = pytest.mark.e2e
 STEP_SECONDS = 0.05
 NOISE_SEED, BASELINE_ERROR_SEED, RUN_ID = "3", "46", "manual__noise-repeat"
+#: What the verification DAG keys its spread history by on this rig (baseline v1, the one node).
+RESOLVED = {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": "rl_gpu_node"}}
+HEALTHY_NIGHTS = 6
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +49,9 @@ def rig(tmp_path_factory):
     sim.set_noise(node, "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
     sim_json = Path(rig.node["root"]) / "sim.json"
     sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))  # where harness.nights keeps them
+        keep_nights("opd", RESOLVED, HEALTHY_NIGHTS, BASELINE_ERROR_SEED)
     try:
         yield rig
     finally:
@@ -92,7 +105,15 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     evidence = {e["metric"]: e for e in outcome["evidence"]}
     breached_first = [m for m, e in evidence.items() if e["breached_first"]]
     assert len(evidence) == 6 and breached_first == ["response/response_len/mean"]
-    assert all(abs(e["z"]) < 2.63 and e["points_seen"] >= 5 for e in evidence.values()), evidence
+    assert all(abs(e["z"]) < e["z_clear"] and e["points_seen"] >= 5 for e in evidence.values()), evidence
+    # It decided with the spread learned from the node's healthy nights and its own repeat, and says so.
+    learned = outcome["spread"]
+    assert learned["sources"][0].startswith("prior: shipped baseline") and learned["drift"] == []
+    assert learned["sources"][-1] == (f"{HEALTHY_NIGHTS} runs of {HEALTHY_NIGHTS} healthy verifications over "
+                                      f"{HEALTHY_NIGHTS} days (df 25-30 by metric)"), learned["sources"]
+    assert all(e["df"] == learned["metrics"][m]["df"] > 30 for m, e in evidence.items()), evidence
+    md = (Path(out.summary["record"]) / "report.md").read_text()
+    assert f"{HEALTHY_NIGHTS} runs of {HEALTHY_NIGHTS} healthy verifications" in md and "Drift alarm" not in md
     assert outcome["estimates"]["metrics"]["distillation/reduced_distillation_kl"]["healthy_breach"] > 0
     # Both runs' reports are reachable from the run's report view, each with its own runbook verdict.
     main = _get(rig, f"/rl-verify/dags/{DAG_ID}/runs/{RUN_ID}/report")
@@ -143,4 +164,30 @@ def test_a_nan_and_a_crash_are_never_repeated(rig, node_state, kind, extra, said
     outcome = _outcome(_report(out))
     assert outcome["outcome"] == "FAIL" and "not repeated" in outcome["reason"] and said in outcome["reason"]
     assert len(outcome["runs"]) == 1
+    _assert_node_clean(node_state)
+
+
+def test_a_node_made_noisier_raises_the_drift_alarm_in_the_report(rig, node_state):
+    """The node's true spread 4x the assumed one (the simulator's spread_ratio), its recent healthy nights as
+    noisy: the learned spread leaves the prior's plausible range for every metric. Information, not a FAIL: the
+    run's outcome is whatever its own run says (one run: repeats 0)."""
+    history = Path(rig.record_root) / settings.SPREAD_HISTORY_FOLDER / "opd"
+    assert any(RUN_ID in p.name for p in history.iterdir())  # the first test's verification kept its runs
+    for entry in history.iterdir():  # only the noisy node's nights
+        entry.unlink()
+    sim.set_noise(node_state, "realistic", baseline_error_seed=BASELINE_ERROR_SEED, spread_ratio=4.0)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))
+            keep_nights("opd", RESOLVED, 10, BASELINE_ERROR_SEED, spread_ratio=4.0, tag="noisy")
+        out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node", "repeats": 0})
+    finally:
+        sim.set_noise(node_state, "realistic", baseline_error_seed=BASELINE_ERROR_SEED, spread_ratio=1.0)
+    learned = _outcome(_report(out))["spread"]
+    assert len(learned["drift"]) >= 4, learned  # of six metrics
+    assert all("noisier" in alarm for alarm in learned["drift"]), learned["drift"]
+    assert all(3.0 < m["moved"] < 5.0 for m in learned["metrics"].values()), learned["metrics"]
+    record = Path(out.summary["record"])
+    assert "Drift alarm (information, not a FAIL): " in (record / "report.md").read_text()
+    assert "Drift alarm (information, not a FAIL): " in (record / "report.html").read_text()
     _assert_node_clean(node_state)

@@ -7,6 +7,8 @@ outside a task context too).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import os
 from pathlib import Path
@@ -268,3 +270,22 @@ def test_the_verdict_message_names_class_breach_next_step_and_report_link(monkey
     assert body.splitlines() == ["grpo mismatch/mismatch_k3_kl breached at steps 1-45 (accuracy)",
                                  "Next step: check the train/inference mismatch first",
                                  "Report: http://ui/dags/rl_accuracy_verification/runs/manual__1/plugin/verification-report"]
+
+
+def test_the_verdict_message_carries_the_drift_alarm_as_information_on_a_pass_and_a_fail(monkeypatch):
+    from rl_verify.orchestration import links
+    from rl_verify.orchestration import notify
+
+    monkeypatch.setattr(links, "ui_base_url", lambda: "http://ui")
+    alarm = "eval/gsm8k/acc: the runs' spread is 3.10x the prior's (noisier; ...)"
+    suite = {"suite": "opd", "verdict": "PASS", "failure_class": None, "missing": [], "breached": [], "drift": [alarm]}
+    _, body = notify.verdict({"verdict": "PASS", "suites": [suite]}, "main (abc)", "manual__1", None)
+    assert f"Drift alarm (opd, information, not a FAIL): {alarm}" in body.splitlines()
+    failing = {**suite, "verdict": "FAIL", "failure_class": "accuracy",
+               "breached": [{"metric": "eval/gsm8k/acc", "first_breach_step": 5, "steps": "5"}]}
+    _, body = notify.verdict({"verdict": "FAIL", "failure_classes": ["accuracy"], "suites": [failing]}, "main (abc)",
+                             "manual__1", None)
+    assert f"Drift alarm (opd, information, not a FAIL): {alarm}" in body.splitlines()
+    assert notify.suite_summary(SimpleNamespace(suite="opd", verdict="PASS", failure_class=None, checks=[],
+                                                abnormal=[]),
+                                {"outcome": "PASS", "spread": {"drift": [alarm]}})["drift"] == [alarm]

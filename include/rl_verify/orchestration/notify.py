@@ -44,20 +44,19 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
     report = _ui(links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     confirmed = [f"{s['suite']} {s['outcome']} over {s['runs']} runs: {s.get('outcome_reason', '')}"
                  for s in summary.get("suites") or [] if s.get("runs", 1) > 1]
-    confirmed += _drift_lines(summary)
     if summary["verdict"] in ("PASS", "INCONCLUSIVE"):
         suites = ", ".join(s["suite"] for s in summary.get("suites") or [])
         head = (f"Every suite of {suites} passes." if summary["verdict"] == "PASS" else
                 "At least one suite is INCONCLUSIVE: its FAIL was neither reproduced nor cleared within the budget.")
         return (f"rl-verify {summary['verdict']}: {commit}",
-                "\n".join([head, *confirmed, *_gpu_lines(summary), f"Report: {report}"]))
+                "\n".join([head, *confirmed, *_drift_lines(summary), *_gpu_lines(summary), f"Report: {report}"]))
     classes = " + ".join(summary.get("failure_classes") or ["unknown"])
     lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
              if s.get("outcome", s["verdict"]) in ("FAIL", "FAIL (reproduced)")]
     lines += [c for c in confirmed if "FAIL" not in c.split(":")[0]]  # suites whose FAIL was noise
     if next_step:
         lines.append(f"Next step: {next_step}")
-    lines += _gpu_lines(summary)
+    lines += _drift_lines(summary) + _gpu_lines(summary)
     lines.append(f"Report: {report}")
     return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
 
