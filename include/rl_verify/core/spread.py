@@ -122,11 +122,12 @@ def select(pasts: Iterable[Past], key: Mapping[str, Any], now: datetime, max_age
     return kept, skipped
 
 
-def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past], drift_p: float = 0.01) -> Spread:
+def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past] = (),
+          drift_p: float | None = 0.01) -> Spread:
     """``prior`` (its ``df``: the degrees of freedom of each metric's sigma; none: exact) combined with the
     repeats' and the history's squared deviations (module docstring): the pooled sigma per metric of the prior,
     its degrees of freedom, its sources in words, and the drift alarm. With no data for a metric its prior
-    stands, on the prior's degrees of freedom."""
+    stands, on the prior's degrees of freedom. ``drift_p`` None: no drift test (simulations)."""
     prior_df = prior.df
     from_repeats = squares(repeats)
     from_history = squares([run for past in history for run in past.runs])
@@ -148,7 +149,7 @@ def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past], 
         sources.append(f"{_count(from_history.runs, 'run')} of {_count(len(history), 'healthy verification')} over "
                        f"{_count(nights, 'day')} (df {_df_text(from_history.df)})")
     return replace(prior, sigma=sigma, df=df, sources=tuple(sources), prior_sigma=dict(prior.sigma),
-                   drift=tuple(drift(prior, prior_df, data, drift_p)))
+                   drift=tuple(drift(prior, prior_df, data, drift_p)) if drift_p is not None else ())
 
 
 def drift(prior: Spread, prior_df: Mapping[str, float], data: Squares, p: float = 0.01) -> list[str]:

@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import engines, settings
 from rl_verify.core import confirm, launch, numbers
+from rl_verify.core import spread as core_spread
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
 from rl_verify.core.model import SuiteResult
@@ -481,7 +482,7 @@ def _estimates(run_dir: Path, suite: str, budget: int) -> dict[str, Any]:
     # Seeded simulations of the same inputs give the same figures: computed once per baseline spread, judged
     # points and budget (tens of seconds on a busy core), kept in the record store for every later run.
     key = {"code": _confirm_code(), "thresholds": layout.thresholds, "steps": layout.steps, "sigma": spread.sigma,
-           "runs": spread.runs, "source": spread.source, "budget": budget}
+           "df": spread.df, "runs": spread.runs, "source": spread.source, "budget": budget}
     return record.cached_json("estimates", key, lambda: estimate(layout, spread, budget))
 
 
@@ -489,7 +490,7 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
     """The figures of ``_estimates`` for one layout of judged points, spread and repeat budget (its source is
     part of their cache key: ``_confirm_code``)."""
     rule = confirm.Rule(budget=budget)
-    healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1)
+    healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1, learn=_learn_from_repeats)
     metrics = {}
     for metric in layout.thresholds:
         if metric in spread.sigma:
@@ -498,7 +499,8 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
                 "threshold": layout.thresholds[metric],
                 "healthy_breach": confirm.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
                                                               len(layout.steps[metric]), spread.runs),
-                "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300)}
+                "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300,
+                                                                         learn=_learn_from_repeats)}
     return {"spread": spread.source, "runs_in_baseline": spread.runs, "metrics": metrics,
             "single_run_false_alarm": 1 - healthy[confirm.PASS],
             "false_alarm": healthy[confirm.REPRODUCED] + healthy[confirm.FAIL],
@@ -507,14 +509,21 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
                          "once per verification)"}
 
 
+def _learn_from_repeats(prior: confirm.Spread, repeats: list[confirm.RunPoints]) -> confirm.Spread:
+    """The spread a verification with no history decides with (the estimates' case: they hold for any night)."""
+    return core_spread.learn(prior, repeats, (), None)
+
+
 @functools.cache
 def _confirm_code() -> str:
     """The code's own version in the estimates' cache key: a change to the rule, the simulation
-    (``core/confirm.py``) or what ``estimate`` asks of it (samples, seeds) computes them again."""
+    (``core/confirm.py``), the pooling (``core/spread.py``) or what ``estimate`` asks of it (samples, seeds)
+    computes them again."""
     import hashlib
     import inspect
 
-    return hashlib.sha256(Path(confirm.__file__).read_bytes() + inspect.getsource(estimate).encode()).hexdigest()
+    return hashlib.sha256(Path(confirm.__file__).read_bytes() + Path(core_spread.__file__).read_bytes()
+                          + inspect.getsource(estimate).encode()).hexdigest()
 
 
 def fetch_findings(meta: Mapping[str, Any]) -> list[str]:
