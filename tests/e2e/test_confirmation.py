@@ -186,7 +186,8 @@ def test_a_node_made_noisier_raises_the_drift_alarm_in_the_report(rig, node_stat
     learned = _outcome(_report(out))["spread"]
     assert len(learned["drift"]) >= 4, learned  # of six metrics
     assert all("noisier" in alarm for alarm in learned["drift"]), learned["drift"]
-    assert all(3.0 < m["moved"] < 5.0 for m in learned["metrics"].values()), learned["metrics"]
+    # Pooled with the prior (8 df) and the nights (~50 df): ~3.7x for most; rewards, clamped to [0, 1], less.
+    assert all(2.0 < m["moved"] < 5.0 for m in learned["metrics"].values()), learned["metrics"]
     record = Path(out.summary["record"])
     assert "Drift alarm (information, not a FAIL): " in (record / "report.md").read_text()
     assert "Drift alarm (information, not a FAIL): " in (record / "report.html").read_text()
