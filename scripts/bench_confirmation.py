@@ -30,11 +30,12 @@ import re
 import tempfile
 import time
 from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 from multiprocessing import Pool
 from pathlib import Path
 from typing import Any, Callable
 
-from rl_verify.core import confirm
+from rl_verify.core import confirm, spread
 from rl_verify.core.live import aborted_result, confirming
 from rl_verify.core.tracker import TrackerFeed
 from rl_verify.engines import engine_of, load_suite
@@ -98,41 +99,47 @@ def _scenario(suite: str, name: str) -> tuple[str, Any, Any]:
 
 def _seeds(verification: int | tuple[str, str], attempt: int) -> tuple[str, str]:
     """(the run's seed, the baseline error's seed) of one run. A verification is an int (its own baseline
-    error draw) or ``(baseline, probe)``: verifications of one bisection share their node's baseline error."""
+    error draw), ``("night", i, n)``: the n-th healthy night before verification i on its node (its baseline
+    error), or ``(baseline, probe)``: verifications of one bisection share their node's baseline error."""
+    if isinstance(verification, (tuple, list)) and len(verification) == 3:
+        _, index, night = verification
+        return f"bench-{index}-night{night}-{attempt}", f"bench-{index}"
     if isinstance(verification, (tuple, list)):
         base, probe = verification
         return f"bisect-{base}-{probe}-{attempt}", f"bisect-{base}"
     return f"bench-{verification}-{attempt}", f"bench-{verification}"
 
 
-def _rows(suite: str, regression: Any, shift: Any, verification: Any, attempt: int, mode: str) -> list[dict]:
+def _rows(suite: str, regression: Any, shift: Any, verification: Any, attempt: int, mode: str,
+          ratio: float = 1.0) -> list[dict]:
     seed, error_seed = _seeds(verification, attempt)
     kind, shape = regression, {}
     if isinstance(regression, tuple):
         kind, scale, from_step = regression
         shape = {"regression_scale": scale, "regression_from": from_step}
     rows = CURVES.run_rows(suite, seed, kind, mode, eval_every=EVAL_EVERY[suite], baseline_error_seed=error_seed,
-                           **shape)
+                           spread_ratio=ratio, **shape)
     rows = [r for r in rows if r["step"] == 0 or "response/rewards/mean" in r]  # mini-batch rows: never read
     return shift(rows) if shift else rows
 
 
-def _baseline(suite: str, verification: Any, mode: str) -> bytes:
-    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=_seeds(verification, 0)[1])
+def _baseline(suite: str, verification: Any, mode: str, ratio: float = 1.0) -> bytes:
+    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=_seeds(verification, 0)[1], spread_ratio=ratio)
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def _evaluate(args: tuple[str, int, int, str, str, dict[str, int] | None]) -> tuple[tuple, dict]:
+def _evaluate(args: tuple) -> tuple[tuple, dict]:
     """One run of one verification, through the engine: (key, its RunPoints as a dict + the abort step).
 
     ``confirms`` (a repeat: the first run's breached metrics and directions): as in the DAG's repeats, only a
     certain FAIL of one of them stops the run early (``core.live.confirming``)."""
-    suite, index, attempt, scenario, mode, confirms = args
+    suite, index, attempt, scenario, mode, confirms, *rest = args
+    ratio = rest[0] if rest else 1.0  # the node's true spread over the assumed one (curves.check_spread_ratio)
     name, regression, shift = _scenario(suite, scenario)
     spec = load_suite(suite)
     engine = engine_of(spec)
-    rows = _rows(suite, regression, shift, index, attempt, mode)
-    baseline = _baseline(suite, index, mode)
+    rows = _rows(suite, regression, shift, index, attempt, mode, ratio)
+    baseline = _baseline(suite, index, mode, ratio)
     live = engine.live(spec, baseline, None)
     feed, elapsed, abort = TrackerFeed("tracker.jsonl"), 0.0, None
     for i, row in enumerate(rows):
@@ -175,38 +182,67 @@ class Runs:
     def __init__(self, mode: str, workers: int) -> None:
         self.mode, self.pool, self.cache = mode, Pool(workers), {}
 
-    def get(self, keys: list[tuple[str, int, int, str, str]]) -> None:
-        """Evaluate the runs ``(suite, verification, attempt, scenario, stop)`` not yet kept; ``stop`` is the
-        repeat's ``core.confirm.stop_early`` as JSON ("" for a first run)."""
+    def get(self, keys: list[tuple]) -> None:
+        """Evaluate the runs ``(suite, verification, attempt, scenario, stop[, ratio])`` not yet kept; ``stop`` is
+        the repeat's ``core.confirm.stop_early`` as JSON ("" for a first run), ``ratio`` the node's true spread over
+        the assumed one (default 1.0)."""
         todo = [k for k in dict.fromkeys(keys) if k not in self.cache]
-        args = [(*k[:4], self.mode, json.loads(k[4]) if k[4] else None) for k in todo]
+        args = [(*k[:4], self.mode, json.loads(k[4]) if k[4] else None, *k[5:]) for k in todo]
         for (key, value), k in zip(self.pool.imap(_evaluate, args, chunksize=4), todo):
             self.cache[k] = value
 
 
+#: The spread key every simulated night of a bench node shares (``orchestration.spread_history.spread_key``).
+BENCH_KEY = {"bench": True}
+
+
+def history(runs: Runs, suite: str, indices: list[int], nights: int, ratio: float) -> dict[int, list[spread.Past]]:
+    """Per verification: ``nights`` healthy nights on its node before it (its baseline error, the same true
+    spread), one run each, each through the engine like any first run, as the spread history would hold them."""
+    if not nights:
+        return {i: [] for i in indices}
+    keys = {(i, n): (suite, ("night", i, n), 0, "healthy", "", ratio) for i in indices for n in range(nights)}
+    runs.get(list(keys.values()))
+    today = datetime(2026, 12, 4, tzinfo=timezone.utc)
+    return {i: [spread.Past(f"night-{n}", BENCH_KEY, confirm.PASS, today - timedelta(days=nights - n),
+                            (_points(runs.cache[keys[(i, n)]]),)) for n in range(nights)] for i in indices}
+
+
 def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: confirm.Rule,
-               spreads: dict[str, confirm.Spread | None]) -> dict[tuple[str, Any, str], tuple[str, list[tuple]]]:
+               spreads: dict[str, confirm.Spread | None], ratio: float = 1.0,
+               pasts: dict[Any, list[spread.Past]] | None = None,
+               learn: bool = False) -> dict[tuple[str, Any, str], tuple[str, list[tuple]]]:
     """Verifications ``(suite, verification, scenario)`` decided by ``core.confirm`` as the DAG does: the first
     run, then repeats (each stopped early only as ``confirm.stop_early`` allows) until ``confirm.decide`` gives an
-    outcome. Returns, per verification, its outcome and the cache keys of its runs (first run first), evaluated
-    together in the pool, one attempt at a time."""
+    outcome. With ``learn``, every decision and stop uses the spread the DAG would: the version's, learned from
+    the repeats so far and ``pasts[verification]`` (``core.spread.learn``). Returns, per verification, its outcome
+    and the cache keys of its runs (first run first), evaluated together in the pool, one attempt at a time."""
     alive = list(dict.fromkeys(verifications))
     keys_of: dict[tuple, list[tuple]] = {v: [] for v in alive}
     outcomes: dict[tuple, str] = {}
-    runs.get([(suite, i, 0, scenario, "") for suite, i, scenario in alive])
-    firsts = {v: _points(runs.cache[(v[0], v[1], 0, v[2], "")]) for v in alive}
-    stops = {v: json.dumps(confirm.stop_early(firsts[v], spreads[v[0]], rule), sort_keys=True) for v in alive}
+    tail = (ratio,) if ratio != 1.0 else ()
+    runs.get([(suite, i, 0, scenario, "", *tail) for suite, i, scenario in alive])
+    firsts = {v: _points(runs.cache[(v[0], v[1], 0, v[2], "", *tail)]) for v in alive}
     repeats: dict[tuple, list[confirm.RunPoints]] = {v: [] for v in alive}
+
+    def spread_of(v: tuple) -> confirm.Spread | None:
+        prior = spreads[v[0]]
+        if not learn or prior is None:
+            return prior
+        return spread.learn(prior, repeats[v], (pasts or {}).get(v[1], []))
+
     attempt = 0
     while alive:
-        keys = {v: (v[0], v[1], attempt, v[2], stops[v] if attempt else "") for v in alive}
+        keys = {v: (v[0], v[1], attempt, v[2],
+                    json.dumps(confirm.stop_early(firsts[v], spread_of(v), rule), sort_keys=True) if attempt else "",
+                    *tail) for v in alive}
         runs.get(list(keys.values()))
         still = []
         for v in alive:
             keys_of[v].append(keys[v])
             if attempt:
                 repeats[v].append(_points(runs.cache[keys[v]]))
-            decision = confirm.decide(firsts[v], repeats[v], spreads[v[0]], rule)
+            decision = confirm.decide(firsts[v], repeats[v], spread_of(v), rule)
             if decision.outcome is None:
                 still.append(v)
             else:
@@ -216,9 +252,14 @@ def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: conf
 
 
 def verify(runs: Runs, suite: str, scenario: str, count: int, rule: confirm.Rule,
-           spread: confirm.Spread | None) -> dict[str, float]:
-    """``count`` verifications of one scenario under ``rule``: outcome rates and mean runs."""
-    decided = decide_all(runs, [(suite, i, scenario) for i in range(count)], rule, {suite: spread})
+           spread_: confirm.Spread | None, ratio: float = 1.0, nights: int | None = None) -> dict[str, float]:
+    """``count`` verifications of one scenario under ``rule``: outcome rates and mean runs. ``nights`` None: the
+    rule as before issue 34 (the version's spread taken as exact); 0: learned from the repeats alone (cold);
+    n: and from n healthy nights of history on the same node."""
+    indices = list(range(count))
+    pasts = history(runs, suite, indices, nights or 0, ratio) if nights and spread_ is not None else {}
+    decided = decide_all(runs, [(suite, i, scenario) for i in indices], rule, {suite: spread_}, ratio, pasts,
+                         learn=nights is not None)
     outcomes = {v[1]: outcome for v, (outcome, _) in decided.items()}
     repeats = {v[1]: keys[1:] for v, (_, keys) in decided.items()}
     firsts = {v[1]: _points(runs.cache[keys[0]]) for v, (_, keys) in decided.items()}
@@ -243,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--regressed", type=int, default=100, help="verifications per regression")
     parser.add_argument("--mode", default="realistic", help="the simulator's noise mode (realistic, realistic-t)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--ratios", default="0.8,1.0,1.25,1.5",
+                        help="true/assumed spreads to measure healthy verifications at (comma-separated)")
+    parser.add_argument("--nights", type=int, default=20, help="healthy nights of spread history (issue 34)")
     parser.add_argument("--suites", default=",".join(SCENARIOS),
                         help=f"comma-separated suites to measure (default: all, {','.join(SCENARIOS)}); the "
                              "trade-off table needs opd")
@@ -260,20 +304,40 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_suite(suite)
         provenance, _ = engine_of(spec).shipped(spec)
         spreads[suite] = engine_of(spec).spread(spec, provenance.model_dump(mode="json"))
+    exact = {s: None if sp is None else replace(sp, df={}) for s, sp in spreads.items()}
+    ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
     print(f"Confirmation rule, {args.mode} noise (simulator), shipped baselines (v1); rule: {rule.describe()}.\n")
-    print("| suite | scenario | verifications | single-run FAIL | final FAIL | INCONCLUSIVE | mean runs |")
+    print("Healthy verifications at a true run-to-run spread of ratio x the assumed one (the simulator's "
+          "spread_ratio: run noise and the baseline's own error alike). Rules: 'exact' = before issue 34 (the "
+          "version's sigma taken as exact, normal bounds); 'cold' = learned from the repeats alone (Student-t on the "
+          f"prior's df); '{args.nights} nights' = and from that many healthy nights on the same node.\n")
+    print("| suite | true/assumed spread | rule | verifications | single-run FAIL | final FAIL | INCONCLUSIVE | "
+          "mean runs |")
+    print("|---|---|---|---|---|---|---|---|")
+    for suite in suites:
+        for ratio in ratios:
+            for label, nights, sp in (("exact", None, exact[suite]), ("cold", 0, spreads[suite]),
+                                      (f"{args.nights} nights", args.nights, spreads[suite])):
+                if sp is None and nights is not None:
+                    label += " (= exact: no spread)"
+                r = verify(runs, suite, "healthy", args.healthy, rule, sp, ratio, nights)
+                print(f"| {suite} | {ratio:g} | {label} | {args.healthy} | {_ci(r['first_fail'], args.healthy)} | "
+                      f"{_ci(r['final_fail'], args.healthy)} | {r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
+    print(f"\nRegressions at a true spread of 1.0 (the assumed one): detection = a final FAIL.\n")
+    print("| suite | scenario | verifications | rule | detection | INCONCLUSIVE | mean runs |")
     print("|---|---|---|---|---|---|---|")
     for suite in suites:
-        for name, _, _ in SCENARIOS[suite]:
-            count = args.healthy if name == "healthy" else args.regressed
-            r = verify(runs, suite, name, count, rule, spreads[suite])
-            print(f"| {suite} | {name} | {count} | {_ci(r['first_fail'], count)} | {_ci(r['final_fail'], count)} | "
-                  f"{r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
+        for name, _, _ in SCENARIOS[suite][1:]:
+            for label, nights, sp in (("exact", None, exact[suite]), ("cold", 0, spreads[suite]),
+                                      (f"{args.nights} nights", args.nights, spreads[suite])):
+                r = verify(runs, suite, name, args.regressed, rule, sp, 1.0, nights)
+                print(f"| {suite} | {name} | {args.regressed} | {label} | {_ci(r['final_fail'], args.regressed)} | "
+                      f"{r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
     if "opd" not in suites:
         print(f"\n{len(runs.cache)} training runs evaluated in {time.monotonic() - t0:.0f} s")
         runs.pool.close()
         return 0
-    print("\nTrade-off (OPD; the same runs re-decided): final FAIL of healthy verifications, detection of the "
+    print(f"\nTrade-off (OPD, true spread 1.0, {args.nights} nights of history; the same runs re-decided): final FAIL of healthy verifications, detection of the "
           "marginal regressions, mean runs")
     print("| rule | healthy final FAIL | healthy mean runs | gsm8k -0.04 | distill_kl +0.04 | rewards drift |")
     print("|---|---|---|---|---|---|")
@@ -284,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("p_clear 0.01: PASS unless reproduced", replace(rule, p_clear=0.01))]
     marginal = [name for name, reg, shift in SCENARIOS["opd"] if shift is not None]
     for label, variant in variants:
-        healthy = verify(runs, "opd", "healthy", args.healthy, variant, spreads["opd"])
-        detect = [verify(runs, "opd", name, args.regressed, variant, spreads["opd"])["final_fail"] for name in marginal]
+        healthy = verify(runs, "opd", "healthy", args.healthy, variant, spreads["opd"], 1.0, args.nights)
+        detect = [verify(runs, "opd", name, args.regressed, variant, spreads["opd"], 1.0, args.nights)["final_fail"]
+                  for name in marginal]
         print(f"| {label} | {healthy['final_fail']:.1%} | {healthy['runs']:.2f} | "
               + " | ".join(f"{d:.1%}" for d in detect) + " |", flush=True)
     print(f"\n{len(runs.cache)} training runs evaluated in {time.monotonic() - t0:.0f} s")
