@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = verify(runs, suite, "healthy", args.healthy, rule, sp, ratio, nights)
                 print(f"| {suite} | {ratio:g} | {label} | {args.healthy} | {_ci(r['first_fail'], args.healthy)} | "
                       f"{_ci(r['final_fail'], args.healthy)} | {r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
-    print(f"\nRegressions at a true spread of 1.0 (the assumed one): detection = a final FAIL.\n")
+    print("\nRegressions at a true spread of 1.0 (the assumed one): detection = a final FAIL.\n")
     print("| suite | scenario | verifications | rule | detection | INCONCLUSIVE | mean runs |")
     print("|---|---|---|---|---|---|---|")
     for suite in suites:
@@ -337,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(runs.cache)} training runs evaluated in {time.monotonic() - t0:.0f} s")
         runs.pool.close()
         return 0
-    print(f"\nTrade-off (OPD, true spread 1.0, {args.nights} nights of history; the same runs re-decided): final FAIL of healthy verifications, detection of the "
+    print(f"\nTrade-off (OPD, true spread 1.0, {args.nights} nights of history; the same runs re-decided): final "
+          "FAIL of healthy verifications, detection of the "
           "marginal regressions, mean runs")
     print("| rule | healthy final FAIL | healthy mean runs | gsm8k -0.04 | distill_kl +0.04 | rewards drift |")
     print("|---|---|---|---|---|---|")

@@ -321,8 +321,8 @@ def spread_sentences(outcome: dict[str, Any]) -> list[str]:
                                            f"{', df ' + format(v['df'], 'g') if v.get('df') is not None else ''})"
                                            if v.get("moved") is not None else "")
         for m, v in (learned.get("metrics") or {}).items())
-    out.append(f"The spread that decided (run-to-run sigma per metric, pooled): {'; '.join(learned.get('sources') or [])}. "
-               f"Per metric: {per_metric}.")
+    sources = "; ".join(learned.get("sources") or [])
+    out.append(f"The spread that decided (run-to-run sigma per metric, pooled): {sources}. Per metric: {per_metric}.")
     return out
 
 

@@ -226,7 +226,8 @@ def _spread_beside(spec: Any, version: int, current_files: Mapping[str, Path], r
     lines = ["", f"Run-to-run sigma: these {runs} runs beside what verifications learned against the current "
                  "version (its prior pooled with their repeats and healthy history; the confirmation rule decides "
                  "with it):", "",
-             "| metric | these runs | current version's prior | " + " | ".join(f"learned on {c}" for c in learned) + " |",
+             "| metric | these runs | current version's prior | "
+             + " | ".join(f"learned on {c}" for c in learned) + " |",
              "|---|---|---|" + "---|" * len(learned)]
     for metric in sorted(own.sigma):
         cells = [f"{learned[c].sigma[metric]:.4g} ({learned[c].sigma[metric] / prior.sigma[metric]:.2f}x)"

@@ -580,7 +580,8 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     ``regression_scale`` / ``regression_from``: the regression's size (x its kind's shifts) and the first
     training step it shows at (:func:`regression_applier`; behaviour.json's ``scale`` / ``from_step``);
     ``spread_ratio``: the node's true run-to-run spread over the one the baselines assume (SIGMA), see
-    :func:`check_spread_ratio`. The noise draws never depend on the regression: the same seed gives the same noise on every commit.
+    :func:`check_spread_ratio`. The noise draws never depend on the regression: the same seed gives the same
+    noise on every commit.
     Bounded mode reproduces the rows of the earlier trainer exactly.
     """
     _check_suite(suite)
