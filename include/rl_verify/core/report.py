@@ -33,6 +33,7 @@ from typing import Any
 from rl_verify.core import numbers
 from rl_verify.core.files import write_atomic
 from rl_verify.core.model import FAIL, PASS, Check, SuiteResult, strict_json_value
+from rl_verify.core.spread import DRIFT_WORDS
 
 #: report.json's schema: 2 added each suite's ``outcome`` over its runs (README: "report.json").
 SCHEMA = 2
@@ -315,7 +316,7 @@ def spread_sentences(outcome: dict[str, Any]) -> list[str]:
     learned = outcome.get("spread") or {}
     if not learned:
         return []
-    out = [f"Drift alarm (information, not a FAIL): {alarm}." for alarm in learned.get("drift") or []]
+    out = [f"{DRIFT_WORDS}: {'; '.join(learned['drift'])}."] if learned.get("drift") else []
     per_metric = "; ".join(
         f"{m} {fmt_number(v['sigma'])}" + (f" ({v['moved']:.2f}x the prior's {fmt_number(v['prior_sigma'])}"
                                            f"{', df ' + format(v['df'], 'g') if v.get('df') is not None else ''})"
@@ -597,7 +598,7 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                        f"<td>{link}</td></tr>")
         out.append("</table></div>")
     for sentence in spread_sentences(outcome):
-        css = " class=\"FAIL\"" if sentence.startswith("Drift alarm") else ""
+        css = " class=\"abn\"" if sentence.startswith(DRIFT_WORDS) else ""
         out.append(f"<p{css}>{e(sentence)}</p>")
     return out
 

@@ -36,6 +36,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from rl_verify.core.confirm import NOT_REPRODUCED, PASS, RunPoints, Spread
 
+#: What a drift alarm means, said once before its metrics (report, notification).
+DRIFT_WORDS = ("Drift alarm (information, not a FAIL): the runs' spread left the prior's plausible range, a "
+               "noisier node or a changed library? The rule decides with the pooled spread")
+
 #: Outcomes of a verification whose runs are healthy evidence of the spread.
 HEALTHY_OUTCOMES = (PASS, NOT_REPRODUCED)
 
@@ -155,7 +159,8 @@ def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past] =
 def drift(prior: Spread, prior_df: Mapping[str, float], data: Squares, p: float = 0.01) -> list[str]:
     """The metrics whose learned variance (repeats and history alone) left the prior's plausible range: a
     two-sided F test of ``SS/df`` against the prior's ``s0^2`` on (df, df0), Sidak over the metrics with data,
-    family-wise ``p``. One sentence per metric, the largest departure first."""
+    family-wise ``p``. One phrase per metric ("<metric> 3.10x the prior's spread (noisier; F test ...)"), the
+    largest departure first; :data:`DRIFT_WORDS` says what it means."""
     from scipy.stats import f  # kept out of DAG parsing
 
     tested = [m for m in prior.sigma if data.df.get(m, 0) > 0 and prior.sigma[m] > 0
@@ -169,9 +174,9 @@ def drift(prior: Spread, prior_df: Mapping[str, float], data: Squares, p: float 
         ratio = math.sqrt(data.ss[metric] / dfd) / prior.sigma[metric]
         both = 2 * min(f.cdf(ratio * ratio, dfd, df0), f.sf(ratio * ratio, dfd, df0))
         if both < per_test:
-            out.append((abs(math.log(ratio)), f"{metric}: the runs' spread is {ratio:.2f}x the prior's "
+            out.append((abs(math.log(ratio)), f"{metric} {ratio:.2f}x the prior's spread "
                         f"({'noisier' if ratio > 1 else 'quieter'}; F test p = {both:.2g} < {per_test:.2g}, "
-                        f"df {dfd} vs {df0:g}): a changed node or library? The rule uses the pooled spread"))
+                        f"df {dfd} vs {df0:g})"))
     return [text for _, text in sorted(out, reverse=True)]
 
 

@@ -16,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from rl_verify import settings
+from rl_verify.core.spread import DRIFT_WORDS
 from rl_verify.orchestration import links
 from rl_verify.orchestration.contract import Breach, ReportSummary, SuiteSummary
 
@@ -62,9 +63,9 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
 
 
 def _drift_lines(summary: dict[str, Any]) -> list[str]:
-    """"Drift alarm (opd, information, not a FAIL): ..." per metric whose learned spread left its prior's range."""
-    return [f"Drift alarm ({s['suite']}, information, not a FAIL): {alarm}" for s in summary.get("suites") or []
-            for alarm in s.get("drift") or []]
+    """One line per suite whose learned spread left its prior's range for some metric: "<suite>: Drift alarm ..."."""
+    return [f"{s['suite']}: {DRIFT_WORDS}: {'; '.join(s['drift'])}" for s in summary.get("suites") or []
+            if s.get("drift")]
 
 
 def _gpu_lines(summary: dict[str, Any]) -> list[str]:
