@@ -16,7 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.nights import keep_nights
 from harness.rig import CONN_ID, DAG_ID, Rig
+from rl_verify import settings
 from rl_verify.core.names import run_key
 from simulator import node as sim
 from simulator.checkout import bisect_history
@@ -33,6 +35,9 @@ NOISE_SEED, BASELINE_ERROR_SEED = "2", "46"
 # good end (one healthy run) ends before the bad end (a FAIL and its repeat), so the first free node halves 1..15.
 LAYOUT = {"culprit": 11, "launch_fails": 8}
 RUN_ID = "manual__bisect-e2e"
+#: Healthy nightly verifications on each node before the FAIL that starts a bisection: its probes decide with the
+#: spread learned from them (issue 34), as they would after real nights (a cold 8-df prior asks for more runs).
+HEALTHY_NIGHTS = 20
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,10 @@ def rig(tmp_path_factory):
         sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
         sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
         sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))
+            keep_nights("opd", {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": conn}}, HEALTHY_NIGHTS,
+                        BASELINE_ERROR_SEED, tag=f"night-{conn}")
     for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
         rig.client.wait_for_dag(dag_id)
         rig.client.unpause(dag_id)

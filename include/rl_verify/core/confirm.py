@@ -112,8 +112,11 @@ class Rule:
         return _two_sided_bound(self.p_reproduce / 2, metrics * self.points_per_metric, df)
 
     def z_clear(self, metrics: int, df: float = math.inf) -> float:
-        """|z| below which every one of ``metrics`` metrics reads as noise (Sidak, two-sided)."""
-        return _two_sided_bound(self.p_clear, metrics, df)
+        """|z| below which every one of ``metrics`` metrics reads as noise (Sidak, two-sided). Normal whatever
+        ``df``: not knowing the spread well must never make clearing a FAIL easier (a Student-t bound would:
+        it widens); it only makes reproducing one harder, and the runs between the two bounds ask for more
+        evidence (another repeat, INCONCLUSIVE at the budget)."""
+        return _two_sided_bound(self.p_clear, metrics)
 
     def describe(self) -> str:
         return (f"repeat a FAIL that noise can produce (accuracy class, no NaN, every breach within {self.z_far:g} "
