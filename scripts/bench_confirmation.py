@@ -215,8 +215,9 @@ def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: conf
     """Verifications ``(suite, verification, scenario)`` decided by ``core.confirm`` as the DAG does: the first
     run, then repeats (each stopped early only as ``confirm.stop_early`` allows) until ``confirm.decide`` gives an
     outcome. With ``learn`` (default), every decision and stop uses the spread the DAG would: the version's,
-    learned from the repeats so far and ``pasts[verification]`` (``core.spread.learn``); without, the version's. Returns, per verification, its outcome
-    and the cache keys of its runs (first run first), evaluated together in the pool, one attempt at a time."""
+    learned from the repeats so far and ``pasts[verification]`` (``core.spread.learn``); without, the version's.
+    Returns, per verification, its outcome and the cache keys of its runs (first run first), evaluated together in
+    the pool, one attempt at a time."""
     alive = list(dict.fromkeys(verifications))
     keys_of: dict[tuple, list[tuple]] = {v: [] for v in alive}
     outcomes: dict[tuple, str] = {}
