@@ -1,5 +1,8 @@
 """`make demo-bisect`: a reproduced FAIL bisected to its culprit on two simulated GPU nodes.
 
+0. The nights before: 20 healthy nightly runs per node in the record store's spread history, as nightly
+   verifications leave them (``harness.nights``): the confirmation and the probes decide with the spread
+   learned from them (issue 34; a cold 8-df prior asks for more repeats).
 1. The last verified PASS: ``rl_accuracy_verification`` of ``sim/bisect-good`` (OPD).
 2. The nightly FAIL: the same of ``sim/bisect-bad``, 16 commits later (FAIL (reproduced)).
 3. ``rl_regression_bisect`` of that range on both nodes: its one approval (the card lists every commit,
@@ -31,6 +34,8 @@ PROBE = "rl_accuracy_probe"
 STEP_SECONDS = 0.1
 #: Noise and reference seeds for which the demo's story holds (the bench measures the error rates).
 NOISE_SEED, BASELINE_ERROR_SEED = "2", "46"
+#: Healthy nights per node in the spread history before the story starts.
+HEALTHY_NIGHTS = 20
 
 
 def _say(text: str) -> None:
@@ -59,7 +64,9 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if args.check_args:
         print(json.dumps({"step_seconds": args.step_seconds, "nodes": args.nodes}))
         return 0
+    from harness.nights import keep_nights  # the engine and the simulator's curves: likewise
     from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+    from rl_verify import settings
     from rl_verify.core import bisect_report
     from rl_verify.core.names import run_key
     from simulator.checkout import bisect_history
@@ -73,6 +80,11 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
             sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
             sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
             sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+        _say(f"0. the nights before: {HEALTHY_NIGHTS} healthy nightly runs per node in the spread history")
+        settings.RECORD_ROOT = str(rig.record_root)  # this process writes them where the stack reads them
+        for conn in rig.nodes:
+            keep_nights("opd", {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": conn}}, HEALTHY_NIGHTS,
+                        BASELINE_ERROR_SEED, tag=f"night-{conn}")
         history = bisect_history(Path(rig.node["root"]))
         for dag_id in (BISECT, "rl_accuracy_probe"):
             rig.client.wait_for_dag(dag_id)
