@@ -219,7 +219,21 @@ def test_a_probe_of_a_commit_outside_the_approved_range_is_refused_before_anythi
     assert sim.node_processes(rig.node_state(CONN_ID)) == []
 
 
-def test_a_grpo_bisection_whose_regression_early_abort_catches_names_the_culprit(rig, history):
+@pytest.fixture()
+def slow_grpo_steps(rig):
+    """GRPO steps slow enough (45 x 0.25 s) that the live check, polling every second, sees a probe's breach from
+    step 18 before the run ends, however busy the machine (at 0.05 s the whole run took 2.25 s: a CI run under load
+    saw a bad probe end before its first poll)."""
+    files = [Path(rig.nodes[conn]["root"]) / "sim.json" for conn in rig.nodes]
+    before = [json.loads(f.read_text()) for f in files]
+    for f, sim_settings in zip(files, before):
+        f.write_text(json.dumps({**sim_settings, "step_seconds": 0.25}))
+    yield
+    for f, sim_settings in zip(files, before):
+        f.write_text(json.dumps(sim_settings))
+
+
+def test_a_grpo_bisection_whose_regression_early_abort_catches_names_the_culprit(rig, history, slow_grpo_steps):
     """Issue 30: a GRPO probe's early abort wrote its abort.json where compare never looks; the bad end then read
     "wrong step count" (infrastructure, SKIP) and the bisection ended "end not judged", green. Here the range is
     the mismatch regression's one commit after good: both ends are probed and confirmed on the two nodes."""
