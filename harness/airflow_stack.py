@@ -274,6 +274,8 @@ class AirflowStack:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
             "PYTHONUNBUFFERED": "1",
         }
+        if not self.database_url:  # SQLite: wait for its one writer instead of failing after 5 s
+            cfg["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "harness.sqlite_connect.CONNECT_ARGS"
         if self.executor == "CeleryExecutor":
             cfg.update({
                 "AIRFLOW__CELERY__BROKER_URL": str(self.broker_url),
