@@ -145,7 +145,7 @@ def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past] =
             continue
         sigma[metric] = math.sqrt((df0 * s0 * s0 + ss) / (df0 + dfd))
         df[metric] = df0 + dfd
-    sources = [f"prior: {prior.source} (df {_df_text(prior_df)})"]
+    sources = [f"prior: {prior.source} (df {_df_text(prior_df, 'exact')})"]
     if from_repeats.runs:
         sources.append(f"{_count(from_repeats.runs, 'repeat')} of this commit (df {_df_text(from_repeats.df)})")
     if history:
@@ -189,8 +189,9 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def _df_text(df: Mapping[str, float]) -> str:
+def _df_text(df: Mapping[str, float], none: str = "0") -> str:
+    """"8", "5-6 by metric", or ``none`` when no metric has finite degrees of freedom."""
     values = sorted({round(float(v), 1) for v in df.values() if math.isfinite(float(v))})
     if not values:
-        return "exact"
+        return none
     return f"{values[0]:g}" if len(values) == 1 else f"{values[0]:g}-{values[-1]:g} by metric"
