@@ -244,7 +244,11 @@ class AirflowStack:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.password_file),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.database_url or f"sqlite:///{self.state_dir / 'airflow.db'}",
+            # SQLite lets one writer in at a time and sqlite3 gives up after 5 s ("database is locked"): on two busy
+            # cores a scheduler write held the lock longer and the triggerer died of it mid-test (its deferred
+            # trainings never resumed). The pysqlite dialect takes the wait from the URL: up to a minute.
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
+                self.database_url or f"sqlite:///{self.state_dir / 'airflow.db'}?timeout=60",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.base_url,
@@ -274,8 +278,6 @@ class AirflowStack:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
             "PYTHONUNBUFFERED": "1",
         }
-        if not self.database_url:  # SQLite: wait for its one writer instead of failing after 5 s
-            cfg["AIRFLOW__DATABASE__SQL_ALCHEMY_CONNECT_ARGS"] = "harness.sqlite_connect.CONNECT_ARGS"
         if self.executor == "CeleryExecutor":
             cfg.update({
                 "AIRFLOW__CELERY__BROKER_URL": str(self.broker_url),
