@@ -246,9 +246,10 @@ class AirflowStack:
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
             # SQLite lets one writer in at a time and sqlite3 gives up after 5 s ("database is locked"): on two busy
             # cores a scheduler write held the lock longer and the triggerer died of it mid-test (its deferred
-            # trainings never resumed). The pysqlite dialect takes the wait from the URL: up to a minute.
+            # trainings never resumed). The pysqlite dialect takes the wait from the URL: 20 s, below the harness
+            # client's 30 s read timeout (at 60 s an API request waiting on the lock timed the client out).
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN":
-                self.database_url or f"sqlite:///{self.state_dir / 'airflow.db'}?timeout=60",
+                self.database_url or f"sqlite:///{self.state_dir / 'airflow.db'}?timeout=20",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.base_url,

@@ -81,9 +81,11 @@ def read(suite: str, newest: int) -> list[spread.Past]:
 
 
 def learned(prior: confirm.Spread | None, spec: SuiteSpec, resolved: Mapping[str, Any], dag_run_id: str,
-            repeats: Sequence[confirm.RunPoints], now: datetime | None = None) -> confirm.Spread | None:
+            repeats: Sequence[confirm.RunPoints], now: datetime | None = None,
+            drift: bool = True) -> confirm.Spread | None:
     """The spread the rule judges this verification's repeats against: ``prior`` learned from ``repeats`` and
-    the kept history (``core.spread.learn``); None when there is no prior (an engine with no spread)."""
+    the kept history (``core.spread.learn``); None when there is no prior (an engine with no spread).
+    ``drift=False``: no drift test (a repeat gate: only the outcome reports it; SciPy's F stays unimported)."""
     if prior is None:
         return None
     now = now or datetime.now(timezone.utc)
@@ -94,7 +96,7 @@ def learned(prior: confirm.Spread | None, spec: SuiteSpec, resolved: Mapping[str
     if skipped:
         log.info("Spread history of %s: %d kept, left out: %s", spec.name, len(kept),
                  ", ".join(f"{n} ({why})" for why, n in sorted(skipped.items())))
-    return spread.learn(prior, repeats, kept, settings.SPREAD_DRIFT_P)
+    return spread.learn(prior, repeats, kept, settings.SPREAD_DRIFT_P if drift else None)
 
 
 def describe(learned_spread: confirm.Spread | None) -> dict[str, Any] | None:

@@ -371,22 +371,23 @@ def _runs(run_dir: Path, suite: str) -> list[confirm.RunPoints]:
     return runs
 
 
-def _learned_spread(run_dir: Path, suite: str, dag_run_id: str,
-                    repeats: list[confirm.RunPoints]) -> confirm.Spread | None:
+def _learned_spread(run_dir: Path, suite: str, dag_run_id: str, repeats: list[confirm.RunPoints],
+                    drift: bool) -> confirm.Spread | None:
     """The spread the rule decides with: the version's, learned from the repeats and the spread history."""
     resolved = record.read_json(run_dir / "commit.json") or {}
-    return spread_history.learned(_spread(run_dir, suite), load_suite(suite), resolved, dag_run_id, repeats)
+    return spread_history.learned(_spread(run_dir, suite), load_suite(suite), resolved, dag_run_id, repeats,
+                                  drift=drift)
 
 
-def _decision(run_dir: Path, suite: str, budget: int,
-              dag_run_id: str) -> tuple[confirm.Decision, int, confirm.Spread | None]:
+def _decision(run_dir: Path, suite: str, budget: int, dag_run_id: str,
+              drift: bool = False) -> tuple[confirm.Decision, int, confirm.Spread | None]:
     """The rule's decision over the suite's runs in the record so far, how many repeats it saw, and the spread
-    it decided with."""
+    it decided with (its drift alarm only with ``drift``: the outcome's, not each gate's)."""
     runs = _runs(run_dir, suite)
     if not runs:
         return confirm.Decision(confirm.FAIL, "the first run reached no comparison (see its tasks)"), 0, None
     first, repeats = runs[0], runs[1:]
-    learned = _learned_spread(run_dir, suite, dag_run_id, repeats)
+    learned = _learned_spread(run_dir, suite, dag_run_id, repeats, drift)
     return confirm.decide(first, repeats, learned, confirm.Rule(budget=budget), budget), len(repeats), learned
 
 
@@ -437,7 +438,7 @@ def confirm_outcome(suite: str, dag_run_id: str) -> dict[str, Any]:
         if suite not in (resolved.get("suites") or []):
             raise AirflowSkipException(f"suite {suite} not selected for this run")
         budget = int(resolved.get("repeats", 0))
-        decision, seen, learned = _decision(run_dir, suite, budget, dag_run_id)
+        decision, seen, learned = _decision(run_dir, suite, budget, dag_run_id, drift=True)
         if decision.outcome is None:  # a repeat the rule asked for did not reach its comparison
             decision = confirm.Decision(confirm.FAIL, f"repeat {seen + 1} did not reach its comparison (see its "
                                         "tasks): an infrastructure failure", decision.evidence, decision.rule)
@@ -490,7 +491,7 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
     """The figures of ``_estimates`` for one layout of judged points, spread and repeat budget (its source is
     part of their cache key: ``_confirm_code``)."""
     rule = confirm.Rule(budget=budget)
-    healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1, learn=_learn_from_repeats)
+    healthy = confirm.simulate(layout, spread, rule, samples=1000, seed=1)
     metrics = {}
     for metric in layout.thresholds:
         if metric in spread.sigma:
@@ -499,19 +500,13 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
                 "threshold": layout.thresholds[metric],
                 "healthy_breach": confirm.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
                                                               len(layout.steps[metric]), spread.runs),
-                "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300,
-                                                                         learn=_learn_from_repeats)}
+                "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300)}
     return {"spread": spread.source, "runs_in_baseline": spread.runs, "metrics": metrics,
             "single_run_false_alarm": 1 - healthy[confirm.PASS],
             "false_alarm": healthy[confirm.REPRODUCED] + healthy[confirm.FAIL],
             "inconclusive": healthy[confirm.INCONCLUSIVE], "mean_runs": healthy["runs"],
             "simulated": "1000 healthy verifications (normal, independent noise; the reference's own error drawn "
                          "once per verification)"}
-
-
-def _learn_from_repeats(prior: confirm.Spread, repeats: list[confirm.RunPoints]) -> confirm.Spread:
-    """The spread a verification with no history decides with (the estimates' case: they hold for any night)."""
-    return core_spread.learn(prior, repeats, (), None)
 
 
 @functools.cache
