@@ -40,7 +40,7 @@ import math
 from statistics import NormalDist
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 #: The outcomes of a verification's suite.
 PASS, FAIL = "PASS", "FAIL"
@@ -383,13 +383,10 @@ class Layout:
 
 
 def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping[str, float] | None = None,
-             samples: int = 2000, seed: int = 0, budget: int | None = None,
-             learn: Callable[[Spread, list[RunPoints]], Spread] | None = None) -> dict[str, float]:
+             samples: int = 2000, seed: int = 0, budget: int | None = None) -> dict[str, float]:
     """Outcome rates and mean runs of the whole procedure (:func:`decide` itself) on simulated runs: normal,
     independent noise with ``spread``, the reference's own N-run error drawn once per verification, and
-    ``shift`` (metric -> a constant shift at every point) added to every run. ``learn(spread, repeats)``: the
-    spread each decision uses (``core.spread.learn`` without history, as a verification's repeats refine it);
-    None: ``spread`` itself."""
+    ``shift`` (metric -> a constant shift at every point) added to every run."""
     import numpy as np  # kept out of DAG parsing
 
     rng = np.random.default_rng(seed)
@@ -412,7 +409,7 @@ def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping
 
         first, repeats = run(), []
         while True:
-            decision = decide(first, repeats, learn(spread, repeats) if learn else spread, rule, limit)
+            decision = decide(first, repeats, spread, rule, limit)
             if decision.outcome is not None:
                 break
             repeats.append(run())
@@ -425,8 +422,7 @@ def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping
 
 
 def minimum_detectable_shift(layout: Layout, spread: Spread, metric: str, rule: Rule = Rule(),
-                             power: float = 0.9, samples: int = 600, budget: int | None = None,
-                             learn: Callable[[Spread, list[RunPoints]], Spread] | None = None) -> float | None:
+                             power: float = 0.9, samples: int = 600, budget: int | None = None) -> float | None:
     """The smallest constant shift of ``metric`` (at all its points, in its unit) that the whole procedure
     reports as a FAIL with probability ``power``; None when the metric's spread is unknown."""
     if metric not in spread.sigma:
@@ -434,6 +430,6 @@ def minimum_detectable_shift(layout: Layout, spread: Spread, metric: str, rule: 
     low, high = 0.0, 2.0 * layout.thresholds[metric]
     for _ in range(9):  # bisection to ~0.4% of twice the threshold
         mid = (low + high) / 2
-        rate = simulate(layout, spread, rule, {metric: mid}, samples, seed=7, budget=budget, learn=learn)["detected"]
+        rate = simulate(layout, spread, rule, {metric: mid}, samples, seed=7, budget=budget)["detected"]
         low, high = (low, mid) if rate >= power else (mid, high)
     return high
