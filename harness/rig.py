@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from harness.airflow_api import AirflowClient
-from harness.airflow_stack import AirflowStack, WorkerSpec
+from harness.airflow_stack import DB_TEMPLATES, AirflowStack, WorkerSpec
 from harness.processes import free_port
-from harness.services import Postgres, Redis, S3Server
+from harness.services import Postgres, Redis, S3Server, postgres_bin_dir, postgres_template
 from simulator import node as sim
 
 DAG_ID = "rl_accuracy_verification"
@@ -103,17 +103,38 @@ RECORDS_CONN_ID = "rl_verify_records"
 WORKERS = ("worker-a", "worker-b")
 
 
+DATABASES = ("sqlite", "postgres")
+
+
+def migrated_postgres_template() -> Path:
+    """A stopped PostgreSQL cluster whose database ``airflow`` this Airflow version has migrated (made once per
+    Airflow and PostgreSQL version, under .state/db-templates): a rig's cluster is a copy of it."""
+    from importlib.metadata import version
+
+    def migrate(url: str) -> None:
+        AirflowStack(DB_TEMPLATES / "pg-migrate", database_url=url).migrate()
+
+    return postgres_template(DB_TEMPLATES, f"pg{postgres_bin_dir().parent.name}-airflow-{version('apache-airflow')}",
+                             migrate)
+
+
 class Rig:
     """Start/stop the simulated node(s) and Airflow; trigger and approve runs of the DAG.
 
     Embedded (default): LocalExecutor on SQLite, the record in a local folder, one node.
+    ``database="postgres"``: the same on a private PostgreSQL cluster (a copy of a migrated template). SQLite lets
+    one writer in at a time: on two loaded cores a two-node bisection's heartbeats, task states and scheduler
+    loop queued on its lock until the scheduler died of "database is locked" mid-test. The e2e tests use it.
     ``distributed=True``: PostgreSQL, Redis, CeleryExecutor with two workers (each with its own
     working and staging folders), the record in a SeaweedFS S3 bucket; ``nodes`` simulated nodes,
     connections ``rl_gpu_node``, ``rl_gpu_node_2``, ... each with its one-slot pool.
     """
 
     def __init__(self, state_dir: Path, record_root: Path | None = None, step_seconds: float = 1.0,
-                 nodes: int = 1, distributed: bool = False) -> None:
+                 nodes: int = 1, distributed: bool = False, database: str = "sqlite") -> None:
+        if database not in DATABASES:
+            raise ValueError(f"database must be one of {', '.join(DATABASES)}, not {database!r}")
+        self.database = "postgres" if distributed else database
         self.state_dir = Path(state_dir).resolve()
         self.record_root: Path | str = Path(record_root).resolve() if record_root else self.state_dir / "records"
         self.step_seconds = step_seconds
@@ -150,6 +171,12 @@ class Rig:
         services_env: dict[str, str] = {}
         if self.distributed:
             kwargs, services_env = self._start_services()
+        elif self.database == "postgres":
+            pg = Postgres(self.state_dir / "services" / "postgres", template=migrated_postgres_template())
+            self.services.append(pg)
+            pg.start()
+            kwargs = {"database_url": pg.sqlalchemy_url, "database_migrated": True}
+            self.timings["services start"] = time.monotonic() - t1
         self.stack = AirflowStack(self.state_dir / "airflow", port=free_port(), **kwargs)
         self.stack.ensure_password()
         env = {**deployment_env(self.node, self.record_root, schedule=schedule),
@@ -179,7 +206,8 @@ class Rig:
         """PostgreSQL, Redis and the S3 server; the Celery stack's arguments and the record store's env."""
         t0 = time.monotonic()
         base = self.state_dir / "services"
-        pg, redis, s3 = Postgres(base / "postgres"), Redis(base / "redis"), S3Server(base / "s3")
+        pg = Postgres(base / "postgres", template=migrated_postgres_template())
+        redis, s3 = Redis(base / "redis"), S3Server(base / "s3")
         for service in (pg, redis, s3):
             self.services.append(service)
             service.start()
@@ -192,7 +220,8 @@ class Rig:
                    for name in WORKERS]
         for name in WORKERS:
             self.worker_staging(name).mkdir(parents=True, exist_ok=True)
-        return ({"executor": "CeleryExecutor", "database_url": pg.sqlalchemy_url, "broker_url": redis.url,
+        return ({"executor": "CeleryExecutor", "database_url": pg.sqlalchemy_url, "database_migrated": True,
+                 "broker_url": redis.url,
                  "celery_workers": workers}, s3.airflow_connection_env(RECORDS_CONN_ID))
 
     def stop(self) -> None:

@@ -128,11 +128,16 @@ class Postgres(_Service):
     database = "airflow"
     user = "airflow"
 
-    def __init__(self, state_dir: str | os.PathLike[str], os_user: str = "postgres") -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], os_user: str = "postgres",
+                 template: Path | None = None, socket_dir: Path | None = None) -> None:
+        """``template``: a stopped cluster's data folder (see ``postgres_template``) copied as this cluster's
+        on its first start instead of a new ``initdb``: its databases come with it, already migrated.
+        ``socket_dir``: for a state folder too deep for a Unix socket's path (default STATE/sock)."""
         super().__init__(state_dir)
         self.bin_dir = postgres_bin_dir()
+        self.template = template
         self.data_dir = self.state_dir / "pgdata"
-        self.socket_dir = self.state_dir / "sock"
+        self.socket_dir = socket_dir or self.state_dir / "sock"
         self.os_user = os_user
         self.port: int | None = None
         self._password: str | None = None
@@ -187,6 +192,13 @@ class Postgres(_Service):
         if os.geteuid() == 0:
             pw = pwd.getpwnam(self.os_user)
             os.chown(self.log_path, pw.pw_uid, pw.pw_gid)
+        if not (self.data_dir / "PG_VERSION").exists() and self.template is not None:
+            self._owned_dir(self.data_dir)
+            # cp -a keeps the owner (postgres) and the 0700 modes PostgreSQL insists on.
+            r = subprocess.run(["cp", "-a", f"{self.template}/.", str(self.data_dir)], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+            if r.returncode != 0:
+                raise ServiceError(f"postgres: copying the template {self.template} failed:\n{r.stdout[-2000:]}")
         if not (self.data_dir / "PG_VERSION").exists():
             self._owned_dir(self.data_dir)
             r = self._pg("initdb", "-D", str(self.data_dir), "-U", "postgres", "-E", "UTF8", "--no-locale",
@@ -279,6 +291,36 @@ class Postgres(_Service):
         """postgresql+psycopg2://airflow:<password>@127.0.0.1:<port>/airflow (contains the password)."""
         return (f"postgresql+psycopg2://{self.user}:{quote(self.password, safe='')}@127.0.0.1:{self.port}/"
                 f"{self.database}")
+
+
+def postgres_template(folder: Path, name: str, migrate: Callable[[str], None], timeout: float = 600.0) -> Path:
+    """The data folder of a stopped cluster whose database ``airflow`` ``migrate(sqlalchemy_url)`` has filled:
+    ``folder/name``, made on first use under a lock (concurrent callers, e.g. pytest workers, wait for the
+    one that makes it) and whole or not at all. Copied by ``Postgres(template=...)``."""
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    template = folder / name
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (template / "PG_VERSION").exists():
+            import tempfile
+
+            staging = folder / f"{name}.{os.getpid()}.partial"
+            shutil.rmtree(staging, ignore_errors=True)
+            # The socket in a short folder of its own: the templates' folder can be too deep for a socket path.
+            socket_dir = Path(tempfile.mkdtemp(prefix="pgtpl-"))
+            pg = Postgres(staging, socket_dir=socket_dir)
+            try:
+                pg.start(timeout=timeout)
+                migrate(pg.sqlalchemy_url)
+            finally:
+                pg.stop()
+                shutil.rmtree(socket_dir, ignore_errors=True)
+            shutil.rmtree(template, ignore_errors=True)
+            os.replace(pg.data_dir, template)
+            shutil.rmtree(staging, ignore_errors=True)
+    return template
 
 
 # ---------------------------------------------------------------------------------------------- Redis

@@ -39,7 +39,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("e2e-security")
-    rig = Rig(state, state / "records", step_seconds=0.1)
+    rig = Rig(state, state / "records", step_seconds=0.1, database="postgres")
     rig.start(extra_env={"RL_VERIFY_APPROVERS": APPROVER})
     try:
         yield rig

@@ -45,7 +45,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("e2e-bisect")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2)
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2, database="postgres")
     rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
     for conn in rig.nodes:
         rig.nodes[conn] = sim.start_node(rig.node_state(conn), step_seconds=STEP_SECONDS, bisect=LAYOUT)

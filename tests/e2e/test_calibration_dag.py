@@ -29,7 +29,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("calibration-rig")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2)
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2, database="postgres")
     rig.start()
     rig.client.wait_for_dag(CAL)
     rig.client.unpause(CAL)

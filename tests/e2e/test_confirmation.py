@@ -44,7 +44,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("e2e-confirm")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
     rig.start()
     node = state / "node"
     sim.set_noise(node, "realistic", baseline_error_seed=BASELINE_ERROR_SEED)

@@ -32,7 +32,7 @@ def rig(tmp_path_factory):
 
     state = tmp_path_factory.mktemp("e2e-rig")
     receiver = Receiver().start()  # the team's chat: every notification of the module's runs lands here
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
     rig.receiver = receiver
     rig.start(extra_env=receiver.connection_env())
     try:

@@ -150,7 +150,7 @@ class Rigs:
         if not sim.SSHD.exists():
             pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
         state = self.base / name
-        rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+        rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
         try:
             rig.start(extra_env=RIG_ENV[name])
         except BaseException:

@@ -49,7 +49,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("nightly-rig")
-    rig = Rig(state, state / "records", step_seconds=0.05)
+    rig = Rig(state, state / "records", step_seconds=0.05, database="postgres")
     rig.start(extra_env={"RL_VERIFY_APPROVAL_TIMEOUT_S": str(APPROVAL_TIMEOUT_S),
                          "RL_VERIFY_DEFAULT_SUITES": "opd"}, schedule=SCHEDULE)
     try:

@@ -36,7 +36,7 @@ def rig(tmp_path_factory):
     if not sim.SSHD.exists():
         pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
     state = tmp_path_factory.mktemp("ui-rig")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS)
+    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
     rig.start()
     try:
         yield rig

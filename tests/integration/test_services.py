@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.services import Postgres, Redis, S3Server
+from harness.services import Postgres, Redis, S3Server, postgres_template
 
 pytestmark = pytest.mark.integration
 
@@ -90,6 +90,41 @@ def test_postgres_accepts_its_url(services: Services) -> None:
     assert addr.startswith("127.0.0.1")
     assert services.pg.password not in services.pg.log_tail(10_000)
     assert services.pg.password not in repr(services.pg)
+
+
+def test_a_cluster_copied_from_a_template_keeps_its_tables_and_takes_a_new_password(tmp_path: Path) -> None:
+    import sqlalchemy
+
+    def fill(url: str) -> None:
+        engine = sqlalchemy.create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sqlalchemy.text("CREATE TABLE kept (v int)"))
+                conn.execute(sqlalchemy.text("INSERT INTO kept VALUES (42)"))
+        finally:
+            engine.dispose()
+
+    template = postgres_template(tmp_path / "templates", "filled", fill)
+    assert (template / "PG_VERSION").exists() and not (template / "postmaster.pid").exists()
+    assert postgres_template(tmp_path / "templates", "filled", pytest.fail) == template  # made once
+    with Postgres(tmp_path / "a", template=template) as a, Postgres(tmp_path / "b", template=template) as b:
+        assert a.password != b.password
+        for pg in (a, b):
+            engine = sqlalchemy.create_engine(pg.sqlalchemy_url)
+            try:
+                with engine.begin() as conn:
+                    assert conn.execute(sqlalchemy.text("SELECT v FROM kept")).scalar_one() == 42
+                    conn.execute(sqlalchemy.text("UPDATE kept SET v = v + 1"))
+            finally:
+                engine.dispose()
+    # Each copy is its own: the template is left as it was.
+    with Postgres(tmp_path / "c", template=template) as c:
+        engine = sqlalchemy.create_engine(c.sqlalchemy_url)
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(sqlalchemy.text("SELECT v FROM kept")).scalar_one() == 42
+        finally:
+            engine.dispose()
 
 
 def test_redis_answers_ping(services: Services) -> None:
