@@ -304,3 +304,22 @@ def test_a_poll_cut_by_sshd_going_down_is_a_lost_connection_the_monitor_reconnec
 
     with pytest.raises(ConnectionError, match="session ended before the command did"):
         asyncio.run(_trigger()._poll(CutSession()))
+
+
+def test_a_training_the_live_check_stopped_on_purpose_succeeds_and_every_other_bad_end_fails():
+    """Issue 35: an early abort is the live check doing its job (the FAIL is the comparison's red), not a crash."""
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from rl_verify.orchestration.operators import _training_failure
+
+    assert _training_failure("opd", {"status": "aborted", "exit_code": None, "message": "aborted at step 5"}) is None
+    assert _training_failure("opd", {"status": "success", "exit_code": 0}) is None
+    rule = _training_failure("grpo", {"status": "log_rule", "exit_code": None, "message": "Ray never saw 8 GPUs"})
+    assert isinstance(rule, AirflowFailException) and "Ray never saw 8 GPUs" in str(rule)
+    crashed = _training_failure("grpo", {"status": "failed", "exit_code": 1})
+    assert isinstance(crashed, AirflowFailException) and "exited 1" in str(crashed)
+    stalled = _training_failure("grpo", {"status": "failed", "exit_code": 124,
+                                         "log_chunk": "x\n[rl-verify] STALLED at step 7: no new step for 600 s\n"})
+    assert str(stalled) == "STALLED at step 7: no new step for 600 s"
+    lost = _training_failure("grpo", {"status": "error", "exit_code": None, "message": "node unreachable"})
+    assert type(lost) is AirflowException and "node unreachable" in str(lost)  # retryable: a retry re-attaches

@@ -78,30 +78,25 @@ class SuiteTrainingOperator(BaseOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         with _worker_time(context):
+            live = event.get("live") or {}
+            if live.get("certain") or live.get("log_rule"):
+                _record_early_abort(context, self.record_as, live,
+                                    applied=event.get("status") in ("aborted", "log_rule"))
+            failure = _training_failure(self.suite, event)
+            # The outcome is the first line of what the task logs after the job (issue 35), the job's lines after it.
+            if failure is not None:
+                self.log.error("%s", failure)
+            elif event.get("status") == "aborted":
+                self.log.warning("Stopped on purpose: %s %s. The training task succeeds (it did what the live check "
+                                 "asked); the FAIL is %s's", self.suite, event.get("message"),
+                                 settings.compare_task(self.suite, self.attempt))
+            else:
+                self.log.info("The %s job exited 0; the tracker decides whether it trained (%s)",
+                              self.suite, settings.fetch_task(self.suite, self.attempt))
             for line in (event.get("log_chunk") or "").splitlines():
                 self.log.info("[remote] %s", line)
-            live = event.get("live") or {}
-            stopped = event.get("status") in ("aborted", "log_rule")
-            if live.get("certain") or live.get("log_rule"):
-                _record_early_abort(context, self.record_as, live, applied=stopped)
-            if stopped:
-                # Certain FAIL, or a log line saying the run cannot finish: the job was stopped;
-                # fetch and compare still run on what it wrote.
-                raise AirflowFailException(f"{self.suite} {event.get('message')}")
-            exit_code = event.get("exit_code")
-            if exit_code is None:
-                # The watch ended without an exit code (node unreachable past the budget): the job
-                # may still be alive; a retry re-attaches to it.
-                raise AirflowException(f"the {self.suite} job could not be watched to its end: {event.get('message')}")
-            if exit_code == 124:
-                stalled = [line for line in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in line]
-                raise AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
-                                           "the job was killed as stalled (exit 124)")
-            if exit_code != 0:
-                # The job ran to its end: a retry would only re-attach to the same exit code.
-                raise AirflowFailException(f"the {self.suite} job exited {exit_code} (see the [remote] lines above)")
-            self.log.info("The %s job exited 0; the tracker decides whether it trained (fetch_%s)",
-                          self.suite, self.suite)
+            if failure is not None:
+                raise failure
 
     def on_kill(self) -> None:
         # Killed while launching (the worker phase lasts seconds); a deferred job is the trigger's.
@@ -192,6 +187,28 @@ def _live_config(spec: SuiteSpec, client: Any, version: dict[str, Any], work_dir
         return {**live_config(spec, work_dir, early_abort, None, None, where, confirms), "check": None,
                 "note": str(err)}
     return live_config(spec, work_dir, early_abort, baseline, data, where, confirms)
+
+
+def _training_failure(suite: str, event: dict[str, Any]) -> AirflowException | None:
+    """The exception a watched job's end raises, or None when the training task succeeds: the job exited 0, or
+    the live check stopped it on purpose because its FAIL was certain (fetch and compare judge what it wrote; the
+    grid's red is then the comparison's, not a crash's). A log rule's stop (the run cannot finish), a stall or a
+    non-zero exit fail the task; a watch that lost the job raises a retryable error (a retry re-attaches)."""
+    status, exit_code = event.get("status"), event.get("exit_code")
+    if status == "aborted":
+        return None
+    if status == "log_rule":
+        return AirflowFailException(f"{suite} {event.get('message')}")
+    if exit_code is None:
+        return AirflowException(f"the {suite} job could not be watched to its end: {event.get('message')}")
+    if exit_code == 124:
+        stalled = [line for line in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in line]
+        return AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
+                                    "the job was killed as stalled (exit 124)")
+    if exit_code != 0:
+        # The job ran to its end: a retry would only re-attach to the same exit code.
+        return AirflowFailException(f"the {suite} job exited {exit_code} (see the [remote] lines below)")
+    return None
 
 
 def _record_early_abort(context: Any, folder: str, live: dict[str, Any], applied: bool) -> None:

@@ -773,9 +773,11 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
              if failed_tasks else "No task failed: checking that no process of this run is left on the node")
     lines: list[str] = []
-    # A suite's first run, and each repeat whose training task failed: what they left is archived.
+    # A suite's first run, and each repeat whose training failed or was stopped by its live check (its task then
+    # succeeds: stopped on purpose): what they left is archived.
     jobs = [(suite, k) for suite in resolved["suites"] for k in range(settings.MAX_REPEATS + 1)
-            if k == 0 or settings.training_task(suite, k) in (failed_tasks or [])]
+            if k == 0 or settings.training_task(suite, k) in (failed_tasks or [])
+            or _stopped_on_purpose(dag_run_id, suite, k)]
     fetched = [f"{settings.attempt_name(suite, k)}/fetch.json" for suite, k in jobs]
     gpus: list[str] = []  # each node's GPUs after the stop ("GPUs free" / "GPU memory still held by pid P")
     by_node = suites_by_node(resolved)
@@ -805,6 +807,12 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
              f"NOT clean: {len(left)} process(es) of this run still run: " + "; ".join(left))
     _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, lines, not left)
     return lines
+
+
+def _stopped_on_purpose(dag_run_id: str, suite: str, attempt: int) -> bool:
+    """Whether the live check stopped this training (its abort.json says applied)."""
+    return bool((record.get_json(dag_run_id, f"{settings.attempt_name(suite, attempt)}/abort.json") or {})
+                .get("applied"))
 
 
 def failed_tasks(ti: Any) -> list[str]:
