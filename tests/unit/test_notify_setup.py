@@ -1,6 +1,6 @@
-"""The notification setup in README.md and .env.example works when pasted.
+"""The notification setup in docs/REAL_NODE.md (linked from the README) and .env.example works when pasted.
 
-Each ``airflow connections add rl_verify_notify`` line of the README and the ``AIRFLOW_CONN_RL_VERIFY_NOTIFY``
+Each ``airflow connections add rl_verify_notify`` line of that page and the ``AIRFLOW_CONN_RL_VERIFY_NOTIFY``
 of .env.example, with its ``<...>`` placeholders filled in, is read by the Apprise provider's own hook
 into Apprise services of the chat it names (nothing is sent). The ``[api] base_url`` note says what
 ``links.absolute`` does.
@@ -21,7 +21,8 @@ from rl_verify import settings
 from rl_verify.orchestration import links
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+#: Where the README sends a person setting up notifications.
+README = (REPO / "docs" / "REAL_NODE.md").read_text()
 ENV_EXAMPLE = (REPO / ".env.example").read_text()
 #: What Apprise must make of each documented scheme.
 PLUGINS = {"feishu": "NotifyFeishu", "lark": "NotifyLark", "dingtalk": "NotifyDingTalk", "slack": "NotifySlack"}
