@@ -209,7 +209,7 @@ class Postgres(_Service):
             "-c listen_addresses=127.0.0.1", f"-p {self.port}", f"-c unix_socket_directories={self.socket_dir}",
             # A throwaway test cluster: no durability, little memory, room for Airflow's and Celery's pools.
             "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off",
-            "-c shared_buffers=32MB", "-c max_connections=200",
+            "-c shared_buffers=32MB", "-c max_connections=200", "-c jit=off", "-c autovacuum=off",
         ])
         # -w: pg_ctl returns once the server accepts connections (it polls the server, no fixed sleep).
         r = self._pg("pg_ctl", "start", "-D", str(self.data_dir), "-w", "-t", str(int(timeout)),
