@@ -27,7 +27,7 @@ settings.raise_problems()
 @dag(
     dag_id=settings.PROBE_DAG_ID,
     schedule=None,
-    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    start_date=pendulum.datetime(*settings.DAGS_START_DATE, tz=settings.TIMEZONE),
     catchup=False,
     max_active_runs=settings.MAX_ACTIVE_PROBES,
     tags=settings.PROBE_TAGS,

@@ -43,7 +43,7 @@ settings.raise_problems()
 @dag(
     dag_id=settings.DAG_ID,
     schedule=CronTriggerTimetable(settings.SCHEDULE, timezone=settings.TIMEZONE) if settings.SCHEDULE else None,
-    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    start_date=pendulum.datetime(*settings.DAGS_START_DATE, tz=settings.TIMEZONE),
     catchup=False,
     # One at a time: a tick that comes while a run waits or trains is skipped and named in the next card.
     max_active_runs=1,

@@ -42,7 +42,7 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 @dag(
     dag_id=settings.CALIBRATION_DAG_ID,
     schedule=None,
-    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    start_date=pendulum.datetime(*settings.DAGS_START_DATE, tz=settings.TIMEZONE),
     catchup=False,
     max_active_runs=1,
     tags=settings.CALIBRATION_TAGS,

@@ -37,7 +37,7 @@ SUITES = engines.known_suites()
 @dag(
     dag_id=settings.BISECT_DAG_ID,
     schedule=[Asset(settings.REPRODUCED_FAIL_ASSET)],
-    start_date=pendulum.datetime(2026, 11, 1, tz=settings.TIMEZONE),
+    start_date=pendulum.datetime(*settings.DAGS_START_DATE, tz=settings.TIMEZONE),
     catchup=False,
     max_active_runs=1,
     tags=settings.BISECT_TAGS,

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from rl_verify.core.names import short_sha
 from scripts import make_vars
 from simulator import node as sim
 
@@ -115,8 +116,8 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         link = f"{rig.stack.base_url}{result.get('link', '')}"
         _say(f"bisection {run_id}: {state}; {len(result.get('probes') or [])} probe(s) on {len(nodes)} node(s), "
              f"wall time {wall:.0f} s (answer excluded)")
-        _say(f"culprit: {culprit.get('sha', '?')[:12]} {culprit.get('subject', '')} ({culprit.get('author', '')}, "
-             f"{culprit.get('date', '')}); page: {link}")
+        _say(f"culprit: {short_sha(culprit.get('sha')) or '?'} {culprit.get('subject', '')} "
+             f"({culprit.get('author', '')}, {culprit.get('date', '')}); page: {link}")
         trained = [r for r in result.get("probes") or [] if r.get("reading") in ("good", "bad")]
         live_on = [r for r in trained if _live_check_on(rig, r["run_id"], result.get("suites") or ["opd"])]
         _say(f"live check on in {len(live_on)} of {len(trained)} probe(s)' training logs (probes that read good "

@@ -74,13 +74,18 @@ DEFAULT_COMMIT = os.environ.get("RL_VERIFY_DEFAULT_COMMIT", "main")
 _SCHEDULE = os.environ.get("RL_VERIFY_SCHEDULE", "0 2 * * *")
 SCHEDULE: str | None = None if _SCHEDULE.strip().lower() in ("", "none", "@none") else _SCHEDULE
 TIMEZONE = os.environ.get("RL_VERIFY_TIMEZONE", "Asia/Shanghai")
+#: Every DAG's start_date (year, month, day in TIMEZONE): before the first nightly it may run.
+DAGS_START_DATE = (2026, 11, 1)
 
 #: Names of the share roots, as the runbook exports them.
 SHARE_ROOT_VARS: tuple[str, ...] = ("CI_SHARE_MODEL", "CI_SHARE_DATA", "CI_SHARE_BASELINE")
 
-#: Where the XTuner checkout lives on the node, and where per-run folders go.
-NODE_CHECKOUT = os.environ.get("RL_VERIFY_NODE_CHECKOUT", "~/xtuner")
-REMOTE_RUNS_DIR = os.environ.get("RL_VERIFY_REMOTE_RUNS_DIR", "~/rl-verify/runs")
+#: Where the XTuner checkout lives on the node, and where per-run folders go: the settings' names (a node's
+#: connection extras, Variables or environment) and their defaults.
+NODE_CHECKOUT_KEY = "RL_VERIFY_NODE_CHECKOUT"
+REMOTE_RUNS_DIR_KEY = "RL_VERIFY_REMOTE_RUNS_DIR"
+NODE_CHECKOUT = os.environ.get(NODE_CHECKOUT_KEY, "~/xtuner")
+REMOTE_RUNS_DIR = os.environ.get(REMOTE_RUNS_DIR_KEY, "~/rl-verify/runs")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 #: Record store root: a local folder (default: records/ in the project) or an object storage URL
@@ -200,6 +205,8 @@ CALIBRATION_TAGS = ["rl-verify", "xtuner", "baselines", "gpu"]
 CALIBRATION_RECORD_FOLDER = "calibration"
 #: What compare keeps of each run for the confirmation rule (its points and breached metrics), in its folder.
 POINTS_FILE = "points.json"
+#: A baseline tracker's file name: in a baseline version, and in a suite's fetched folder.
+BASELINE_TRACKER_FILE = "baseline.jsonl"
 #: What stops a repeat before its end (``core.confirm.stop_early``), written by its gate in its folder.
 STOP_EARLY_FILE = "stop_early.json"
 

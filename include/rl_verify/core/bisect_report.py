@@ -11,14 +11,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rl_verify.core.files import write_atomic
+from rl_verify.core.names import short_sha
 
 REPORT_MD = "bisection.md"
 REPORT_HTML = "bisection.html"
 PLOT = "bisection.png"
-
-
-def _short(sha: str | None) -> str:
-    return (sha or "")[:12]
 
 
 def _error(row: Mapping[str, Any]) -> str:
@@ -59,7 +56,7 @@ def headline(result: Mapping[str, Any]) -> str:
     answer = result["answer"]
     culprit = answer.get("culprit")
     if culprit:
-        return (f"Culprit: {_short(culprit['sha'])} {culprit['subject']} ({culprit['author']}, {culprit['date']})")
+        return (f"Culprit: {short_sha(culprit['sha'])} {culprit['subject']} ({culprit['author']}, {culprit['date']})")
     return f"{answer['kind'].capitalize()}: {answer['reason']}"
 
 
@@ -76,13 +73,13 @@ def markdown(result: Mapping[str, Any]) -> str:
              f"**{headline(result)}**", "", result["answer"]["reason"], ""]
     if result["answer"].get("skipped"):
         lines += ["Skipped (could not be checked out or launched): "
-                  + ", ".join(f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"]), ""]
+                  + ", ".join(f"{short_sha(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"]), ""]
     lines += [f"{len(result['probes'])} probe(s), {result['runs']} training run(s) in {result['wall_s'] / 60:.1f} min "
               f"on {', '.join(result['nodes'])}; {early_aborts(result)}.", "",
               "| commit | subject | node | runs | outcome | followed metric: error at first breach | report |",
               "|---|---|---|---|---|---|---|"]
     for r in rows(result):
-        lines.append(f"| `{_short(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
+        lines.append(f"| `{short_sha(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
                      f"| {r.get('runs', 0)} "
                      f"| {_outcome(r)} "
                      f"| {r.get('metric') or ''} {_error(r)} | {_report_cell(r)} |")
@@ -110,8 +107,9 @@ def plot(result: Mapping[str, Any]) -> bytes | None:
     ax.axhline(1.0, color="#7f8c8d", linestyle="--", linewidth=1, label="threshold")
     culprit = result["answer"].get("culprit")
     if culprit and culprit["sha"] in index:
-        ax.axvline(index[culprit["sha"]] - 0.5, color="#c0392b", linewidth=1, label=f"culprit {_short(culprit['sha'])}")
-    ax.set_xticks(range(len(commits)), [_short(c["sha"])[:7] for c in commits], rotation=60, fontsize=8)
+        ax.axvline(index[culprit["sha"]] - 0.5, color="#c0392b", linewidth=1,
+                   label=f"culprit {short_sha(culprit['sha'])}")
+    ax.set_xticks(range(len(commits)), [short_sha(c["sha"])[:7] for c in commits], rotation=60, fontsize=8)
     metric = next((r["metric"] for r in result["probes"] if r.get("metric")), "followed metric")
     ax.set_ylabel("|error| / threshold", fontsize=9)
     ax.set_title(f"{metric} across the range (good left, bad right)", fontsize=10)
@@ -134,7 +132,7 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
             f"<p>{e(result['answer']['reason'])}</p>"]
     if result["answer"].get("skipped"):
         body.append("<p>Skipped (could not be checked out or launched): " + e(", ".join(
-            f"{_short(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"])) + "</p>")
+            f"{short_sha(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"])) + "</p>")
     body.append(f"<p>{len(result['probes'])} probe(s), {result['runs']} training run(s) in "
                 f"{result['wall_s'] / 60:.1f} min on {e(', '.join(result['nodes']))}; {e(early_aborts(result))}.</p>")
     if png:
@@ -146,7 +144,7 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
     for r in rows(result):
         link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else
                 e(_report_cell(r)) + (f' (<a href="{e(r["run_page"])}">run</a>)' if r.get("run_page") else ""))
-        body.append(f"<tr><td><code>{e(_short(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
+        body.append(f"<tr><td><code>{e(short_sha(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
                     f"<td>{e(str(r.get('node', '')))}</td><td>{int(r.get('runs') or 0)}</td>"
                     f"<td>{e(_outcome(r))}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"
                     f"<td>{link}</td></tr>")

@@ -19,3 +19,12 @@ def repeat_seed(run_key: str, attempt: int) -> int:
     """The seed of a suite's repeat (``RL_VERIFY_SEED`` in its job's environment): new for each repeat of
     each run, the same for a retried task."""
     return int(hashlib.sha256(f"{run_key}/repeat{attempt}".encode()).hexdigest()[:8], 16)
+
+
+#: How many hex digits of a commit SHA a person is shown (logs, reports, notifications, probe names).
+SHORT_SHA = 12
+
+
+def short_sha(sha: str | None) -> str:
+    """The commit as a person reads it: its first SHORT_SHA characters ("" for none)."""
+    return (sha or "")[:SHORT_SHA]

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_verify import settings
 from rl_verify.core.errors import InputError
 
 MARKER = "response/rewards/mean"
@@ -356,7 +357,7 @@ def check_baseline_tracker(data: bytes, expected_steps: int, suite: str, where: 
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="rl-verify-baseline-") as tmp:
-        local = Path(tmp) / "baseline.jsonl"
+        local = Path(tmp) / settings.BASELINE_TRACKER_FILE
         local.write_bytes(data)
         try:
             tracker = read_tracker(local)

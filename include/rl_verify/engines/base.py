@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel
 
+from rl_verify import settings
 from rl_verify.core.confirm import Layout, RunPoints, Spread
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import LiveCheck
@@ -29,7 +30,7 @@ from rl_verify.core.tracker import check_baseline_tracker
 from rl_verify.suites.spec import SuiteSpec, data_file
 
 #: The file of a stored baseline version that holds a baseline tracker (XTuner's tracker format).
-TRACKER_FILE = "baseline.jsonl"
+TRACKER_FILE = settings.BASELINE_TRACKER_FILE
 
 
 class Engine(ABC):

@@ -660,7 +660,7 @@ class GrpoEngine(Engine):
 
     def compare_archived(self, spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any],
                          node_name: str | None, version: Mapping[str, Path], plot: bool = True) -> SuiteResult:
-        return compare_grpo(baseline=version.get(TRACKER_FILE, suite_dir / "baseline.jsonl"),
+        return compare_grpo(baseline=version.get(TRACKER_FILE, suite_dir / settings.BASELINE_TRACKER_FILE),
                             current=suite_dir / "tracker.jsonl",
                             checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
                             wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,

@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from rl_verify import settings
 from rl_verify.core.confirm import Point as ConfirmPoint
 from rl_verify.core.confirm import Layout, RunPoints, Spread, max_dev_df, sigma_from_max_dev
 from rl_verify.core.errors import InputError
@@ -435,7 +436,7 @@ class OpdEngine(Engine):
 
     def compare_archived(self, spec: SuiteSpec, suite_dir: Path, out: Path, meta: Mapping[str, Any],
                          node_name: str | None, version: Mapping[str, Path], plot: bool = True) -> SuiteResult:
-        baseline = suite_dir / "baseline.jsonl"
+        baseline = suite_dir / settings.BASELINE_TRACKER_FILE
         missing = meta.get("reference_baseline_missing")
         return compare_opd(current=suite_dir / "tracker.jsonl", out_dir=out,
                            golden=version.get(self.baseline_file, data_file(spec.data)),
@@ -507,7 +508,7 @@ class OpdEngine(Engine):
         tracker = suite_dir / "tracker.jsonl"
         if not tracker.is_file():
             return base
-        baseline = suite_dir / "baseline.jsonl"
+        baseline = suite_dir / settings.BASELINE_TRACKER_FILE
         with tempfile.TemporaryDirectory(prefix="rl-verify-points-") as out:
             judged = compare_opd(tracker, Path(out), golden=version.get(self.baseline_file, data_file(spec.data)),
                                  baseline=baseline if baseline.is_file() else None, plot=False, suite=spec.name,
@@ -535,7 +536,7 @@ class OpdEngine(Engine):
         tracker = suite_dir / "tracker.jsonl"
         if not tracker.is_file():
             return []
-        baseline = suite_dir / "baseline.jsonl"
+        baseline = suite_dir / settings.BASELINE_TRACKER_FILE
         try:
             with tempfile.TemporaryDirectory(prefix="rl-verify-partial-") as out:
                 judged = compare_opd(tracker, Path(out), golden=version.get(self.baseline_file, data_file(spec.data)),

@@ -572,15 +572,16 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
                 logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
         meta["files"]["logs"] = logs
         if spec.baseline and with_baseline:
-            got = _get_file(sftp, spec.baseline, dest / "baseline.jsonl", "baseline tracker", meta["problems"])
+            got = _get_file(sftp, spec.baseline, dest / settings.BASELINE_TRACKER_FILE, "baseline tracker",
+                            meta["problems"])
             if got:
                 meta["files"]["baseline"] = got
         if spec.reference_baseline:
             if _mtime(sftp, spec.reference_baseline) is None:
                 meta["reference_baseline_missing"] = spec.reference_baseline
             else:
-                got = _get_file(sftp, spec.reference_baseline, dest / "baseline.jsonl", "reference baseline",
-                                meta.setdefault("notes", []))
+                got = _get_file(sftp, spec.reference_baseline, dest / settings.BASELINE_TRACKER_FILE,
+                                "reference baseline", meta.setdefault("notes", []))
                 if got:
                     meta["files"]["baseline"] = got
         if spec.checker_dir:

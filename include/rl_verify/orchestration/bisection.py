@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import engines, settings
 from rl_verify.core import bisect, bisect_report
-from rl_verify.core.names import run_key
+from rl_verify.core.names import run_key, short_sha
 from rl_verify.node import ops as node
 from rl_verify.node import remote
 from rl_verify.orchestration import airflow_api, links, notify
@@ -132,7 +132,7 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
         conn = p["nodes"][0]
         with ssh_client(conn) as client:
             try:
-                count, commits = node.commit_range(client, node_settings(conn)["RL_VERIFY_NODE_CHECKOUT"], p["good"],
+                count, commits = node.commit_range(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], p["good"],
                                                    p["bad"], p["max_commits"])
             except node.RangeError as err:
                 raise BisectParamError(f"param {err.param!r}: {err}. Fix: {err.fix}; nothing was launched") from err
@@ -155,8 +155,9 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
             "scale": scale, "worst": worst, "dag_run_id": dag_run_id}
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
     log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s) on %d node(s); "
-             "ends taken from the record: %s", shas[0][:12], shas[-1][:12], len(shas) - 1, conn, worst["probes"],
-             worst["rounds"], free, ", ".join(f"{c[:12]} {r.value}" for c, r in recorded.items()) or "none")
+             "ends taken from the record: %s", short_sha(shas[0]), short_sha(shas[-1]), len(shas) - 1, conn,
+             worst["probes"], worst["rounds"], free,
+             ", ".join(f"{short_sha(c)} {r.value}" for c, r in recorded.items()) or "none")
     return plan
 
 
@@ -262,7 +263,7 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
              "", "| # | commit | subject | author | date |", "|---|---|---|---|---|"]
     for i, c in enumerate(commits):
         tag = " (good end)" if i == 0 else " (bad end)" if i == len(commits) - 1 else ""
-        lines.append(f"| {i} | `{c['sha'][:12]}`{tag} | {_cell(c['subject'])} | {_cell(c['author'])} "
+        lines.append(f"| {i} | `{short_sha(c['sha'])}`{tag} | {_cell(c['subject'])} | {_cell(c['author'])} "
                      f"| {c['date'][:10]} |")
     recorded = plan.get("recorded") or {}
     no_skip = worst.get("probes_no_skip", worst["probes"])
@@ -275,7 +276,7 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
               f"at the runbook's scale ({minutes} per run, {' or '.join(map(str, gpus))} GPUs), about "
               f"{worst['wall_hours']} h of wall time. Early abort usually ends a FAILing probe sooner.",
               "", "Ends: " + "; ".join(
-                  f"{'good' if i == 0 else 'bad'} {commits[i]['sha'][:12]}: "
+                  f"{'good' if i == 0 else 'bad'} {short_sha(commits[i]['sha'])}: "
                   + (f"taken from the record ({recorded[commits[i]['sha']]})" if commits[i]["sha"] in recorded
                      else "re-checked") for i in (0, len(commits) - 1)),
               "", "Approving starts every probe of this bisection without asking again: each probe's card is "
@@ -293,7 +294,7 @@ def _cell(text: str) -> str:
 
 def probe_run_id(dag_run_id: str, sha: str, attempt: int) -> str:
     """The id of a probe run: the bisection's key, the commit and the how-manieth probe of it."""
-    return f"{settings.PROBE_RUN_PREFIX}{run_key(dag_run_id)[:60]}__{sha[:12]}__{attempt}"
+    return f"{settings.PROBE_RUN_PREFIX}{run_key(dag_run_id)[:60]}__{short_sha(sha)}__{attempt}"
 
 
 def probe_conf(plan: Mapping[str, Any], sha: str, conn: str) -> dict[str, Any]:
@@ -411,8 +412,8 @@ def preapproval_refusals(bisection_run_id: str, sha: str, suites: list[str]) -> 
     if not plan:
         return [f"bisection {bisection_run_id!r} has no plan in the record store"], None
     if sha not in [c["sha"] for c in plan.get("commits") or []]:
-        reasons.append(f"commit {sha[:12]} is not in the approved range {plan['commits'][0]['sha'][:12]}.."
-                       f"{plan['commits'][-1]['sha'][:12]}")
+        reasons.append(f"commit {short_sha(sha)} is not in the approved range {short_sha(plan['commits'][0]['sha'])}.."
+                       f"{short_sha(plan['commits'][-1]['sha'])}")
     if not set(suites) <= set(plan.get("suites") or []):
         reasons.append(f"suites {', '.join(suites)} are not the approved {', '.join(plan.get('suites') or [])}")
     try:

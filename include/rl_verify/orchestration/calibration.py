@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import settings
 from rl_verify.core.errors import InputError
-from rl_verify.core.names import run_key
+from rl_verify.core.names import run_key, short_sha
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
@@ -104,8 +104,8 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
                     continue
                 training_key = f"{key}-{suite}-r{i}"
                 with no_retry_on(node.NodeError):
-                    found = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
-                                                values["RL_VERIFY_REMOTE_RUNS_DIR"], training_key, p["commit"])
+                    found = node.resolve_commit(client, values[settings.NODE_CHECKOUT_KEY],
+                                                values[settings.REMOTE_RUNS_DIR_KEY], training_key, p["commit"])
                 resolved = {**found, "run_key": training_key, "suites": [suite], "node": conn,
                             "suite_nodes": {suite: conn},
                             "nodes": {conn: {"run_dir": found["run_dir"], "worktree": found["worktree"]}},
@@ -116,7 +116,7 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
     shas = {t["resolved"]["sha"] for t in done}
     if len(shas) > 1:
         raise AirflowFailException(f"commit {p['commit']!r} is not the same commit on every node "
-                                   f"({', '.join(sorted(s[:12] for s in shas))}): give a full SHA")
+                                   f"({', '.join(sorted(short_sha(s) for s in shas))}): give a full SHA")
     # Each node's suites, checked from its first run's worktree (the runs' worktrees are one commit).
     groups: dict[str, tuple[list[str], str]] = {}
     for t in done:

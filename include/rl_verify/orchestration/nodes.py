@@ -35,8 +35,8 @@ def node_settings(conn_id: str) -> dict[str, str]:
 
     extras = BaseHook.get_connection(conn_id).extra_dejson or {}
     wanted = {**{v: None for v in settings.SHARE_ROOT_VARS},
-              "RL_VERIFY_NODE_CHECKOUT": settings.NODE_CHECKOUT,
-              "RL_VERIFY_REMOTE_RUNS_DIR": settings.REMOTE_RUNS_DIR}
+              settings.NODE_CHECKOUT_KEY: settings.NODE_CHECKOUT,
+              settings.REMOTE_RUNS_DIR_KEY: settings.REMOTE_RUNS_DIR}
     values: dict[str, str] = {}
     for name, default in wanted.items():
         value = extras.get(name.lower()) or extras.get(name) or Variable.get(name, default=None) \
@@ -213,7 +213,7 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
         specs = expanded_specs(suites, values, worktree, baselines)
         with ssh_client(conn) as client:
             try:
-                result = node.check_prerequisites(client, specs, values["RL_VERIFY_REMOTE_RUNS_DIR"], run_key,
+                result = node.check_prerequisites(client, specs, values[settings.REMOTE_RUNS_DIR_KEY], run_key,
                                                   node_needs(specs, values), _login(conn))
             except node.PrerequisitesError as err:
                 failed.append((conn, err))

@@ -16,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from rl_verify import settings
+from rl_verify.core.names import short_sha
 from rl_verify.core.spread import DRIFT_WORDS
 from rl_verify.orchestration import links
 from rl_verify.orchestration.contract import Breach, ReportSummary, SuiteSummary
@@ -82,16 +83,16 @@ def bisection(result: dict[str, Any]) -> tuple[str, str]:
     head = f"{result['good']}..{result['bad']} ({', '.join(result['suites'])})"
     lines = [answer["reason"]]
     if culprit:
-        lines = [f"Culprit: {culprit['sha'][:12]} {culprit['subject']}", f"Author: {culprit['author']}",
+        lines = [f"Culprit: {short_sha(culprit['sha'])} {culprit['subject']}", f"Author: {culprit['author']}",
                  f"Date: {culprit['date']}"]
     elif answer.get("range"):
-        lines.append("Culprit range: " + ", ".join(f"{c['sha'][:12]} {c['subject']}" for c in answer["range"]))
+        lines.append("Culprit range: " + ", ".join(f"{short_sha(c['sha'])} {c['subject']}" for c in answer["range"]))
     if answer.get("skipped"):
         lines.append("Skipped (could not be checked out or launched): "
-                     + ", ".join(c["sha"][:12] for c in answer["skipped"]))
+                     + ", ".join(short_sha(c["sha"]) for c in answer["skipped"]))
     lines += [f"Probes: {len(result['probes'])} verification(s), {result['runs']} training run(s)",
               f"Bisection: {page}"]
-    title = (f"rl-verify bisection: culprit {culprit['sha'][:12]} for {head}" if culprit else
+    title = (f"rl-verify bisection: culprit {short_sha(culprit['sha'])} for {head}" if culprit else
              f"rl-verify bisection of {head}: {answer['kind']}")
     return title, "\n".join(lines)
 

@@ -21,7 +21,7 @@ from airflow.sdk.timezone import utcnow
 
 from rl_verify import engines, settings
 from rl_verify.core import bisect
-from rl_verify.core.names import repeat_seed
+from rl_verify.core.names import repeat_seed, short_sha
 from rl_verify.engines import engine_of, live_config, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import remote
@@ -125,7 +125,7 @@ class SuiteTrainingOperator(BaseOperator):
         with ssh_client(conn) as client:
             state = job_state(client, job_dir)
             if state == "absent":
-                _refuse_if_busy(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], resolved["run_key"], self.job_name)
+                _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], self.job_name)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
@@ -484,8 +484,8 @@ class BisectOperator(BaseOperator):
             reading, row = bisection.probe_reading(probe_id, plan)
             state["readings"].setdefault(probe["sha"], []).append(reading.value)
             state["rows"].append({**row, "sha": probe["sha"], "node": probe["node"], "reading": reading.value})
-            self.log.info("Probe %s of %s on %s: %s (%s)", probe_id, probe["sha"][:12], probe["node"], reading.value,
-                          row["outcome"])
+            self.log.info("Probe %s of %s on %s: %s (%s)", probe_id, short_sha(probe["sha"]), probe["node"],
+                          reading.value, row["outcome"])
         recorded = {c: bisect.Reading(r) for c, r in (plan.get("recorded") or {}).items()}
         busy = {p["node"] for p in [*state["running"].values(), *state["stopping"].values()]}
         free = [n for n in plan["nodes"] if n not in busy]
@@ -496,7 +496,7 @@ class BisectOperator(BaseOperator):
             probe_id = running[sha]
             why = step.why.get(sha, "its outcome can no longer change the answer")
             stopped = bisection.stop_probe(probe_id, run_id, why)
-            self.log.info("Stopping probe %s of %s (%s): %s", probe_id, sha[:12], why, ", ".join(stopped) or
+            self.log.info("Stopping probe %s of %s (%s): %s", probe_id, short_sha(sha), why, ", ".join(stopped) or
                           "no training left to stop")
             probe = state["running"].pop(probe_id)
             state["stopping"][probe_id] = probe
@@ -516,7 +516,7 @@ class BisectOperator(BaseOperator):
             why = step.why.get(sha, "")
             probe_id = bisection.trigger_probe(plan, sha, conn, attempt, why)
             state["running"][probe_id] = {"sha": sha, "node": conn}
-            self.log.info("Probe %s: %s on %s (%s)", probe_id, sha[:12], conn, why)
+            self.log.info("Probe %s: %s on %s (%s)", probe_id, short_sha(sha), conn, why)
         watched = [*state["running"], *state["stopping"]]
         if not watched:
             raise AirflowFailException(f"the bisection cannot go on: nothing to probe and no probe running "

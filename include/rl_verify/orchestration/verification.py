@@ -23,7 +23,7 @@ from rl_verify.core import spread as core_spread
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
 from rl_verify.core.model import SuiteResult
-from rl_verify.core.names import repeat_seed, run_key
+from rl_verify.core.names import repeat_seed, run_key, short_sha
 from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
                                    write_report)
 from rl_verify.core.tracker import read_tracker
@@ -104,17 +104,17 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     for conn in nodes:
         values = node_settings(conn)
         with ssh_client(conn) as client:
-            reaped = node.reap(client, values["RL_VERIFY_REMOTE_RUNS_DIR"], values["RL_VERIFY_NODE_CHECKOUT"],
+            reaped = node.reap(client, values[settings.REMOTE_RUNS_DIR_KEY], values[settings.NODE_CHECKOUT_KEY],
                                key, settings.REAP_AFTER_DAYS)
             for folder in reaped:
                 log.info("Reaped run folder older than %d days on %s: %s", settings.REAP_AFTER_DAYS, conn, folder)
             with no_retry_on(node.NodeError):
-                found[conn] = node.resolve_commit(client, values["RL_VERIFY_NODE_CHECKOUT"],
-                                                  values["RL_VERIFY_REMOTE_RUNS_DIR"], key, p["commit"])
+                found[conn] = node.resolve_commit(client, values[settings.NODE_CHECKOUT_KEY],
+                                                  values[settings.REMOTE_RUNS_DIR_KEY], key, p["commit"])
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("
-            + ", ".join(f"{conn}: {r['sha'][:12]}" for conn, r in found.items())
+            + ", ".join(f"{conn}: {short_sha(r['sha'])}" for conn, r in found.items())
             + "): give a full SHA, or update the nodes' checkouts so that they agree")
     resolved: Resolved = {**found[nodes[0]], "run_key": key, "suites": p["suites"],  # type: ignore[typeddict-item]
                           "node": nodes[0], "suite_nodes": p["suite_nodes"],
@@ -304,7 +304,8 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None, dag_run_id: 
                                             engine.judged_metrics(data), int(abort.get("step") or 0),
                                             abort.get("expected_steps"))
         png = partial_plot(suite, meta["early_abort"]["certain"], suite_dir / "tracker.jsonl",
-                           suite_dir / "baseline.jsonl", lambda metric: engine.reference_points(data, metric), out)
+                           suite_dir / settings.BASELINE_TRACKER_FILE,
+                           lambda metric: engine.reference_points(data, metric), out)
         if png is not None:
             result.plots.append(str(png))
     else:

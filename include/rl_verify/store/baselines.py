@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rl_verify import settings
 from rl_verify.core.errors import InputError
 from rl_verify.core.files import write_atomic
+from rl_verify.core.names import short_sha
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.thresholds import field_errors, parse_json
 from rl_verify.engines import engine_of, known_suites, load_suite
@@ -509,9 +510,9 @@ def describe(rec: VersionRecord) -> str:
     if rec.source == "shipped":
         what = f"shipped ({rec.note.split(';')[0]})" if rec.note else "shipped"
         if rec.commit or rec.runs:
-            what += f", {rec.runs}-run mean" + (f" of commit {rec.commit[:12]}" if rec.commit else "")
+            what += f", {rec.runs}-run mean" + (f" of commit {short_sha(rec.commit)}" if rec.commit else "")
     else:
-        what = f"calibration of commit {(rec.commit or '?')[:12]}, N={rec.runs}"
+        what = f"calibration of commit {short_sha(rec.commit) or '?'}, N={rec.runs}"
         if rec.approved_by:
             when = f" on {rec.approved_at:%Y-%m-%d}" if rec.approved_at else ""
             what += f", approved by {rec.approved_by}{when}"
