@@ -1,0 +1,177 @@
+"""The report's words and numbers, shared by its Markdown and HTML: how a value, a threshold, a step, a rate
+and a metric's row are written, the rule in words, the spread and error-rate sentences, and plot captions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_verify.core import numbers
+from rl_verify.core.model import Check, SuiteResult
+from rl_verify.core.spread import DRIFT_WORDS
+
+
+def fmt_number(value: float | None) -> str:
+    """Compact display of a measurement; None -> "-" (no value), NaN/Infinity spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"{value:.6g}"
+    return str(value)
+
+
+def fmt_result(check: Check) -> str:
+    if check.missing:
+        return "missing"
+    return {True: "pass", False: "FAIL", None: "n/a"}[check.passed]
+
+
+def fmt_threshold(check: Check) -> str:
+    if check.threshold is None:
+        return "-"
+    return f"{check.operator} {fmt_number(check.threshold)}"
+
+
+def fmt_step(check: Check) -> str:
+    return "all steps" if check.step is None else str(check.step)
+
+
+def fmt_first_breach(check: Check) -> str:
+    return "-" if check.first_breach_step is None or not check.breached else str(check.first_breach_step)
+
+
+def pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "< 0.1%" if 0 < value < 0.001 else f"{value:.1%}"
+
+
+#: The confirmation rule in words a reader without statistics follows (its formula is the outcome's ``rule``).
+RULE_IN_WORDS = ("Training is noisy: a healthy commit sometimes misses a threshold by chance. So a FAIL that noise "
+                 "could explain is not believed at once: the suite is trained again at the same commit with new seeds. "
+                 "The FAIL stands only if the new runs, taken together, still miss the baseline by far more than "
+                 "run-to-run noise explains; it is cleared when a new run ends close enough to the baseline. A NaN, "
+                 "a crash, a wrong step count or a miss no noise produces is a FAIL at once, without repeating.")
+
+
+def estimates_sentence(est: dict[str, Any]) -> str:
+    """What the check tells apart, said once per baseline version and rule: these figures are the version's
+    (its spread and judged points) and the rule's, the same in every report against that version."""
+    return (f"Error rates of this check against this baseline version (the same in every verification against it "
+            f"with this rule; they do not depend on this run; estimated: {est.get('simulated')}; spread: "
+            f"{est.get('spread')}): one healthy run FAILs the runbook's thresholds "
+            f"{pct(est.get('single_run_false_alarm'))} of the time; after confirmation a healthy verification FAILs "
+            f"{pct(est.get('false_alarm'))} of the time, ends INCONCLUSIVE {pct(est.get('inconclusive'))}, and "
+            f"takes {est.get('mean_runs', 0):.2f} runs on average.")
+
+
+def spread_sentences(outcome: dict[str, Any]) -> list[str]:
+    """The spread the rule decided with, in sentences (plain text, for Markdown and HTML alike): the drift
+    alarm first, then its sources and, per metric, its sigma against the prior's."""
+    learned = outcome.get("spread") or {}
+    if not learned:
+        return []
+    out = [f"{DRIFT_WORDS}: {'; '.join(learned['drift'])}."] if learned.get("drift") else []
+    per_metric = "; ".join(
+        f"{m} {fmt_number(v['sigma'])}" + (f" ({v['moved']:.2f}x the prior's {fmt_number(v['prior_sigma'])}"
+                                           f"{', df ' + format(v['df'], 'g') if v.get('df') is not None else ''})"
+                                           if v.get("moved") is not None else "")
+        for m, v in (learned.get("metrics") or {}).items())
+    sources = "; ".join(learned.get("sources") or [])
+    out.append(f"The spread that decided (run-to-run sigma per metric, pooled): {sources}. Per metric: {per_metric}.")
+    return out
+
+
+def md_cell(text: str) -> str:
+    """Markdown table cell: no pipes or newlines from tracker strings can break the table."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
+
+def in_units(value: float | None, threshold: float | None) -> str:
+    """A spread or a shift of a metric with the digits its errors are shown with (``numbers.decimals_at``
+    of its threshold), so that the confirmation's table reads like the metric's own table."""
+    if value is None:
+        return "-"
+    return f"{float(value):.{numbers.decimals_at(threshold)}f}"
+
+
+def styles_of(checks: Sequence[Check]) -> dict[str, numbers.Style]:
+    """One number style per metric (``rl_verify.core.numbers``): every row of a metric shows the same digits."""
+    out: dict[str, numbers.Style] = {}
+    for metric in dict.fromkeys(c.metric for c in checks):
+        rows = [c for c in checks if c.metric == metric]
+        judged = next((c for c in rows if c.threshold is not None), rows[0])
+        out[metric] = numbers.style(metric, judged.method, judged.threshold, [c.baseline for c in rows])
+    return out
+
+
+def check_cells(check: Check, styles: dict[str, numbers.Style] | None = None) -> list[str]:
+    st = (styles or {}).get(check.metric) or styles_of([check])[check.metric]
+    note = check.note + (f"; shape: {check.shape_text}" if check.shape_text else "")
+    return [check.metric, fmt_step(check), fmt_first_breach(check), st.value(check.baseline),
+            st.value(check.current), st.error(check.error, check.baseline, check.current),
+            st.threshold(check.operator, check.threshold), check.method, fmt_result(check), check.source, note]
+
+
+HEADERS = ["metric", "values at step (eval point, or worst step)", "first breach at step", "baseline", "current",
+           "error", "threshold", "method", "result", "source", "note"]
+
+
+RESULT_COLUMN = HEADERS.index("result")
+
+
+#: Columns of words that may wrap anywhere (the others are numbers and short words, kept on one line).
+TEXT_COLUMNS = {HEADERS.index("metric"), HEADERS.index("note")}
+
+
+#: What each path role of ``ReportMeta.paths`` and ``SuiteResult.trackers`` names, in the files table.
+ROLE_NAMES = {"current": "current tracker", "baseline": "baseline tracker", "golden": "golden table"}
+
+
+def sources_line(suite: SuiteResult) -> str | None:
+    """Where the table's numbers come from; None when no tracker was read (nothing to say). The files
+    themselves are in the report's files table: one place for every path."""
+    if not suite.trackers:
+        return None
+    names = ", ".join(ROLE_NAMES.get(role, role) for role in suite.trackers)
+    return (f"Measurements: every baseline/current number comes from the {names} (see Files; line numbers in the "
+            "note column)."
+            + (" The e2e wall time is the launch-to-end duration given by the caller (in a DAG run: the job's "
+               "start and end on the node)."
+               if any(c.metric == "e2e wall time" for c in suite.checks) else ""))
+
+
+def checker_line(suite: SuiteResult) -> str | None:
+    """The checker's own words, with its step numbers translated into the tracker's."""
+    if suite.checker is None:
+        return None
+    reason = f" (reason: {suite.checker['reason']})" if suite.checker.get("reason") else ""
+    line = (f"Checker (checkout's check_rl_result): ok={suite.checker.get('ok')}{reason}: "
+            f"{suite.checker.get('message', '')}")
+    translations = suite.details.get("checker_step_translations") or []
+    if translations:
+        line += " [in tracker steps: " + "; ".join(translations) + "]"
+    return line
+
+
+def plot_caption(path: str) -> str:
+    """What a plot shows: the checker's own figure (GRPO's check_rl_result draws one) is said to be that,
+    so a second set of curves is not mistaken for another run."""
+    name = Path(path).name
+    if "/checker/" in path.replace("\\", "/"):
+        return (f"The checkout's check_rl_result's own plot ({name}): the same baseline and current trackers, "
+                "drawn by the checker")
+    return f"Baseline (reference) and current per metric, with the threshold band shaded where judged ({name})"
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Plain text columns (two spaces apart); None and "" show as ``-`` (the CLI's tables)."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
