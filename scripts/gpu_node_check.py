@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rl_verify.node import gpu as node_gpu
 from rl_verify.node import ops, remote
 from rl_verify.suites.spec import NodeNeeds
 
@@ -56,7 +57,7 @@ def smi(kind: str, fields: str) -> tuple[int, str]:
 
 
 def apps() -> list[dict[str, Any]]:
-    return ops.parse_compute_apps(smi(*APP_QUERY)[1])[0]
+    return node_gpu.parse_compute_apps(smi(*APP_QUERY)[1])[0]
 
 
 def running(pid: int) -> bool:
@@ -122,7 +123,7 @@ class Checker:
                 proc.wait()
 
 
-def summary(reading: ops.GpuReading | None) -> str:
+def summary(reading: node_gpu.GpuReading | None) -> str:
     if reading is None:
         return "no GPU reading"
     used = ", ".join(f"GPU {g['index']} {g['used_mib']}/{g['total_mib']} MiB" for g in reading.gpus)
@@ -208,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         status, out, err = bash(remote.cleanup_script(layout.run_dir, key, gpu_wait_s=60), timeout=300)
         took = time.monotonic() - t0
         lines = [line for line in (out + err).splitlines() if line.strip()]
-        gpu = [line for line in lines if line.startswith(ops._GPU_TAGS)]
-        reading = ops.gpu_reading(gpu)
-        said = ops.gpu_release_line(reading)
+        gpu = [line for line in lines if line.startswith(node_gpu.GPU_TAGS)]
+        reading = node_gpu.gpu_reading(gpu)
+        said = node_gpu.gpu_release_line(reading)
         c.save("after-cleanup")
         alive = [p for p in pids if running(p)]
-        actions = "; ".join(line for line in lines if not line.startswith(ops._GPU_TAGS))
-        c.line(status == 0 and said.startswith(ops.GPUS_FREE) and not alive, "cleanup",
+        actions = "; ".join(line for line in lines if not line.startswith(node_gpu.GPU_TAGS))
+        c.line(status == 0 and said.startswith(node_gpu.GPUS_FREE) and not alive, "cleanup",
                f"{said}; cleanup took {took:.1f} s ({actions})")
 
         # 5. idle again

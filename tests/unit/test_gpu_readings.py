@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_verify.node import gpu as node_gpu
 from rl_verify.node import ops, remote
 from rl_verify.suites.spec import NodeNeeds
 
@@ -27,12 +28,12 @@ def captured(stage: str, query: str) -> str:
     return (DATA / f"{stage}.query-{query}.csv").read_text()
 
 
-def reading(stage: str, whose: str = "other") -> ops.GpuReading:
+def reading(stage: str, whose: str = "other") -> node_gpu.GpuReading:
     """The stage's capture as gpu_state would have printed it, every process ``whose``."""
     lines = [f"GPUMEM\t{line}" for line in captured(stage, "gpu").splitlines()]
     lines += [f"GPUAPP\t{line}\tbob\t{whose}\tpython3 train.py"
               for line in captured(stage, "compute-apps").splitlines()]
-    return ops.gpu_reading(lines)
+    return node_gpu.gpu_reading(lines)
 
 
 # ----------------------------------------------------------------------------- the captured H200 outputs
@@ -42,21 +43,21 @@ def test_the_captures_say_where_they_come_from():
 
 
 def test_an_idle_h200_reads_zero_mib_and_no_process():
-    gpus, other = ops.parse_gpu_query(captured("idle", "gpu"))
+    gpus, other = node_gpu.parse_gpu_query(captured("idle", "gpu"))
     assert other == [] and len(gpus) == 1
     (gpu,) = gpus
     assert gpu["name"] == "NVIDIA H200" and gpu["used_mib"] == 0 and gpu["total_mib"] == 143771
     assert gpu["uuid"].startswith("GPU-") and re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.\d", gpu["bus_id"])
     assert gpu["error"] is None
-    assert ops.parse_compute_apps(captured("idle", "compute-apps")) == ([], [])
-    assert ops.gpu_problems(reading("idle"), 1024) == []
-    assert ops.gpu_release_line(reading("idle")).startswith("GPUs free")
+    assert node_gpu.parse_compute_apps(captured("idle", "compute-apps")) == ([], [])
+    assert node_gpu.gpu_problems(reading("idle"), 1024) == []
+    assert node_gpu.gpu_release_line(reading("idle")).startswith("GPUs free")
 
 
 def test_a_foreign_cuda_process_makes_the_node_not_ready_naming_gpu_pid_user_command_memory_and_fix():
-    apps, other = ops.parse_compute_apps(captured("foreign", "compute-apps"))
+    apps, other = node_gpu.parse_compute_apps(captured("foreign", "compute-apps"))
     assert other == [] and len(apps) == 1 and apps[0]["used_mib"] > 4096  # 4 GiB asked + the CUDA context
-    (problem,) = ops.gpu_problems(reading("foreign"), 1024)
+    (problem,) = node_gpu.gpu_problems(reading("foreign"), 1024)
     pid, mib = apps[0]["pid"], apps[0]["used_mib"]
     assert problem.startswith("not ready: GPU 0 (")
     for words in (f"pid {pid} of user bob (python3 train.py)", f"holding {mib} MiB of 143771 MiB",
@@ -68,30 +69,30 @@ def test_a_foreign_cuda_process_makes_the_node_not_ready_naming_gpu_pid_user_com
 
 
 def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are():
-    apps, _ = ops.parse_compute_apps(captured("job", "compute-apps"))
+    apps, _ = node_gpu.parse_compute_apps(captured("job", "compute-apps"))
     assert len({a["pid"] for a in apps}) == 2  # the job's process and its detached grandchild
-    assert ops.gpu_problems(reading("job", "own"), 1024) == []
-    theirs = ops.gpu_problems(reading("job", "other"), 1024)
+    assert node_gpu.gpu_problems(reading("job", "own"), 1024) == []
+    theirs = node_gpu.gpu_problems(reading("job", "other"), 1024)
     assert len(theirs) == 2 and all(f"pid {a['pid']} " in p for a, p in zip(apps, theirs))
-    assert ops.gpu_release_line(reading("job", "own")).startswith(
+    assert node_gpu.gpu_release_line(reading("job", "own")).startswith(
         f"GPU memory still held by pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB)")
     # Another run's or user's live processes are not this run's memory: named, not "held".
-    assert ops.gpu_release_line(reading("job", "other")).startswith(
+    assert node_gpu.gpu_release_line(reading("job", "other")).startswith(
         f"GPUs free of this run's processes; in use by others (the next run is refused while they run): "
         f"pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB), on GPU 0: bob's python3 train.py")
 
 
 def test_after_cleanup_the_gpus_are_free():
-    assert ops.parse_compute_apps(captured("after-cleanup", "compute-apps")) == ([], [])
-    line = ops.gpu_release_line(reading("after-cleanup"))
+    assert node_gpu.parse_compute_apps(captured("after-cleanup", "compute-apps")) == ([], [])
+    line = node_gpu.gpu_release_line(reading("after-cleanup"))
     assert line.startswith("GPUs free: no compute process on the node's 1 GPU(s)")
 
 
 def test_a_pid_the_driver_lists_that_is_no_process_here_holds_memory_until_reset():
     r = reading("foreign", "gone")
-    (problem,) = ops.gpu_problems(r, 1024)
+    (problem,) = node_gpu.gpu_problems(r, 1024)
     assert "no process of the node now" in problem and "nvidia-smi --gpu-reset -i 0" in problem
-    held = ops.gpu_release_line(r)
+    held = node_gpu.gpu_release_line(r)
     pid = r.apps[0]["pid"]
     assert held.startswith(f"GPU memory still held by pid {pid} ({r.apps[0]['used_mib']} MiB), on GPU 0")
     assert "Fix:" in held
@@ -99,21 +100,22 @@ def test_a_pid_the_driver_lists_that_is_no_process_here_holds_memory_until_reset
 
 def test_memory_above_the_floor_that_no_process_explains_is_not_ready_below_it_is():
     line = captured("idle", "gpu").strip().replace(", 0, 143771", ", 21504, 143771")
-    r = ops.gpu_reading([f"GPUMEM\t{line}"])
-    (problem,) = ops.gpu_problems(r, 1024)
+    r = node_gpu.gpu_reading([f"GPUMEM\t{line}"])
+    (problem,) = node_gpu.gpu_problems(r, 1024)
     assert "21504 MiB of 143771 MiB in use that no compute process" in problem and "1024 MiB floor" in problem
-    assert ops.gpu_problems(r, 30000) == []
-    assert ops.gpu_release_line(r, 1024).startswith("GPU memory still held by 21504 MiB on GPU 0")
+    assert node_gpu.gpu_problems(r, 30000) == []
+    assert node_gpu.gpu_release_line(r, 1024).startswith("GPU memory still held by 21504 MiB on GPU 0")
 
 
 def test_nvidia_smi_failing_or_a_gpu_in_an_error_state_is_not_ready_quoting_it():
     lost = "Unable to determine the device handle for GPU00000000:18:00.0: Unknown Error"
-    r = ops.gpu_reading([f"GPUERR\tgpu\t15\t{lost}"])
-    (problem,) = ops.gpu_problems(r, 1024)
+    r = node_gpu.gpu_reading([f"GPUERR\tgpu\t15\t{lost}"])
+    (problem,) = node_gpu.gpu_problems(r, 1024)
     assert problem.startswith("not ready: nvidia-smi --query-gpu failed (exit 15): ") and lost in problem
-    assert ops.gpu_release_line(r).startswith("GPUs not read after the stop") and lost in ops.gpu_release_line(r)
+    line = node_gpu.gpu_release_line(r)
+    assert line.startswith("GPUs not read after the stop") and lost in line
     reset = captured("idle", "gpu").strip().replace(", 0, 143771", ", [GPU requires reset], 143771")
-    (problem,) = ops.gpu_problems(ops.gpu_reading([f"GPUMEM\t{reset}"]), 1024)
+    (problem,) = node_gpu.gpu_problems(node_gpu.gpu_reading([f"GPUMEM\t{reset}"]), 1024)
     assert "is in an error state: nvidia-smi reports memory.used '[GPU requires reset]'" in problem
     assert "nvidia-smi --gpu-reset -i 0" in problem
 
@@ -163,7 +165,7 @@ def test_gpu_state_marks_the_runs_own_processes_by_their_marker(replayed_smi):
     assert whose == {own: "own", other: "other", 4194303: "gone"}
     (gpu,) = r.gpus
     assert gpu["used_mib"] == int(captured("job", "gpu").split(", ")[4])
-    problems = ops.gpu_problems(r, 1024)
+    problems = node_gpu.gpu_problems(r, 1024)
     assert len(problems) == 2 and f"pid {other} of user" in problems[0] and "pid 4194303 (" in problems[1]
 
 
@@ -200,7 +202,7 @@ def test_cleanup_waits_boundedly_for_the_gpus_and_says_who_still_holds_memory(re
     assert str(own) in before.split()  # the run's process on the GPU, seen before the stop
     # The own sleep was TERMed by its marker; the stand-in still lists the gone pid: the bound is waited.
     assert 1000 <= int(waited_ms) < 10000
-    said = ops.gpu_release_line(ops.gpu_reading(lines))
+    said = node_gpu.gpu_release_line(node_gpu.gpu_reading(lines))
     assert said.startswith(f"GPU memory still held by pid {own} (") and "pid 4194303 (" in said
 
 
@@ -241,9 +243,9 @@ def test_the_simulated_nvidia_smi_answers_in_the_captured_format(tmp_path):
         rc, out = ask(app_q)
         (line,) = out.splitlines()
         assert _shape(line) == _shape(captured("foreign", "compute-apps").strip())
-        (app,), _ = ops.parse_compute_apps(out)
+        (app,), _ = node_gpu.parse_compute_apps(out)
         assert app["pid"] == foreign.pid and app["used_mib"] == 21504
-        gpus, _ = ops.parse_gpu_query(ask(gpu_q)[1])
+        gpus, _ = node_gpu.parse_gpu_query(ask(gpu_q)[1])
         assert gpus[2]["used_mib"] == 21504 and app["uuid"] == gpus[2]["uuid"]
     finally:
         foreign.kill()
@@ -252,14 +254,14 @@ def test_the_simulated_nvidia_smi_answers_in_the_captured_format(tmp_path):
     rc, out = ask(gpu_q)
     assert rc == 15 and out.splitlines()[0] == "Unable to determine the device handle for GPU00000000:18:00.0: " \
                                                "Unknown Error"
-    assert len(ops.parse_gpu_query(out)[0]) == 7
+    assert len(node_gpu.parse_gpu_query(out)[0]) == 7
 
 
 # ----------------------------------------------------------------------------- what people are told
 def test_the_verdict_and_the_infrastructure_messages_state_the_gpus_after_cleanup():
     from rl_verify.orchestration import notify
 
-    held = ops.gpu_release_line(reading("foreign", "gone"))
+    held = node_gpu.gpu_release_line(reading("foreign", "gone"))
     summary = {"verdict": "PASS", "suites": [{"suite": "grpo", "verdict": "PASS"}], "gpus": [held]}
     _, body = notify.verdict(summary, "main (abc)", "manual__1", None)
     assert f"Node after cleanup: {held}" in body
