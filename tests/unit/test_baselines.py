@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
 from rl_verify import settings
-from rl_verify.store import baselines
+from rl_verify.store import baseline_files, baselines
 from rl_verify.store.baselines import Provenance
 from rl_verify.cli import main
 from rl_verify.core.errors import InputError
@@ -74,7 +74,7 @@ def test_runs_importing_v1_together_wait_for_its_writer_instead_of_calling_it_an
     """A bisection's probes start together on a fresh store: one writes v1 (version.json last), the others wait."""
     import threading
 
-    real_put, started = baselines._put, threading.Event()
+    real_put, started = baseline_files.put, threading.Event()
 
     def slow_put(path, data, root):
         if path.name == "version.json":
@@ -82,7 +82,7 @@ def test_runs_importing_v1_together_wait_for_its_writer_instead_of_calling_it_an
             threading.Event().wait(1.0)  # the writer is slow: another run looks meanwhile
         return real_put(path, data, root)
 
-    monkeypatch.setattr(baselines, "_put", slow_put)
+    monkeypatch.setattr(baseline_files, "put", slow_put)
     writer = threading.Thread(target=baselines.import_shipped, args=("opd",))
     writer.start()
     assert started.wait(10)
