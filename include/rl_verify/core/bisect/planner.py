@@ -1,161 +1,12 @@
-"""Bisection of a reproduced FAIL to the commit that caused it: the planner (issue 22; pure, no Airflow).
-
-The caller (the bisection DAG, ``scripts/bench_bisect.py``) owns the probes: each probe is a normal
-verification of one commit (early abort, the confirmation rule's repeats, its report, cleanup). This
-module only says, from what is known so far, what to do next. It keeps no state: call :func:`plan`
-again whenever a probe ends or a node becomes free.
-
-Inputs:
-
-* ``commits``: the range, oldest first: ``commits[0]`` the good end (the last verified PASS),
-  ``commits[-1]`` the bad end (the FAIL), every commit between them in first-parent order.
-* ``readings``: per commit, what each finished probe of *this* bisection said, reduced to a
-  :class:`Reading` by :func:`reading` (GOOD, BAD, SKIP, UNSURE).
-* ``record``: per commit, a *decided* verification the record store already holds for that exact
-  commit, baseline version and experiment fingerprint (the caller looks it up; usually only for the
-  ends). A recorded GOOD or BAD is trusted as it is: it is not re-checked and needs no confirmation.
-* ``running``: commits whose probe is in flight; ``free``: nodes free now (P).
-
-Rules (each pinned by ``tests/unit/test_bisect.py``):
-
-* **Ends.** An end without a recorded outcome is probed (the bad end first). Until its probe says
-  otherwise the good end is presumed GOOD and the bad end BAD, so free nodes split the range meanwhile.
-  A good end that reads BAD, or a bad end that reads GOOD, ends the bisection once that reading is
-  confirmed (below): the regression is not in the range, or did not reproduce. An end that cannot be
-  checked (SKIP) ends it too: without both ends there is no answer.
-* **The bracket.** ``high`` = the first BAD commit, ``low`` = the last GOOD commit before it. Only
-  commits strictly between them can move the answer: those are probed, everything else that is still
-  running is stopped (:attr:`Plan.stop`).
-* **Splitting.** P probes at once split the open commits into P+1 parts of (nearly) equal numbers of
-  possible culprits: P = 1 is a binary search, P = 2 a ternary one. Probes already running count as
-  split points: new probes go to the largest parts left.
-* **SKIP** (a commit that cannot be checked out or launched, or failed as infrastructure): never
-  probed again; the split goes around it. When only skipped commits lie between ``low`` and ``high``,
-  the culprit is reported as the range ``low+1 .. high`` (mozregression's "skip").
-* **Answer.** An adjacent (GOOD, BAD) pair, skipped commits allowed between them, each side confirmed:
-  ``Settings.confirm`` agreeing readings (default 2: one more probe of each side, run in parallel),
-  a recorded outcome, or a majority (below). A single probe's outcome is wrong now and then at
-  realistic noise (a regressed commit's first run can pass); re-reading the two commits the answer
-  rests on catches it, and a contradicted pair member sends the search back into the range.
-* **Conflicts.** A commit with GOOD and BAD readings is flaky at this size of effect: it is probed
-  again until 3 or more GOOD/BAD readings with a strict majority decide it (PyTorch's autorevert calls
-  such a signal flaky; here the majority of fresh verifications settles it).
-* **INCONCLUSIVE** (the confirmation budget spent without a decision): the commit is probed once more
-  with a fresh verification (``Settings.unsure_retries``); if that is still UNSURE it is treated as
-  skipped: the search goes around it and the culprit may end up a range that includes it.
-* **Contradictions.** A GOOD commit after the first BAD one contradicts the single-change assumption:
-  every commit in it with fewer than two agreeing readings is probed again (no split meanwhile);
-  when each is confirmed and it still holds, the answer is INCONSISTENT (more than one change, or a
-  flaky signal), with the commits named.
-
-:func:`worst_case` gives the most probes and rounds one range can take (for the approval card):
-exact over every culprit position (and every position of ``skips`` skipped commits), with truthful
-readings; conflicts and INCONCLUSIVE readings add probes beyond it.
-"""
+"""The bisection planner: from the readings so far, each commit's state and what to probe, stop or answer next
+(:func:`plan`; its rules are the package docstring's). Keeps no state; standard library only."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Collection, Mapping, Sequence
 
-#: The longest range (commits after the good one) a bisection accepts by default: at P = 1 with both ends
-#: re-checked and the pair confirmed it costs at most 10 probes; longer ranges usually mean a wrong "good".
-MAX_COMMITS = 64
-
-# The verification outcomes a probe ends with (core.confirm's words; kept literal so that this module
-# imports nothing but the standard library).
-_PASS_LIKE = ("PASS", "PASS (not reproduced)")
-_REPRODUCED = "FAIL (reproduced)"
-_FAIL = "FAIL"
-_INCONCLUSIVE = "INCONCLUSIVE"
-#: What the caller passes for a commit that could not be checked out or launched at all.
-SKIPPED_OUTCOME = "SKIP"
-
-
-class Reading(str, enum.Enum):
-    """What one probe says about its commit, for the bisection."""
-
-    GOOD = "good"        # the regression is not in this commit
-    BAD = "bad"          # it is
-    SKIP = "skip"        # the commit could not be judged (checkout, launch, infrastructure)
-    UNSURE = "unsure"    # the confirmation rule ran out of budget (INCONCLUSIVE)
-
-
-def reading(outcome: str, failure_class: str | None = None, chased: str = "accuracy") -> Reading:
-    """A probe's verification outcome as a bisection reading.
-
-    ``outcome`` is the suite's outcome (``core.confirm``: PASS, PASS (not reproduced), FAIL (reproduced),
-    FAIL, INCONCLUSIVE) or ``SKIPPED_OUTCOME`` ("SKIP": not checked out / not launched);
-    ``failure_class`` the class of a plain FAIL; ``chased`` the class the bisection follows (the bad
-    end's: accuracy or performance). Promises:
-
-    * PASS, PASS (not reproduced) -> GOOD; FAIL (reproduced) -> BAD; INCONCLUSIVE -> UNSURE; SKIP -> SKIP.
-    * FAIL of the infrastructure class (crash, stall, no tracker, a log rule) -> SKIP: the commit was not
-      judged. A FAIL of the chased class -> BAD. A performance FAIL while chasing accuracy -> GOOD (that
-      class means every accuracy check held); an accuracy FAIL while chasing performance -> SKIP (its
-      timing was not measured to the end).
-    * Anything else raises ``ValueError`` naming the accepted values.
-    """
-    if outcome in _PASS_LIKE:
-        return Reading.GOOD
-    if outcome == _REPRODUCED:
-        return Reading.BAD
-    if outcome == _INCONCLUSIVE:
-        return Reading.UNSURE
-    if outcome == SKIPPED_OUTCOME:
-        return Reading.SKIP
-    if outcome == _FAIL:
-        if chased not in ("accuracy", "performance"):
-            raise ValueError(f"chased class {chased!r}: accuracy or performance")
-        if failure_class == "infrastructure":
-            return Reading.SKIP
-        if failure_class == chased:
-            return Reading.BAD
-        if failure_class == "performance":
-            return Reading.GOOD
-        if failure_class == "accuracy":
-            return Reading.SKIP
-        raise ValueError(f"a FAIL needs its failure class (accuracy, performance, infrastructure), got "
-                         f"{failure_class!r}")
-    raise ValueError(f"unknown probe outcome {outcome!r}: one of {', '.join(_PASS_LIKE)}, {_REPRODUCED}, {_FAIL}, "
-                     f"{_INCONCLUSIVE}, {SKIPPED_OUTCOME}")
-
-
-class BisectInputError(ValueError):
-    """A range or a call the planner refuses; ``param`` names the parameter to change, ``fix`` how."""
-
-    def __init__(self, problem: str, param: str, fix: str) -> None:
-        self.problem, self.param, self.fix = problem, param, fix
-        super().__init__(f"{param}: {problem}. Fix: {fix}")
-
-
-def check_range(commits: Sequence[str], max_commits: int = MAX_COMMITS) -> tuple[str, ...]:
-    """``commits`` (good first, bad last) as a tuple, or ``BisectInputError`` naming the param and the fix.
-
-    Refused: good and bad the same commit; no commit after good (an empty range: bad is not after good);
-    a commit listed twice; more than ``max_commits`` commits after good. Whether good is an ancestor of
-    bad is the caller's check (``git merge-base --is-ancestor`` on the node).
-    """
-    commits = tuple(commits)
-    if len(commits) >= 2 and commits[0] == commits[-1] or len(commits) == 1:
-        raise BisectInputError(f"good and bad are the same commit ({commits[0]})", "bad",
-                               "give the failing commit as bad and an older, passing commit as good")
-    if len(commits) < 2:
-        raise BisectInputError("the range is empty: no commit lies between good and bad", "good",
-                               "give as good an ancestor of bad (the last verified PASS)")
-    seen: set[str] = set()
-    for commit in commits:
-        if commit in seen:
-            raise BisectInputError(f"commit {commit} is listed twice", "commits",
-                                   "list each commit of good..bad once, oldest first")
-        seen.add(commit)
-    if len(commits) - 1 > max_commits:
-        raise BisectInputError(f"{len(commits) - 1} commits after good, more than the maximum of {max_commits}",
-                               "good", f"choose a good commit at most {max_commits} commits before bad (a later "
-                               "verified PASS), or raise the maximum")
-    return commits
+from rl_verify.core.bisect.readings import MAX_COMMITS, BisectInputError, Reading, check_range
 
 
 @dataclass(frozen=True)
@@ -225,9 +76,17 @@ class Culprit:
 
 # Kinds of answer.
 CULPRIT = "culprit"
+
+
 GOOD_END_FAILS = "good end fails"
+
+
 BAD_END_PASSES = "bad end passes"
+
+
 END_SKIPPED = "end not judged"
+
+
 INCONSISTENT = "inconsistent"
 
 
@@ -457,58 +316,3 @@ def _assemble(commits: Sequence[str], states: Sequence[CommitState], must: list[
                            "answer")
     return Plan(tuple(commits[i] for i in chosen), tuple(commits[i] for i in stop), None, low, high, tuple(states),
                 why)
-
-
-@dataclass(frozen=True)
-class Worst:
-    """The most probes (verifications) and rounds (probes in parallel count once) one range can take, and a
-    culprit position that takes them. Training runs: ``probes`` x (1 + the confirmation's repeats)."""
-
-    probes: int
-    rounds: int
-    culprit_at: int
-
-
-@lru_cache(maxsize=256)
-def worst_case(n_commits: int, free: int, *, good_known: bool = False, bad_known: bool = False,
-               settings: Settings = Settings(), skips: int = 0) -> Worst:
-    """The worst case of :func:`plan` over a range of ``n_commits`` commits after good, with ``free`` nodes.
-
-    Exact: every culprit position (and, with ``skips`` = 1, every position of one skipped commit that is
-    not an end) is bisected with truthful readings, each round launching what :func:`plan` asks for
-    and waiting for all of it. ``good_known`` / ``bad_known``: the ends' outcomes come from the record.
-    Not included: conflicting or INCONCLUSIVE readings (each costs one or two more probes) and more
-    skipped commits than ``skips``. ``skips`` is 0 or 1.
-    """
-    if skips not in (0, 1):
-        raise BisectInputError(f"skips = {skips}", "skips", "0 or 1")
-    if free < 1:
-        raise BisectInputError(f"free = {free}", "free", "1 or more nodes")
-    commits = check_range([str(i) for i in range(n_commits + 1)], max(MAX_COMMITS, n_commits))
-    record = {**({commits[0]: Reading.GOOD} if good_known else {}),
-              **({commits[-1]: Reading.BAD} if bad_known else {})}
-    worst: Worst | None = None
-    skip_sets: list[tuple[int, ...]] = [()] if skips == 0 else [(s,) for s in range(1, n_commits)] or [()]
-    for culprit in range(1, n_commits + 1):
-        for skipped in skip_sets:
-            probes, rounds = _bisect_truthfully(commits, culprit, set(skipped), record, free, settings)
-            if worst is None or (probes, rounds) > (worst.probes, worst.rounds):
-                worst = Worst(probes, rounds, culprit)
-    assert worst is not None  # n_commits >= 1 (check_range)
-    return worst
-
-
-def _bisect_truthfully(commits: Sequence[str], culprit: int, skipped: set[int], record: Mapping[str, Reading],
-                       free: int, settings: Settings) -> tuple[int, int]:
-    readings: dict[str, list[Reading]] = {}
-    probes = rounds = 0
-    for _ in range(4 * len(commits) + 4):
-        step = plan(commits, readings, (), free, record=record, settings=settings, max_commits=len(commits))
-        if step.done:
-            return probes, rounds
-        for c in step.probe:
-            i = int(c)
-            readings.setdefault(c, []).append(Reading.SKIP if i in skipped else
-                                              Reading.GOOD if i < culprit else Reading.BAD)
-        probes, rounds = probes + len(step.probe), rounds + 1
-    raise RuntimeError(f"bisection of {len(commits) - 1} commits did not end (culprit {culprit})")  # a planner bug
