@@ -12,13 +12,13 @@ import re
 import pytest
 
 from conftest import GOLDEN, dump_rows, grpo_rows, opd_rows
-from rl_verify.core.calibration import (ceil_significant, grpo_baseline_rows, opd_proposal, proposal_table_markdown,
-                                   run_table, step_statistics, write_grpo_baseline)
+from rl_verify.core.calibration import run_table, step_statistics
 from rl_verify.core.errors import InputError
 from rl_verify.engines.grpo import compare_grpo
-from rl_verify.engines.opd import load_golden
+from rl_verify.engines.opd import OpdGolden, load_golden
 from rl_verify.engines import load_suite
-from rl_verify.core.thresholds import OpdGolden
+from rl_verify.engines.grpo.calibration import grpo_baseline_rows, write_grpo_baseline
+from rl_verify.engines.opd.calibration import ceil_significant, opd_proposal, proposal_table_markdown
 from rl_verify.core.tracker import MARKER, read_tracker
 
 OPD_POINTS = load_suite("opd").eval_points
@@ -248,7 +248,7 @@ def test_opd_golden_is_the_mean_at_every_eval_point_of_the_suite_spec(tmp_path, 
 
 
 def test_the_engine_proposes_at_the_eval_points_of_the_suite_spec(tmp_path):
-    from rl_verify.engines.opd import opd_golden_proposal
+    from rl_verify.engines.opd.calibration import opd_golden_proposal
 
     spec = load_suite("opd")
     proposal = opd_golden_proposal(spec, opd_runs(tmp_path, {r: noisy(r) for r in "abc"}), GOLDEN, "c" * 40)
@@ -347,7 +347,7 @@ def test_the_false_alarm_thresholds_hold_their_rate_for_the_n_runs_given():
     thresholds from the runs' own spread FAIL about 5% of verifications, the runbook's x1.5 far more."""
     import numpy as np
 
-    from rl_verify.core.calibration import false_alarm_thresholds
+    from rl_verify.engines.opd.calibration import false_alarm_thresholds
 
     rng = np.random.default_rng(5)
     fails, x15, trials = 0, 0, 2000
@@ -366,7 +366,7 @@ def test_the_false_alarm_thresholds_hold_their_rate_for_the_n_runs_given():
 
 
 def test_the_false_alarm_estimate_is_repeatable_and_falls_as_runs_are_added():
-    from rl_verify.core.calibration import false_alarm_rate, suite_false_alarm_rate
+    from rl_verify.engines.opd.calibration import false_alarm_rate, suite_false_alarm_rate
 
     rates = [false_alarm_rate(n, 6, 1.5) for n in (2, 3, 5, 8, 20)]
     assert rates == sorted(rates, reverse=True) and rates[-1] < 0.01

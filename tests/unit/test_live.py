@@ -16,7 +16,8 @@ import pytest
 from conftest import dump_rows, grpo_rows, opd_rows
 
 from rl_verify import engines
-from rl_verify.core.live import LiveWatch, rebuild
+from rl_verify.core.live import LiveWatch
+from rl_verify.core.livecheck import rebuild
 from rl_verify.core.tracker import TrackerFeed, read_tracker
 from rl_verify.engines import live_config, load_suite
 from rl_verify.engines.grpo import GrpoLive, compare_grpo, percentile_fail_count
@@ -326,7 +327,7 @@ def test_only_a_live_check_of_an_engine_module_is_rebuilt():
 
 def test_an_aborted_suite_is_an_accuracy_fail_naming_the_step_the_rule_and_the_runbook_step():
     from rl_verify.core.live import aborted_result
-    from rl_verify.core.nextsteps import GRPO_RULES
+    from rl_verify.engines.grpo import GRPO_RULES
 
     watch = _watch(GRPO, _baseline_bytes())
     watch.start()
@@ -415,7 +416,7 @@ def test_an_eval_metric_growing_into_its_bound_and_aborted_at_its_first_breach_i
     the five compared points the live check saw, not from the one breached row: gradual, so the runbook's
     training-loop rule comes first."""
     from rl_verify.core.live import aborted_result
-    from rl_verify.core.nextsteps import OPD_RULES
+    from rl_verify.engines.opd import OPD_RULES
 
     gsm8k = "eval/gsm8k/acc"  # threshold < 0.03: errors 0.003, 0.008, 0.014, 0.021 inside, 0.033 outside
     drift = {0: 0.003, 5: 0.008, 10: 0.014, 15: 0.021, 20: 0.033}
@@ -439,7 +440,7 @@ def test_an_eval_metric_growing_into_its_bound_and_aborted_at_its_first_breach_i
 def test_an_aborted_record_written_before_points_were_kept_still_reads_its_breach():
     """abort.json of an earlier version (no compared points): the row keeps the live check's own shape."""
     from rl_verify.core.live import aborted_result
-    from rl_verify.core.nextsteps import GRPO_RULES
+    from rl_verify.engines.grpo import GRPO_RULES
 
     abort = {"step": 1, "expected_steps": 45, "applied": True, "certain": [
         {"metric": "mismatch/mismatch_k3_kl", "step": 1, "rule": "every-step", "text": "error 0.00039 at step 1",

@@ -5,7 +5,9 @@ next step with its reason (the runbook's metric rules before the shape rules), t
 from __future__ import annotations
 
 from rl_verify.core.model import Check, SuiteResult
-from rl_verify.core.nextsteps import GRPO_RULES, OPD_RULES, suggest
+from rl_verify.core.nextsteps import suggest
+from rl_verify.engines.grpo import GRPO_RULES
+from rl_verify.engines.opd import OPD_RULES
 
 THRESHOLD = 0.1
 

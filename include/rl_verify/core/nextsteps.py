@@ -8,9 +8,9 @@ one is chosen in this order, because the runbook's metric rules name a cause wha
 
 1. no metric judged (a wrong step count), which makes every other reading moot;
 2. the runbook's metric rules: a ``mismatch/mismatch_k3_kl`` breach -> train/inference consistency
-   (logprob path, weight update, rollout backend), "check that first" for GRPO; an OPD
-   ``distill_kl`` breach with healthy rewards -> the teacher path (teacher endpoints, sampled tokens,
-   distillation loss); rewards-only drift -> rollout/judger, not distillation;
+   (logprob path, weight update, rollout backend), "check that first" where the engine's rules say so;
+   then the engine's own metric rules (``EngineRules.readings``: the opd engine's teacher-path and
+   rewards-only readings);
 3. the shape rules, read from every compared point of each breached metric: NaN/Infinity (the
    training diverged numerically), outside at step 1 / the first eval point (``from-start``) ->
    initialisation or config (weight mapping, seed, data order), growing into the bound (``gradual``)
@@ -28,7 +28,7 @@ failures say that no metric was judged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,22 +37,6 @@ from rl_verify.core.numbers import duration
 from rl_verify.core.shapes import ComparedPoint, Shape, classify
 
 MISMATCH = "mismatch/mismatch_k3_kl"
-DISTILL_KL = "distillation/reduced_distillation_kl"
-REWARDS = "response/rewards/mean"
-
-
-@dataclass(frozen=True)
-class EngineRules:
-    """The engine-specific rules of runbook section 3 that apply to a suite (its engine passes them)."""
-
-    #: GRPO: a mismatch/mismatch_k3_kl breach is looked at before anything else.
-    mismatch_first: bool = False
-    #: OPD: distill_kl vs rewards tells the teacher path from rollout/the judger.
-    distillation: bool = False
-
-
-GRPO_RULES = EngineRules(mismatch_first=True)
-OPD_RULES = EngineRules(distillation=True)
 
 
 def pass_steps() -> list[str]:
@@ -75,7 +59,7 @@ def shape_of(metric: str, checks: list[Check]) -> Shape | None:
     return classify(points, threshold)
 
 
-def _said(shapes: Mapping[str, Shape | None], metrics: Iterable[str]) -> str:
+def said(shapes: Mapping[str, Shape | None], metrics: Iterable[str]) -> str:
     return "; ".join(f"{m}: {shapes[m].text}" if shapes.get(m) else f"{m}: shape not known"
                      for m in sorted(set(metrics)))
 
@@ -120,6 +104,21 @@ class Reading:
         return f"Inference: secondary: {self.evidence}. {_capital(self.why)}: {self.action}."
 
 
+#: An engine's own metric rules: (the breached accuracy metrics, sorted; their shapes) -> its readings.
+MetricRules = Callable[[list[str], Mapping[str, Shape | None]], list[Reading]]
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """The engine-specific rules of runbook section 3 that apply to a suite (its engine passes them)."""
+
+    #: A mismatch/mismatch_k3_kl breach is looked at before anything else (GRPO).
+    mismatch_first: bool = False
+    #: The engine's own metric rules, read right after the mismatch rule and before the shape rules (OPD:
+    #: distill_kl vs rewards tells the teacher path from rollout/the judger); None: it has none.
+    readings: MetricRules | None = None
+
+
 def _capital(text: str) -> str:
     return text[:1].upper() + text[1:]
 
@@ -141,7 +140,7 @@ def _shape_readings(metrics: list[str], shapes: Mapping[str, Shape | None]) -> l
         for (k, _), names in groups.items():
             if k == kind and kind in SHAPE_RULES:
                 action, why = SHAPE_RULES[kind]
-                out.append(Reading(action, why, _said(shapes, names)))
+                out.append(Reading(action, why, said(shapes, names)))
     return out
 
 
@@ -171,8 +170,8 @@ def suggest(rules: EngineRules, checks: list[Check], verdict: str, failure_class
     """Next-step suggestions for one suite, each starting with "Inference:".
 
     ``rules`` (the engine's) selects the runbook's engine-specific rules (mismatch first for GRPO; the
-    teacher-path and rewards-only readings for OPD). The first line is the one first next step, with its
-    reason; the others are marked "secondary".
+    engine's own metric readings, such as OPD's teacher-path and rewards-only ones). The first line is the
+    one first next step, with its reason; the others are marked "secondary".
 
     ``reason`` is the cause of an infrastructure failure found before any comparison;
     ``step_times`` (current_mean, current_max, current_max_step, baseline_mean) feeds the
@@ -223,7 +222,7 @@ def diagnosis(rules: EngineRules, checks: list[Check], step_times: Mapping[str, 
     return out
 
 
-def _family_too(metric: str, accuracy: list[str], shapes: Mapping[str, Shape | None]) -> str:
+def family_too(metric: str, accuracy: list[str], shapes: Mapping[str, Shape | None]) -> str:
     """"; distillation/reduced_distillation_abs_loss breached the same way": the other breached metrics of
     ``metric``'s family, which the same reading explains ("" when none)."""
     same = [m for m in accuracy if m != metric and family(m) == family(metric)]
@@ -232,9 +231,9 @@ def _family_too(metric: str, accuracy: list[str], shapes: Mapping[str, Shape | N
     kind = shapes[metric].kind if shapes.get(metric) else None
     alike = [m for m in same if shapes.get(m) and shapes[m].kind == kind]  # type: ignore[union-attr]
     other = [m for m in same if m not in alike]
-    said = [f"{_names(alike)} breached the same way"] if alike else []
-    said += [f"{m}: {shapes[m].text}" if shapes.get(m) else f"{m} breached" for m in other]  # type: ignore[union-attr]
-    return "; " + "; ".join(said)
+    parts = [f"{_names(alike)} breached the same way"] if alike else []
+    parts += [f"{m}: {shapes[m].text}" if shapes.get(m) else f"{m} breached" for m in other]  # type: ignore[union-attr]
+    return "; " + "; ".join(parts)
 
 
 def _metric_readings(rules: EngineRules, accuracy: list[str], shapes: Mapping[str, Shape | None]) -> list[Reading]:
@@ -246,16 +245,7 @@ def _metric_readings(rules: EngineRules, accuracy: list[str], shapes: Mapping[st
                            "runbook section 3: a mismatch/mismatch_k3_kl breach means train/inference inconsistency"
                            + (", check that first for GRPO failures, before anything else" if rules.mismatch_first
                               else ""),
-                           _said(shapes, [MISMATCH])))
-    if rules.distillation and DISTILL_KL in accuracy and REWARDS not in accuracy:
-        out.append(Reading("suspect the teacher path (teacher endpoints, sampled tokens sent to the teachers, "
-                           "distillation loss)",
-                           "runbook section 3: an OPD distill_kl breach with healthy rewards points at the teacher "
-                           "path",
-                           _said(shapes, [DISTILL_KL]) + "; response/rewards/mean within its threshold"
-                           + _family_too(DISTILL_KL, accuracy, shapes)))
-    if rules.distillation and accuracy == [REWARDS]:
-        out.append(Reading("suspect rollout or the judger (reward function, answer parsing), not distillation",
-                           "runbook section 3: rewards-only drift points at rollout/judger, not distillation",
-                           _said(shapes, [REWARDS]) + "; every other judged metric within its threshold"))
+                           said(shapes, [MISMATCH])))
+    if rules.readings is not None:
+        out += rules.readings(accuracy, shapes)
     return out

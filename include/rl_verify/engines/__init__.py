@@ -1,9 +1,10 @@
-"""The engine registry: a suite spec's ``engine`` field -> the engine module of that name.
+"""The engine registry: a suite spec's ``engine`` field -> the engine package of that name.
 
-The registry imports no implementation: an engine is the module ``rl_verify.engines.<name>``
+The registry imports no implementation: an engine is the package ``rl_verify.engines.<name>``
 holding ``ENGINE`` (an :class:`~rl_verify.engines.base.Engine`), found by listing this package and
-imported by name the first time a spec names it. A new engine is one module here plus its data;
-a new suite on an existing engine is one spec file plus its data file (``rl_verify.suites``).
+imported by name the first time a spec names it. A new engine is one package here plus its suite's
+spec and data file, nothing else; a new suite on an existing engine is one spec file plus its data
+file (``rl_verify.suites``).
 
 :func:`load_suite` is the validated way to a suite: the spec's own shape (``suites.spec``), its
 engine known, its data file fitting that engine, and no contradiction between the two.
@@ -23,14 +24,10 @@ from rl_verify.core.errors import InputError
 from rl_verify.engines.base import Engine
 from rl_verify.suites.spec import SpecError, SuiteSpec, available_suites, data_file, read_spec, suites_dir
 
-#: Modules of this package that are not engines.
-_NOT_ENGINES = {"base"}
-
-
 def names() -> list[str]:
-    """Every engine: the modules of this package (but ``base`` and private ones), sorted."""
-    return sorted(m.name for m in pkgutil.iter_modules(__path__)
-                  if not m.name.startswith("_") and m.name not in _NOT_ENGINES)
+    """Every engine: the subpackages of this package (but private ones), sorted; its modules (``base``)
+    are what the engines share."""
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.ispkg and not m.name.startswith("_"))
 
 
 @lru_cache(maxsize=None)

@@ -1,11 +1,12 @@
 """What a comparison engine provides: the one base class the registry knows.
 
-An engine is one module under ``rl_verify/engines/`` named like the ``engine`` field of the suite
-specs that use it, holding a module-level ``ENGINE``, an instance of an :class:`Engine` subclass. It
+An engine is one package under ``rl_verify/engines/`` named like the ``engine`` field of the suite
+specs that use it, whose ``__init__`` holds ``ENGINE``, an instance of an :class:`Engine` subclass. It
 owns everything about its kind of comparison: its data file's model, the card's criteria, the
-comparison of archived files, the live check, the calibration proposal, the validation of a stored
-baseline version and the provenance of the baseline that ships. Nothing outside an engine module
-branches on an engine's or a suite's name.
+comparison of archived files, the live check, the calibration proposal, its rules of runbook
+section 3, the validation of a stored baseline version and the provenance of the baseline that
+ships. Nothing outside an engine's package branches on an engine's or a suite's name, and no other
+engine imports it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pydantic import BaseModel
 from rl_verify import settings
 from rl_verify.core.confirm import Layout, RunPoints, Spread
 from rl_verify.core.errors import InputError
-from rl_verify.core.live import LiveCheck
+from rl_verify.core.livecheck import LiveCheck
 from rl_verify.core.model import Check, SuiteResult
 from rl_verify.core.nextsteps import EngineRules
 from rl_verify.core.provenance import Provenance
@@ -36,7 +37,7 @@ TRACKER_FILE = settings.BASELINE_TRACKER_FILE
 class Engine(ABC):
     """One kind of comparison (see the module docstring); subclasses set the class attributes."""
 
-    #: The ``engine`` field of the specs that use it (= the module's name).
+    #: The ``engine`` field of the specs that use it (= the package's name).
     name: ClassVar[str]
     #: One line for the CLI's help.
     describe: ClassVar[str]
