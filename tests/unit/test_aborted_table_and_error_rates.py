@@ -15,7 +15,7 @@ from rl_verify.core import confirm
 from rl_verify.core.live import LiveWatch, full_aborted_checks
 from rl_verify.core.model import Check
 from rl_verify.engines import engine_of, live_config, load_suite
-from rl_verify.orchestration import verification as pipeline
+from rl_verify.orchestration import comparison, confirmation
 from rl_verify.store import record
 
 OPD = load_suite("opd")
@@ -57,7 +57,7 @@ def test_an_aborted_runs_table_has_every_judged_metric_judged_up_to_the_stop_or_
     abort = _aborted_record(run_dir)
     stop = abort["step"]
     with pytest.raises(AirflowFailException):  # a FAIL fails its compare task (after writing its result)
-        pipeline._compare_in(run_dir, "opd")
+        comparison._compare_in(run_dir, "opd")
     result = json.loads((run_dir / "opd" / "result.json").read_text())
     checks = [Check.from_dict(c) for c in result["checks"]]
     assert result["verdict"] == "FAIL" and result["failure_class"] == "accuracy"
@@ -87,7 +87,7 @@ def test_the_history_keeps_an_aborted_runs_metrics_within_their_bounds(tmp_path,
     run_dir = tmp_path / "run"
     _aborted_record(run_dir)
     with pytest.raises(AirflowFailException):  # a FAIL fails its compare task (after writing its result)
-        pipeline._compare_in(run_dir, "opd")
+        comparison._compare_in(run_dir, "opd")
     result = SuiteResult.from_dict(json.loads((run_dir / "opd" / "result.json").read_text()))
     store = tmp_path / "records" / settings.DAG_ID / "manual__1"
     store.mkdir(parents=True)
@@ -129,7 +129,7 @@ def _first_run(run_dir, complete: bool):
                          failure_class=None if complete else "accuracy")
     points = engine.run_points(spec, folder, result, {})
     points.complete = complete
-    record.write_json(folder / pipeline.POINTS_FILE, {
+    record.write_json(folder / confirmation.POINTS_FILE, {
         "verdict": points.verdict, "failure_class": points.failure_class, "breached": points.breached,
         "not_repeatable": points.not_repeatable, "complete": points.complete,
         "points": [p.__dict__ for p in points.points]})
@@ -148,15 +148,15 @@ def test_two_reports_on_the_same_version_state_the_same_error_rates_whatever_the
         asked.append((dict(layout.thresholds), dict(layout.steps), dict(spread.sigma), budget))
         return {"single_run_false_alarm": len(asked), "layout": {m: list(s) for m, s in layout.steps.items()}}
 
-    monkeypatch.setattr(pipeline, "estimate", fake_estimate)
-    monkeypatch.setattr(pipeline, "_spread", lambda run_dir, suite: confirm.Spread(
+    monkeypatch.setattr(confirmation, "estimate", fake_estimate)
+    monkeypatch.setattr(confirmation, "_spread", lambda run_dir, spec: confirm.Spread(
         {KL: 0.01, "eval/gsm8k/acc": 0.01}, 3, "test"))
     passed, aborted = tmp_path / "pass", tmp_path / "fail"
     full = _first_run(passed, complete=True)
     short = _first_run(aborted, complete=False)
     assert {p.step for p in short.points} < {p.step for p in full.points}  # the FAIL stopped at step 5
-    said_pass = pipeline._estimates(passed, "opd", 2)
-    said_fail = pipeline._estimates(aborted, "opd", 2)
+    said_pass = confirmation._estimates(passed, OPD, 2)
+    said_fail = confirmation._estimates(aborted, OPD, 2)
     # the same figures, computed once (the second report reads the first's from the store) ...
     assert said_pass == said_fail and len(asked) == 1
     # ... over every point a complete run is judged at against this version, not those the FAIL reached

@@ -15,7 +15,7 @@ from rl_verify.core.model import Check, SuiteResult
 from rl_verify.core.names import run_key
 from rl_verify.core.report import RULE_IN_WORDS, ReportMeta, render_html, render_markdown
 from rl_verify.orchestration import links, views
-from rl_verify.orchestration import verification as pipeline
+from rl_verify.orchestration import reporting
 
 RUN = "manual__2026-12-03T06:00:00+00:00"
 RULE = "repeat a FAIL that noise can produce ... Stouffer z ... Sidak bound"
@@ -117,21 +117,21 @@ def test_the_verdict_is_the_verdict_tasks_first_log_line_and_the_note_links_the_
 
     said = []
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://ui")
-    monkeypatch.setattr(pipeline, "_first_next_step", lambda run_id, report=None: "suspect the teacher path")
+    monkeypatch.setattr(reporting, "_first_next_step", lambda run_id, report=None: "suspect the teacher path")
 
     def send(title, body, failure=False):
         logging.getLogger("rl_verify.orchestration.notify").info("Notification sent: %s", title)
         said.append(("notify", title))
 
     monkeypatch.setattr(notify, "send", send)
-    monkeypatch.setattr(pipeline, "_notify_verdict", lambda summary, run_id: send("verdict", ""))
-    monkeypatch.setattr(pipeline, "_note_run", lambda run_id, note: said.append(("note", note)))
+    monkeypatch.setattr(reporting, "_notify_verdict", lambda summary, run_id: send("verdict", ""))
+    monkeypatch.setattr(reporting, "_note_run", lambda run_id, note: said.append(("note", note)))
     summary = {"verdict": "FAIL", "record": "/r", "failure_classes": ["accuracy"], "failed_suites": ["opd"],
                "suites": [{"suite": "opd", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
                            "breached": [{"metric": "distillation/reduced_distillation_kl", "first_breach_step": 5,
                                          "steps": "5-25"}]}]}
     with caplog.at_level("INFO"), pytest.raises(AirflowFailException):
-        pipeline.verdict(summary, RUN)
+        reporting.verdict(summary, RUN)
     first = caplog.records[0].getMessage()
     assert first.startswith("FAIL (accuracy): opd distillation/reduced_distillation_kl breached at steps 5-25")
     assert "next step: suspect the teacher path" in first
@@ -197,12 +197,12 @@ def test_a_long_fail_note_fits_the_runs_header_naming_its_first_breach_and_how_m
             {"metric": "distillation/reduced_distillation_abs_loss", "steps": "5"}]}]}
     line = ("FAIL (accuracy): opd distillation/reduced_distillation_kl breached at step 5; distillation/"
             f"reduced_distillation_abs_loss breached at step 5 (FAIL (reproduced) over 2 runs); report: {view}")
-    note = pipeline.run_note(summary, line, view)
+    note = reporting.run_note(summary, line, view)
     said, link = note.split(" ([report](")
     assert said == "FAIL (accuracy): opd distillation/reduced_distillation_kl breached at step 5 (+1 more)"
-    assert len(said) <= pipeline.NOTE_FITS and link == view + "))"
+    assert len(said) <= reporting.NOTE_FITS and link == view + "))"
     short = f"FAIL (accuracy): grpo eval/accuracy breached at step 45; report: {view}"
-    assert pipeline.run_note({"verdict": "FAIL", "suites": []}, short, view) == (
+    assert reporting.run_note({"verdict": "FAIL", "suites": []}, short, view) == (
         f"FAIL (accuracy): grpo eval/accuracy breached at step 45 ([report]({view}))")
 
 

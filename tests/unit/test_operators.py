@@ -276,21 +276,21 @@ def test_a_repeat_gate_that_says_no_skips_that_repeat_and_every_later_one_of_its
     from airflow.sdk import DAG
     from airflow.sdk.exceptions import DownstreamTasksSkipped
 
-    from rl_verify.orchestration import verification, verification_dag
+    from rl_verify.orchestration import confirmation, verification_dag
 
     with DAG("gate_probe", schedule=None, params=verification_dag.params()) as dag:
         verification_dag.build()
     gate = dag.get_task("repeat_opd-r1")
     ti = FakeTI({})
     ti.task, ti.task_id = gate, gate.task_id
-    monkeypatch.setattr(verification, "repeat_gate", lambda suite, attempt, run_id: False)
+    monkeypatch.setattr(confirmation, "repeat_gate", lambda suite, attempt, run_id: False)
     with pytest.raises(DownstreamTasksSkipped) as skipped:
         gate.python_callable("opd", 1, run_id="r", ti=ti)
     names = set(skipped.value.tasks)
     assert names == {f"{kind}_opd-r{k}" for kind in ("run", "fetch", "compare") for k in (1, 2, 3)} | {
         "repeat_opd-r2", "repeat_opd-r3"}, sorted(names)
     # A yes skips nothing: the repeat trains.
-    monkeypatch.setattr(verification, "repeat_gate", lambda suite, attempt, run_id: True)
+    monkeypatch.setattr(confirmation, "repeat_gate", lambda suite, attempt, run_id: True)
     assert gate.python_callable("opd", 1, run_id="r", ti=ti) is True
 
 

@@ -1,5 +1,6 @@
 """Task bodies refuse bad input before any remote command, and fail with the reason when the record
-store cannot be written (rl_verify.orchestration.verification, no Airflow server, no node: SSH is replaced by a spy).
+store cannot be written (rl_verify.orchestration.verification, comparison and reporting, no Airflow server,
+no node: SSH is replaced by a spy).
 
 Connections are read the way tasks read them, from ``AIRFLOW_CONN_<ID>`` (the SDK resolves those
 outside a task context too).
@@ -17,6 +18,7 @@ import pytest
 
 from rl_verify import settings
 
+from rl_verify.orchestration import comparison, reporting
 from rl_verify.orchestration import verification as pipeline
 
 from rl_verify.store import record
@@ -133,11 +135,11 @@ def test_report_into_an_unwritable_record_store_fails_naming_it_and_verdict_says
     blocker, blocked = _blocked(tmp_path)
     monkeypatch.setattr(settings, "RECORD_ROOT", blocked)
     with pytest.raises(OSError) as err:
-        pipeline.report("manual__1", _params(), None)
+        reporting.report("manual__1", _params(), None)
     assert str(blocker) in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]  # nothing half-written anywhere
     with pytest.raises(RuntimeError, match="no report was written"):
-        pipeline.verdict(None)
+        reporting.verdict(None)
 
 
 def test_unwritable_record_store_fails_resolve_commit_before_the_node_is_touched(tmp_path, monkeypatch,
@@ -164,7 +166,7 @@ def test_compare_in_a_dag_names_the_missing_reference_on_the_node_and_keeps_ever
         "notes": ["reference baseline unreadable or missing (Permission denied): /share/other.jsonl"],
         "other_experiments": ["/node/runs/r/work/opd/20261130101010/logs/exp_tracking/tracker.jsonl"],
         "reference_baseline_missing": "/share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl"})
-    result = pipeline.compare("opd", "manual__1")
+    result = comparison.compare("opd", "manual__1")
     findings = " ".join(result["abnormal"])
     path = "/share/baseline/opd-qwen3-vl-2b-25step/tracker.jsonl"
     assert f"no reference baseline at {path} on node gpu_node_7" in findings
@@ -181,7 +183,7 @@ def test_verdict_message_names_each_failed_suite_with_its_class_and_what_breache
                                         {"metric": "time/step", "first_breach_step": 3, "steps": "3"}]},
                           {"suite": "opd", "verdict": "FAIL", "failure_class": "infrastructure",
                            "breached": [], "missing": ["eval/gsm8k/acc"]}]}
-    assert pipeline.verdict_message(summary, "http://ui/r") == (
+    assert reporting.verdict_message(summary, "http://ui/r") == (
         "FAIL (accuracy + infrastructure): grpo mismatch/mismatch_k3_kl breached at steps 10-45; time/step breached "
         "at step 3 (accuracy); opd not measured: eval/gsm8k/acc (infrastructure); report: http://ui/r")
 
@@ -191,7 +193,7 @@ def test_a_single_class_is_said_once_at_the_front():
                "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
                            "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
                                          "steps": "1-45"}]}]}
-    assert pipeline.verdict_message(summary) == (
+    assert reporting.verdict_message(summary) == (
         "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: /records/r")
 
 
@@ -206,7 +208,7 @@ def test_compare_of_a_failing_suite_is_marked_failed_after_its_result_is_kept(mo
     record.write_json(run_dir / "opd" / "fetch.json", {"suite": "opd", "work_dir": "/w", "files": {},
                                                          "problems": [], "notes": [], "other_experiments": []})
     with pytest.raises(AirflowFailException) as err:
-        pipeline.compare("opd", "manual__1")
+        comparison.compare("opd", "manual__1")
     assert str(err.value) == ("FAIL (accuracy): opd eval/gsm8k/acc breached at steps 10-25 (the verdict, the next "
                               "step and the report link are above)")
     assert json.loads((run_dir / "opd" / "result.json").read_text())["verdict"] == "FAIL"
@@ -229,13 +231,13 @@ def test_a_fail_verdict_is_one_line_with_the_report_view_link(monkeypatch):
     monkeypatch.setattr(links, "ui_base_url", lambda: "http://airflow.example:8080")
     sent = []
     monkeypatch.setattr(notify, "send", lambda title, body, failure=False: sent.append((title, body)))
-    monkeypatch.setattr(pipeline, "_note_run", lambda run_id, note: sent.append(("note", note)))
+    monkeypatch.setattr(reporting, "_note_run", lambda run_id, note: sent.append(("note", note)))
     summary = {"verdict": "FAIL", "record": "/r", "failure_classes": ["accuracy"], "failed_suites": ["grpo"],
                "suites": [{"suite": "grpo", "verdict": "FAIL", "failure_class": "accuracy", "missing": [],
                            "breached": [{"metric": "mismatch/mismatch_k3_kl", "first_breach_step": 1,
                                          "steps": "1-45"}]}]}
     with pytest.raises(AirflowFailException) as err:
-        pipeline.verdict(summary, "manual__2026-11-30T10:00:00+00:00")
+        reporting.verdict(summary, "manual__2026-11-30T10:00:00+00:00")
     assert str(err.value) == (
         "FAIL (accuracy): grpo mismatch/mismatch_k3_kl breached at steps 1-45; report: http://airflow.example:8080"
         "/dags/rl_accuracy_verification/runs/manual__2026-11-30T10%3A00%3A00%2B00%3A00/plugin/verification-report")

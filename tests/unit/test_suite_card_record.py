@@ -239,17 +239,17 @@ def test_record_files_are_readable_by_the_record_stores_users(tmp_path):
 
 
 def test_the_estimates_cache_key_changes_with_the_code_that_computes_them(monkeypatch):
-    from rl_verify.orchestration import verification
+    from rl_verify.orchestration import confirmation
 
-    verification._confirm_code.cache_clear()
-    shipped = verification._confirm_code()
+    confirmation._confirm_code.cache_clear()
+    shipped = confirmation._confirm_code()
 
     def estimate(layout, spread, budget):  # the same name, other samples: must not reuse the cached figures
         return {"samples": 10}
 
-    monkeypatch.setattr(verification, "estimate", estimate)
-    verification._confirm_code.cache_clear()
+    monkeypatch.setattr(confirmation, "estimate", estimate)
+    confirmation._confirm_code.cache_clear()
     try:
-        assert verification._confirm_code() != shipped
+        assert confirmation._confirm_code() != shipped
     finally:
-        verification._confirm_code.cache_clear()
+        confirmation._confirm_code.cache_clear()

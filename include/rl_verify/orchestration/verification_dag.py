@@ -14,7 +14,7 @@ from airflow.sdk import Asset, Param, chain, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration import airflow_api, bisection, verification
+from rl_verify.orchestration import airflow_api, bisection, comparison, confirmation, reporting, verification
 from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
 
 log = logging.getLogger(__name__)
@@ -109,11 +109,11 @@ def build() -> None:
     @task(trigger_rule="one_done", **settings.SHORT_SSH_TASK_ARGS)
     def fetch(suite, attempt=0, run_id=None, ti=None):
         # Pulled, not passed: an XComArg would make resolve_commit a second upstream that one_done fires on.
-        return verification.fetch(suite, ti.xcom_pull(task_ids="resolve_commit"), run_id, attempt)
+        return comparison.fetch(suite, ti.xcom_pull(task_ids="resolve_commit"), run_id, attempt)
 
     @task(trigger_rule="none_skipped", **settings.LOCAL_TASK_ARGS)
     def compare(suite, attempt=0, run_id=None):
-        return verification.compare(suite, run_id, attempt)
+        return comparison.compare(suite, run_id, attempt)
 
     # none_skipped: a first run's FAIL fails its compare task and the gate still decides; a skipped comparison
     # (suite not selected, card rejected, no repeat before this one) skips the gate without a worker.
@@ -122,7 +122,7 @@ def build() -> None:
     @task.short_circuit(ignore_downstream_trigger_rules=False, trigger_rule="none_skipped",
                         **settings.LOCAL_TASK_ARGS)
     def repeat_gate(suite, attempt, run_id=None, ti=None):
-        if verification.repeat_gate(suite, attempt, run_id):
+        if confirmation.repeat_gate(suite, attempt, run_id):
             return True
         # No: every later run of the suite is skipped at once, not one task per scheduler loop down the chain,
         # and so is the gate itself: in the grid an unrun repeat is all skipped, never a green "success" gate.
@@ -133,18 +133,18 @@ def build() -> None:
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def confirm(suite, run_id=None):
-        return verification.confirm_outcome(suite, run_id)
+        return confirmation.confirm_outcome(suite, run_id)
 
     @task(task_id=settings.REPORT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def report(params=None, run_id=None, ti=None):
         # Pulled, not passed: the report is written after any failure, when these may not exist.
         card = ti.xcom_pull(task_ids="experiment_card") or {}
-        return verification.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
+        return reporting.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
     @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(run_id=None, ti=None):
         # Pulled, not passed: a failed report task must still reach this task as "no report".
-        return verification.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
+        return reporting.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
 
     # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
     # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
