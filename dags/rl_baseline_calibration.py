@@ -31,7 +31,7 @@ from airflow.sdk import Param, chain, dag, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration.operators import SuiteTrainingOperator
+from rl_verify.orchestration import calibration, operators
 
 # A malformed RL_VERIFY_* setting or suite spec is this DAG's import error, naming each one and its fix.
 settings.raise_problems()
@@ -57,7 +57,7 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
                                     "XTuner checkout (letters, digits and . _ / + -).",
                         minLength=1, maxLength=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/+-]*(?![\s\S])"),
         "suites": Param(list(engines.default_suites()), type="array", title="Suites",
-                        description="The suites to calibration.",
+                        description="The suites to calibrate.",
                         items={"type": "string", "enum": list(engines.known_suites())},
                         values_display=engines.suite_titles(), minItems=1, uniqueItems=True),
         "runs": Param(None, type=["null", "integer"], title="Runs per suite (N)",
@@ -73,38 +73,28 @@ POOL = placement.node_pool(settings.DEFAULT_NODE_CONN_ID)
 def rl_baseline_calibration():
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def plan(params=None, run_id=None):
-        from rl_verify.orchestration import calibration
-
         return calibration.plan(params, run_id)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def fetch_runs(trainings, run_id=None):
-        from rl_verify.orchestration import calibration
-
         return calibration.fetch_runs(trainings, run_id)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def propose(trainings, run_id=None):
-        from rl_verify.orchestration import calibration
-
         return calibration.propose(trainings, run_id)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def promote(proposal, run_id=None, ti=None):
-        from rl_verify.orchestration import calibration
-
         return calibration.promote(proposal, ti.xcom_pull(task_ids="approve_promotion"), run_id)
 
     @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
-        from rl_verify.orchestration import calibration
-
         # Pulled, not passed: cleanup also runs when plan failed (nothing to clean then).
         return calibration.cleanup(ti.xcom_pull(task_ids="plan"), run_id)
 
     trainings = plan()
-    train = SuiteTrainingOperator.partial(task_id=settings.CALIBRATION_TRAINING_TASK, pool=POOL,
-                                          **settings.TRAINING_TASK_ARGS).expand_kwargs(trainings)
+    train = operators.SuiteTrainingOperator.partial(task_id=settings.CALIBRATION_TRAINING_TASK, pool=POOL,
+                                                     **settings.TRAINING_TASK_ARGS).expand_kwargs(trainings)
     fetched = fetch_runs(trainings)
     proposal = propose(trainings)
     choices = engines.threshold_choices()

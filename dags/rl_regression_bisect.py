@@ -28,7 +28,7 @@ import pendulum
 from airflow.sdk import Asset, Param, chain, dag, task
 
 from rl_verify import engines, settings
-from rl_verify.orchestration.operators import BisectOperator, CardApprovalOperator
+from rl_verify.orchestration import approval, asset_events, bisection, probes
 
 settings.raise_problems()
 SUITES = engines.known_suites()
@@ -69,28 +69,22 @@ SUITES = engines.known_suites()
 def rl_regression_bisect():
     @task(**settings.SHORT_SSH_TASK_ARGS)
     def plan_range(params=None, run_id=None, triggering_asset_events=None):
-        from rl_verify.orchestration import bisection
-
-        return bisection.plan_range(params, run_id, bisection.triggering_extra(triggering_asset_events))
+        return bisection.plan_range(params, run_id, asset_events.triggering_extra(triggering_asset_events))
 
     @task(**settings.LOCAL_TASK_ARGS)
     def bisection_card(plan):
-        from rl_verify.orchestration import bisection
-
         return bisection.card(plan)
 
     @task(outlets=[Asset(settings.CULPRIT_ASSET)], **settings.LOCAL_TASK_ARGS)
     def publish_culprit(result, outlet_events=None):
-        from rl_verify.orchestration import bisection
-
-        bisection.announce(outlet_events, Asset(settings.CULPRIT_ASSET), bisection.culprit_extra(result))
+        asset_events.announce(outlet_events, Asset(settings.CULPRIT_ASSET), asset_events.culprit_extra(result))
 
     plan = plan_range()
     card = bisection_card(plan)
-    approve = CardApprovalOperator(task_id=settings.BISECT_APPROVE_TASK, card=card, standing_offered=False,
+    approve = approval.CardApprovalOperator(task_id=settings.BISECT_APPROVE_TASK, card=card, standing_offered=False,
                                    subject="Bisection {{ ti.xcom_pull(task_ids='plan_range')['good'] }}.."
                                            "{{ ti.xcom_pull(task_ids='plan_range')['bad'] }}: approve its probes")
-    result = BisectOperator(task_id=settings.BISECT_TASK, plan=plan, **settings.BISECT_TASK_ARGS)
+    result = probes.BisectOperator(task_id=settings.BISECT_TASK, plan=plan, **settings.BISECT_TASK_ARGS)
     chain(approve, result)
     publish_culprit(result.output)
 

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from rl_verify import settings
+from rl_verify import engines, settings
 from rl_verify.core import bisect, bisect_report
 from rl_verify.core.names import run_key
-from rl_verify.orchestration import airflow_api, bisection
+from rl_verify.orchestration import airflow_api, approval, asset_events, bisection, probes, verification_history
 from rl_verify.orchestration.standing import ApprovalRecord
 
 GOOD, BAD = "a" * 40, "f" * 40
@@ -62,7 +62,7 @@ def test_the_same_commit_as_good_and_bad_is_refused_naming_both_params():
 
 
 def test_an_unknown_metric_to_follow_is_refused_with_the_suites_metrics_named():
-    assert bisection._unknown_metrics(["eval/gsm8k/acc", "eval/nope"], ["opd"]) == ["eval/nope"]
+    assert bisection._unknown_metrics(["eval/gsm8k/acc", "eval/nope"], [engines.load_suite("opd")]) == ["eval/nope"]
 
 
 def test_the_reproduced_fail_event_fills_the_params_of_an_automatic_bisection():
@@ -83,24 +83,24 @@ def test_an_end_is_taken_from_the_record_only_when_commit_fingerprint_and_baseli
     _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
     _verification(store, "scheduled__2026-12-01T18:00:00+00:00", BAD, {"opd": "FAIL (reproduced)"})
     shas = [GOOD, *MIDDLE, BAD]
-    assert bisection.recorded_readings(shas, ["opd"], "0123456789abcdef") == {GOOD: bisect.Reading.GOOD,
+    assert verification_history.recorded_readings(shas, ["opd"], "0123456789abcdef") == {GOOD: bisect.Reading.GOOD,
                                                                                BAD: bisect.Reading.BAD}
     # Another experiment (fingerprint), another baseline version, no fingerprint at all: re-checked.
-    assert bisection.recorded_readings(shas, ["opd"], "fedcba9876543210") == {}
-    assert bisection.recorded_readings(shas, ["opd"], "0123456789abcdef", {"opd": "v2"}) == {}
-    assert bisection.recorded_readings(shas, ["opd"], None) == {}
+    assert verification_history.recorded_readings(shas, ["opd"], "fedcba9876543210") == {}
+    assert verification_history.recorded_readings(shas, ["opd"], "0123456789abcdef", {"opd": "v2"}) == {}
+    assert verification_history.recorded_readings(shas, ["opd"], None) == {}
 
 
 def test_an_undecided_or_middle_commit_in_the_record_is_not_taken(store):
     _verification(store, "manual__1", GOOD, {"opd": "INCONCLUSIVE"})
     _verification(store, "manual__2", MIDDLE[0], {"opd": "PASS"})
-    assert bisection.recorded_readings([GOOD, *MIDDLE, BAD], ["opd"], "0123456789abcdef") == {}
+    assert verification_history.recorded_readings([GOOD, *MIDDLE, BAD], ["opd"], "0123456789abcdef") == {}
 
 
 # --- a probe's reading -----------------------------------------------------------------------------------
 
 def test_a_probe_without_a_report_could_not_be_checked_out_and_reads_skip(store):
-    reading, row = bisection.probe_reading("bisect__x__aaaa__0", {"suites": ["opd"], "metrics": []})
+    reading, row = probes.probe_reading("bisect__x__aaaa__0", {"suites": ["opd"], "metrics": []})
     assert reading == bisect.Reading.SKIP and row["runs"] == 0 and "could not be checked out" in row["why"]
 
 
@@ -119,11 +119,11 @@ def test_a_probes_outcome_is_its_reading_and_its_row_carries_the_followed_metric
               {"metric": "distillation/reduced_distillation_kl", "step": 15, "error": 0.05, "threshold": 0.03,
                "passed": False}]
     _verification(store, "bisect__b__x__0", MIDDLE[0], {"opd": outcome}, classes={"opd": klass}, checks=checks)
-    reading, row = bisection.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": []})
+    reading, row = probes.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": []})
     assert reading == want and row["runs"] == 2 and row["report"].endswith("/report")
     assert (row["metric"], row["error"], row["step"]) == ("distillation/reduced_distillation_kl", 0.041, 10)
     # A followed metric named by the bisection wins (its largest error when it did not breach).
-    _, row = bisection.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": ["eval/gsm8k/acc"]})
+    _, row = probes.probe_reading("bisect__b__x__0", {"suites": ["opd"], "metrics": ["eval/gsm8k/acc"]})
     assert (row["metric"], row["error"]) == ("eval/gsm8k/acc", 0.01)
 
 
@@ -139,7 +139,7 @@ def test_a_scheduled_reproduced_accuracy_fail_with_a_known_last_pass_starts_a_bi
     _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
     nightly = "scheduled__2026-12-01T18:00:00+00:00"
     _verification(store, nightly, BAD, {"opd": "FAIL (reproduced)"})
-    extra = bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled")
+    extra = asset_events.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled")
     assert extra["good"] == GOOD and extra["bad"] == BAD and extra["suites"] == ["opd"]
     assert extra["metrics"] == ["distillation/reduced_distillation_kl"] and extra["fingerprint"] == "0123456789abcdef"
     assert extra["run_id"] == nightly and extra["report"].endswith("/verification-report")
@@ -148,21 +148,21 @@ def test_a_scheduled_reproduced_accuracy_fail_with_a_known_last_pass_starts_a_bi
 def test_no_bisection_for_a_manual_run_an_infrastructure_fail_an_unreproduced_fail_or_no_known_pass(store):
     nightly = "scheduled__2026-12-01T18:00:00+00:00"
     _verification(store, nightly, BAD, {"opd": "FAIL (reproduced)"})
-    assert bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled") is None  # no PASS known
+    assert asset_events.reproduced_fail_extra(_summary("FAIL"), nightly, "scheduled") is None  # no PASS known
     _verification(store, "scheduled__2026-11-30T18:00:00+00:00", GOOD, {"opd": "PASS"})
-    assert bisection.reproduced_fail_extra(_summary("FAIL"), nightly, "manual") is None
-    assert bisection.reproduced_fail_extra(_summary("FAIL", "FAIL", "infrastructure"), nightly, "scheduled") is None
-    assert bisection.reproduced_fail_extra(_summary("FAIL", "FAIL", "accuracy"), nightly, "scheduled") is None
-    assert bisection.reproduced_fail_extra(_summary("PASS", "PASS"), nightly, "scheduled") is None
+    assert asset_events.reproduced_fail_extra(_summary("FAIL"), nightly, "manual") is None
+    assert asset_events.reproduced_fail_extra(_summary("FAIL", "FAIL", "infrastructure"), nightly, "scheduled") is None
+    assert asset_events.reproduced_fail_extra(_summary("FAIL", "FAIL", "accuracy"), nightly, "scheduled") is None
+    assert asset_events.reproduced_fail_extra(_summary("PASS", "PASS"), nightly, "scheduled") is None
 
 
 def test_a_pass_emits_the_verified_commit_and_nothing_else_does(store):
     run = "manual__ok"
     _verification(store, run, GOOD, {"opd": "PASS"})
-    extra = bisection.verified_commit_extra({"verdict": "PASS", "suites": [{"suite": "opd"}]}, run)
+    extra = asset_events.verified_commit_extra({"verdict": "PASS", "suites": [{"suite": "opd"}]}, run)
     assert extra["sha"] == GOOD and extra["suites"] == ["opd"] and extra["baselines"] == {"opd": "v1"}
     assert extra["report"].endswith("/verification-report")
-    assert bisection.verified_commit_extra({"verdict": "FAIL", "suites": []}, run) is None
+    assert asset_events.verified_commit_extra({"verdict": "FAIL", "suites": []}, run) is None
 
 
 def test_an_event_is_emitted_with_its_extra_and_a_missing_one_skips_the_task():
@@ -170,10 +170,10 @@ def test_an_event_is_emitted_with_its_extra_and_a_missing_one_skips_the_task():
     from airflow.sdk.exceptions import AirflowSkipException
 
     events = {Asset("x-rl-verify://x"): SimpleNamespace(extra={})}
-    bisection.announce(events, next(iter(events)), {"sha": GOOD})
+    asset_events.announce(events, next(iter(events)), {"sha": GOOD})
     assert next(iter(events.values())).extra == {"sha": GOOD}
     with pytest.raises(AirflowSkipException):
-        bisection.announce(events, next(iter(events)), None)
+        asset_events.announce(events, next(iter(events)), None)
 
 
 # --- the probes' pre-approval --------------------------------------------------------------------------------
@@ -190,21 +190,21 @@ def approved(store, monkeypatch):
 
 
 def test_a_probe_in_the_approved_range_proceeds_on_the_bisections_one_human_approval(approved):
-    reasons, record = bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])
+    reasons, record = approval.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])
     assert reasons == [] and record.responded_by == "alice"
 
 
 def test_a_probe_outside_the_range_of_other_suites_or_of_an_unapproved_bisection_is_refused(approved):
-    reasons, _ = bisection.preapproval_refusals("manual__b", "9" * 40, ["opd", "grpo"])
+    reasons, _ = approval.preapproval_refusals("manual__b", "9" * 40, ["opd", "grpo"])
     assert any("not in the approved range" in r for r in reasons) and any("not the approved" in r for r in reasons)
     approved["record"] = ApprovalRecord(run_type="manual", responded_by="alice", responded_at=None,
                                         chosen_options=["Reject"], params_input={}, body="")
-    assert bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == [
+    assert approval.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0] == [
         "the bisection's card was not approved (Reject)"]
     approved["record"] = None
-    refused = bisection.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0]
+    refused = approval.preapproval_refusals("manual__b", MIDDLE[1], ["opd"])[0]
     assert refused == ["nobody approved the bisection's card"]
-    assert "no plan" in bisection.preapproval_refusals("manual__other", MIDDLE[1], ["opd"])[0][0]
+    assert "no plan" in approval.preapproval_refusals("manual__other", MIDDLE[1], ["opd"])[0][0]
 
 
 # --- the card and the result page ------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def test_the_nightly_fails_report_links_its_bisection_escaped(store):
 def test_a_probes_report_link_names_the_probe_dag_and_its_record_is_the_verifications(store):
     from rl_verify.orchestration import views
 
-    run = bisection.probe_run_id("manual__b", MIDDLE[0], 1)
+    run = probes.probe_run_id("manual__b", MIDDLE[0], 1)
     assert run.startswith(settings.PROBE_RUN_PREFIX) and settings.verification_dag_of(run) == settings.PROBE_DAG_ID
     assert settings.verification_dag_of("scheduled__2026-12-01T18:00:00+00:00") == settings.DAG_ID
     assert str(views.dag_records(settings.PROBE_DAG_ID)) == str(views.dag_records(settings.DAG_ID))
@@ -316,17 +316,17 @@ def test_the_card_of_16_commits_on_2_nodes_promises_the_11_probes_one_skip_can_c
 
 
 def test_a_stopped_probes_row_links_its_report_or_says_it_has_none(store):
-    run = bisection.probe_run_id("manual__b", MIDDLE[0], 0)
-    assert bisection.stopped_probe_evidence(run)["report"] is None
+    run = probes.probe_run_id("manual__b", MIDDLE[0], 0)
+    assert probes.stopped_probe_evidence(run)["report"] is None
     row = {"sha": MIDDLE[0], "node": "n1", "outcome": "stopped", "stopped": "outside the open range", "run_id": run,
-           **bisection.stopped_probe_evidence(run)}
+           **probes.stopped_probe_evidence(run)}
     result = {"good": "v1", "bad": "main", "suites": ["opd"], "nodes": ["n1"], "commits": _plan()["commits"],
               "runs": 0, "wall_s": 60.0, "answer": {"kind": "culprit", "reason": "r", "culprit": None}, "probes": [row]}
     assert "stopped: no report" in bisect_report.markdown(result)
     assert "stopped: no report" in bisect_report.html_page(result, None) and row["run_page"] in \
         bisect_report.html_page(result, None)
     _verification(store, run, MIDDLE[0], {"opd": "PASS"})
-    evidence = bisection.stopped_probe_evidence(run)
+    evidence = probes.stopped_probe_evidence(run)
     assert evidence["report"] == f"/rl-verify/dags/{settings.PROBE_DAG_ID}/runs/{run}/report" and evidence["runs"] == 2
     assert 'href="/rl-verify/dags/' in bisect_report.html_page({**result, "probes": [{**row, **evidence}]}, None)
 
@@ -334,13 +334,13 @@ def test_a_stopped_probes_row_links_its_report_or_says_it_has_none(store):
 def test_a_bisection_that_ends_without_a_culprit_fails_its_run_with_the_reason(monkeypatch):
     from airflow.sdk.exceptions import AirflowFailException
 
-    from rl_verify.orchestration.operators import BisectOperator
+    from rl_verify.orchestration.probes import BisectOperator
 
     plan = {**_plan(), "recorded": {}, "nodes": ["n1"]}
     finished = []
     monkeypatch.setattr(bisection, "finish", lambda plan, rows, answer, wall, run_id: finished.append(answer) or {
         "answer": answer, "link": "/rl-verify/dags/rl_regression_bisect/runs/manual__b/bisection"})
-    monkeypatch.setattr(bisection, "probe_reading", lambda run_id, plan: (bisect.Reading.SKIP, {
+    monkeypatch.setattr(probes, "probe_reading", lambda run_id, plan: (bisect.Reading.SKIP, {
         "run_id": run_id, "outcome": "SKIP", "runs": 0, "report": None}))
     op = BisectOperator(task_id="bisect", plan=plan)
     state = {"started": 0.0, "running": {"p-bad": {"sha": BAD, "node": "n1"}}, "stopping": {}, "readings": {},
@@ -351,12 +351,12 @@ def test_a_bisection_that_ends_without_a_culprit_fails_its_run_with_the_reason(m
 
 
 def test_a_probe_the_live_check_stopped_early_says_so_in_its_row_and_the_page_counts_such_probes(store):
-    run = bisection.probe_run_id("manual__b", MIDDLE[1], 0)
+    run = probes.probe_run_id("manual__b", MIDDLE[1], 0)
     folder = _verification(store, run, MIDDLE[1], {"opd": "FAIL (reproduced)"})
     report = json.loads((folder / "report.json").read_text())
     report["suites"][0]["details"] = {"early_abort": {"applied": True, "step": 10, "expected_steps": 25}}
     (folder / "report.json").write_text(json.dumps(report))
-    reading, row = bisection.probe_reading(run, {**_plan(), "suites": ["opd"]})
+    reading, row = probes.probe_reading(run, {**_plan(), "suites": ["opd"]})
     assert reading is bisect.Reading.BAD and row["aborted_at"] == {"opd": "step 10 of 25"}
     result = {"good": "v1", "bad": "main", "suites": ["opd"], "nodes": ["n1"], "commits": _plan()["commits"],
               "runs": 2, "wall_s": 60.0, "answer": {"kind": "culprit", "reason": "r", "culprit": None},

@@ -67,7 +67,7 @@ import pytest  # noqa: E402
 from airflow.providers.standard.operators.hitl import ApprovalOperator  # noqa: E402
 
 from rl_verify import settings  # noqa: E402
-from rl_verify.orchestration.operators import CardApprovalOperator  # noqa: E402
+from rl_verify.orchestration.approval import CardApprovalOperator  # noqa: E402
 
 
 def _op(ctx):
@@ -138,7 +138,7 @@ def airflow_record(monkeypatch):
         chosen_options=["Approve"], params_input={"standing_approval": True},
         body="card ... Experiment fingerprint: `%s` (suites...)" % ("f" * 16))}
     monkeypatch.setattr(airflow_api, "approval_record", lambda conn, dag, run, task: record["value"])
-    monkeypatch.setattr("rl_verify.orchestration.operators._now",
+    monkeypatch.setattr("rl_verify.orchestration.approval._now",
                         lambda: datetime.fromisoformat("2026-11-30T02:00:00+00:00"))
     return record
 

@@ -19,7 +19,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.types import RuntimeTaskInstanceProtocol
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
+from rl_verify.orchestration.approval import CardApprovalOperator
+from rl_verify.orchestration.operators import SuiteTrainingOperator
 from rl_verify.orchestration.triggers import RLJobTrigger
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -264,7 +264,7 @@ def test_approvers_come_from_the_environment(monkeypatch):
 
 
 def test_approval_operator_is_assigned_to_the_named_approvers_only(monkeypatch):
-    from rl_verify.orchestration.operators import CardApprovalOperator
+    from rl_verify.orchestration.approval import CardApprovalOperator
 
     monkeypatch.setenv("RL_VERIFY_APPROVERS", "alice,bob")
     op = CardApprovalOperator(task_id="approve", card={"markdown": "card", "fingerprint": "f"})

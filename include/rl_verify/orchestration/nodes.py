@@ -114,8 +114,13 @@ def expanded_specs(suites: list[str], values: Mapping[str, str], worktree: str,
     ``versions`` (``Resolved["baselines"]``): a suite whose baseline version holds its own baseline
     tracker does not read the one on the node's share (not checked, not fetched).
     """
-    specs = [load_suite(s).expanded({**values, "CHECKOUT": worktree}) for s in suites]
-    return [spec_in_use(spec, (versions or {}).get(spec.name)) for spec in specs]
+    return [expanded_spec(load_suite(s), values, worktree, versions) for s in suites]
+
+
+def expanded_spec(spec: SuiteSpec, values: Mapping[str, str], worktree: str,
+                  versions: Mapping[str, Mapping[str, Any]] | None = None) -> SuiteSpec:
+    """``spec`` (already read) with share roots and ``${CHECKOUT}`` filled in, as ``expanded_specs`` does."""
+    return spec_in_use(spec.expanded({**values, "CHECKOUT": worktree}), (versions or {}).get(spec.name))
 
 
 def spec_in_use(spec: SuiteSpec, version: Mapping[str, Any] | None) -> SuiteSpec:

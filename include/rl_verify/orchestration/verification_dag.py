@@ -14,8 +14,8 @@ from airflow.sdk import Asset, Param, chain, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration import airflow_api, bisection, comparison, confirmation, reporting, verification
-from rl_verify.orchestration.operators import CardApprovalOperator, SuiteTrainingOperator
+from rl_verify.orchestration import (airflow_api, approval, asset_events, comparison, confirmation, operators,
+                                     reporting, verification)
 
 log = logging.getLogger(__name__)
 
@@ -156,18 +156,18 @@ def build() -> None:
     # Asset events for downstream DAGs: a PASS's verified commit, a nightly's reproduced FAIL (a bisection's start).
     @task(outlets=[Asset(settings.VERIFIED_COMMIT_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def announce_verified(run_id=None, ti=None, outlet_events=None):
-        bisection.announce(outlet_events, Asset(settings.VERIFIED_COMMIT_ASSET),
-                           bisection.verified_commit_extra(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id))
+        asset_events.announce(outlet_events, Asset(settings.VERIFIED_COMMIT_ASSET),
+                              asset_events.verified_commit_extra(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id))
 
     @task(outlets=[Asset(settings.REPRODUCED_FAIL_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def announce_reproduced_fail(run_id=None, ti=None, dag_run=None, outlet_events=None):
-        bisection.announce(outlet_events, Asset(settings.REPRODUCED_FAIL_ASSET), bisection.reproduced_fail_extra(
+        asset_events.announce(outlet_events, Asset(settings.REPRODUCED_FAIL_ASSET), asset_events.reproduced_fail_extra(
             ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id, dag_run.run_type))
 
     resolved = resolve_commit()
     prereq = check_prerequisites(resolved)
     card = experiment_card(resolved, prereq)
-    approve = CardApprovalOperator(task_id="approve", card=card)
+    approve = approval.CardApprovalOperator(task_id="approve", card=card)
 
     confirmed = []
     watched = [resolved, prereq]
@@ -176,8 +176,9 @@ def build() -> None:
         # The suite's run, then the repeat slots its confirmation may use (settings.MAX_REPEATS; the run's
         # 'repeats' says how many), then its outcome over all its runs.
         for attempt in range(settings.MAX_REPEATS + 1):
-            run = SuiteTrainingOperator(task_id=settings.training_task(suite, attempt), suite=suite,
-                                        resolved=resolved, attempt=attempt, pool=pool, **settings.TRAINING_TASK_ARGS)
+            run = operators.SuiteTrainingOperator(task_id=settings.training_task(suite, attempt), suite=suite,
+                                                  resolved=resolved, attempt=attempt, pool=pool,
+                                                  **settings.TRAINING_TASK_ARGS)
             fetched = fetch.override(task_id=settings.fetch_task(suite, attempt))(suite, attempt=attempt)
             result = compare.override(task_id=settings.compare_task(suite, attempt))(suite, attempt=attempt)
             if attempt:

@@ -1,0 +1,99 @@
+"""What the record store holds of earlier verifications, as a bisection asks it: every verification's
+report, the ends of a range the record already decided (same commit and experiment fingerprint), the
+newest verified PASS of some suites, and a run's card fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from rl_verify import settings
+from rl_verify.core import bisect
+from rl_verify.orchestration.standing import card_fingerprint
+from rl_verify.store import record
+
+#: A suite's outcomes that decide a commit's reading (a range's end taken from the record).
+DECIDED = ("PASS", "PASS (not reproduced)", "FAIL (reproduced)")
+
+
+def verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
+    """(run folder name, report.json, folder) of every verification run in the record store."""
+    root = record.dag_store(settings.DAG_ID)
+    if not root.exists():
+        return
+    for folder in root.iterdir():
+        path = folder / "report.json"
+        try:
+            yield folder.name, json.loads(path.read_bytes()), folder
+        except (OSError, ValueError):
+            continue
+
+
+def fingerprint_of(sha: str, suites: list[str]) -> str | None:
+    """The experiment fingerprint of the newest recorded verification of ``sha`` with these suites (newest by
+    when its report was written, as in ``last_pass``: probes' run ids carry no time)."""
+    newest_first = sorted(verification_reports(), key=lambda r: _written_at(r[2] / "report.json"), reverse=True)
+    for _, report, folder in newest_first:
+        if report.get("commit") == sha and sorted(s.get("suite") for s in report.get("suites") or []) == sorted(suites):
+            return folder_fingerprint(folder)
+    return None
+
+
+def folder_fingerprint(folder: Any) -> str | None:
+    card = folder / "card.md"
+    try:
+        return card_fingerprint(card.read_text()) if card.exists() else None
+    except OSError:
+        return None
+
+
+def recorded_readings(shas: list[str], suites: list[str], fingerprint: str | None,
+                      baselines: Mapping[str, str] | None = None) -> dict[str, bisect.Reading]:
+    """The ends of ``shas`` that the record already decided: a verification of that exact commit with the same
+    experiment fingerprint (suites, specs, thresholds, golden data, baseline versions, repeats) whose every
+    suite ended PASS, PASS (not reproduced) or FAIL (reproduced). None without a fingerprint to match."""
+    if not fingerprint:
+        return {}
+    ends = {shas[0], shas[-1]}
+    found: dict[str, bisect.Reading] = {}
+    for _, report, folder in verification_reports():
+        sha = report.get("commit")
+        if sha not in ends or sha in found:
+            continue
+        rows = report.get("suites") or []
+        if sorted(r.get("suite") for r in rows) != sorted(suites) or folder_fingerprint(folder) != fingerprint:
+            continue
+        if baselines and any((report.get("baselines") or {}).get(s) != v for s, v in baselines.items()):
+            continue
+        outcomes = [suite_outcome(r) for r in rows]
+        if all(o in DECIDED for o in outcomes):
+            found[sha] = bisect.Reading.BAD if "FAIL (reproduced)" in outcomes else bisect.Reading.GOOD
+    return found
+
+
+def suite_outcome(row: Mapping[str, Any]) -> str:
+    """A report.json suite row's outcome over its runs (its one run's verdict when it was not repeated)."""
+    return str((row.get("outcome") or {}).get("outcome") or row.get("verdict") or "FAIL")
+
+
+def last_pass(suites: list[str], not_sha: str | None) -> str | None:
+    """The commit of the newest verification in the record whose every one of ``suites`` PASSed."""
+    best: tuple[float, str] | None = None
+    for _, report, folder in verification_reports():
+        rows = {r.get("suite"): r for r in report.get("suites") or []}
+        if report.get("commit") in (None, not_sha) or not all(s in rows for s in suites):
+            continue
+        if all(suite_outcome(rows[s]) in ("PASS", "PASS (not reproduced)") for s in suites):
+            when = _written_at(folder / "report.json")
+            if best is None or when > best[0]:
+                best = (when, report["commit"])
+    return best[1] if best else None
+
+
+def _written_at(path: Any) -> float:
+    """When the record file was written (0 when the store cannot say): run ids of probes carry no time."""
+    try:
+        return float(path.stat().st_mtime)
+    except (OSError, AttributeError, TypeError, ValueError):
+        return 0.0
