@@ -1,11 +1,12 @@
 """The local Airflow's public REST API (/api/v2) for the tests, the demo and the rig: ``AirflowClient``.
 
-A thin wrapper around the official ``apache-airflow-client`` (``airflow_client.client``): every call
-goes through its generated API classes, logged in with a simple-auth-manager token (re-login once on
-HTTP 401), and every answer comes back as the plain JSON-shaped data the API sent (``plain``), so
-that callers index dicts instead of generated models. Two things the generated client cannot do are
-done by hand, each explained where it happens: the token login (``AirflowClient.login``) and
-reading a task log with all its structured fields (``AirflowClient.task_log``).
+The test-side conveniences (trigger, wait for a state, answer an approval, read a log) over the one place
+that speaks Airflow's REST API: the package's ``rl_verify.orchestration.airflow_api`` (the client its tasks
+use), which builds the official ``apache-airflow-client``'s ApiClient, logs in at ``/auth/token`` and words a
+failed call's error. On top of it: a re-login once on HTTP 401, an idempotent call sent again after a
+transient database error, and every answer as the plain JSON-shaped data the API sent (``plain``), so that
+callers index dicts instead of generated models. Reading a task log with all its structured fields is done
+by hand (``AirflowClient.task_log``), explained there.
 
 This module knows nothing about how the Airflow it talks to was started (that is
 ``harness.airflow_stack``); it imports no other harness module. It is named ``airflow_api``, not
@@ -29,6 +30,8 @@ import urllib3
 from airflow_client.client.exceptions import ApiException, UnauthorizedException
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
+
+from rl_verify.orchestration import airflow_api as rest
 
 TERMINAL_RUN_STATES = {"success", "failed"}
 TERMINAL_TI_STATES = {"success", "failed", "skipped", "upstream_failed", "removed"}
@@ -93,7 +96,7 @@ def render_log_line(item: Any) -> str:
 def probe_health(base_url: str, timeout: float = 5.0) -> dict[str, Any] | str:
     """GET /api/v2/monitor/health (MonitorApi, no auth): the health dict, or why it could not be read
     (while Airflow starts: connection refused, HTTP 5xx, an incomplete answer)."""
-    api = ac.ApiClient(ac.Configuration(host=base_url.rstrip("/"), retries=0))  # the callers poll
+    api = rest.new_client(base_url.rstrip("/"), retries=0)  # the callers poll
     try:
         return plain(ac.MonitorApi(api).get_health(_request_timeout=timeout))
     except ApiException as e:
@@ -104,21 +107,9 @@ def probe_health(base_url: str, timeout: float = 5.0) -> dict[str, Any] | str:
         api.rest_client.pool_manager.clear()
 
 
-class _ApiClient(ac.ApiClient):
-    """The generated ApiClient, remembering its last request so that errors can name the method and URL."""
-
-    last_request: tuple[str, str] = ("?", "?")
-
-    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-        self.last_request = (method, url)
-        return super().call_api(method, url, *args, **kwargs)
-
-
 def api_error(err: ApiException, method: str, url: str) -> StackError:
     """StackError naming the method, the path (host left out) and the HTTP status of a failed API call."""
-    path = "/" + url.split("://", 1)[-1].split("/", 1)[-1] if "://" in url else url
-    body = err.body.decode(errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
-    return StackError(f"{method} {path} -> HTTP {err.status}: {body[:2000]}", status=err.status, body=body)
+    return StackError(rest.error_text(err, method, url), status=err.status, body=rest.body_text(err))
 
 
 class AirflowClient:
@@ -134,7 +125,7 @@ class AirflowClient:
         self.username = username
         self._password = password
         self.timeout = timeout
-        self._api = _ApiClient(ac.Configuration(host=self.base_url))
+        self._api = rest.new_client(self.base_url)
         self._dags, self._tasks = ac.DAGApi(self._api), ac.TaskApi(self._api)
         self._runs, self._tis = ac.DagRunApi(self._api), ac.TaskInstanceApi(self._api)
         self._pools, self._variables = ac.PoolApi(self._api), ac.VariableApi(self._api)
@@ -152,21 +143,13 @@ class AirflowClient:
         self.close()
 
     def login(self) -> str:
-        """POST /auth/token {"username", "password"} -> {"access_token"} (HTTP 201).
-
-        /auth/token belongs to the auth manager, not to the public API, so the generated client has no
-        method for it: one raw call through the same ApiClient (same connection pool and timeout).
-        """
-        r = self._api.call_api("POST", f"{self.base_url}/auth/token",
-                               header_params={"Content-Type": "application/json", "Accept": "application/json"},
-                               body={"username": self.username, "password": self._password},
-                               _request_timeout=self.timeout)
-        text = r.read().decode(errors="replace")
-        if r.status not in (200, 201):
-            raise StackError(f"POST /auth/token (login as {self.username!r}) -> HTTP {r.status}: {text[:300]}",
-                             status=r.status, body=text)
-        self._api.configuration.access_token = token = str(json.loads(text)["access_token"])
-        return token
+        """POST /auth/token {"username", "password"} -> {"access_token"} (the package's ``login``, through this
+        client's connection pool and timeout). A refused login raises StackError with the API's answer."""
+        try:
+            return rest.login(self._api, self.base_url, self.username, self._password, timeout=self.timeout)
+        except rest.LoginRefused as err:
+            raise StackError(f"POST /auth/token (login as {self.username!r}) -> HTTP {err.status}: {err.body[:300]}",
+                             status=err.status, body=err.body) from err
 
     def _call(self, fn: Callable[..., Any], *args: Any, allow: Iterable[int] = (), auth: bool = True,
               **kw: Any) -> Any:

@@ -10,6 +10,8 @@ or host + port + schema), and either ``password`` holds a bearer token (extra ``
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -31,29 +33,83 @@ def _base_url(conn: Any) -> str:
     return f"{conn.schema or 'http'}://{host}" + (f":{conn.port}" if conn.port else "")
 
 
-def _token(base: str, conn: Any) -> str:
-    import httpx
+class LoginRefused(ApiUnavailable):
+    """The API server answered the login (``/auth/token``) with an error: ``status`` and ``body`` are its answer."""
 
-    extra = conn.extra_dejson or {}
-    if extra.get("token"):
-        return conn.password or ""
-    try:
-        r = httpx.post(f"{base}/auth/token", json={"username": conn.login, "password": conn.password}, timeout=20)
-    except httpx.HTTPError as err:
-        raise ApiUnavailable(f"cannot reach the Airflow API at {base}: {err}") from err
-    if r.status_code not in (200, 201):
-        raise ApiUnavailable(f"login to the Airflow API at {base} as {conn.login!r} failed: HTTP {r.status_code}")
-    return str(r.json()["access_token"])
+    def __init__(self, message: str, *, status: int, body: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
 
 
 def _retries() -> Any:
-    """What every request retries: a refused connection and an API server error (a metadata database busy
-    for a moment answers 500 "Database error"), 4 times over ~7 s. Every call here is safe to repeat: the
+    """What every request of a task retries: a refused connection and an API server error (a metadata database
+    busy for a moment answers 500 "Database error"), 4 times over ~7 s. Every call here is safe to repeat: the
     states set are absolute and a run triggered twice is found as the same run (``trigger_run``)."""
     from urllib3.util.retry import Retry
 
     return Retry(total=4, backoff_factor=0.5, status_forcelist=(500, 502, 503, 504), allowed_methods=None,
                  raise_on_status=False)
+
+
+@functools.cache
+def _recording_client_class() -> type:
+    """The generated ``ApiClient``, remembering its last request (``last_request``: method, URL) so that an error
+    can name them. Built on first use: the official client is imported only by the code that calls the API."""
+    import airflow_client.client as ac
+
+    class RecordingApiClient(ac.ApiClient):
+        last_request: tuple[str, str] = ("?", "?")
+
+        def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            self.last_request = (method, url)
+            return super().call_api(method, url, *args, **kwargs)
+
+    return RecordingApiClient
+
+
+def new_client(base: str, *, access_token: str | None = None, retries: Any = None) -> Any:
+    """An ``airflow_client.client.ApiClient`` for the API server at ``base`` that records its last request
+    (``last_request``). ``retries``: a urllib3 ``Retry`` (None: urllib3's default, connection errors only)."""
+    import airflow_client.client as ac
+
+    return _recording_client_class()(ac.Configuration(host=base, access_token=access_token, retries=retries))
+
+
+def login(client: Any, base: str, username: str | None, password: str | None, timeout: float = 20) -> str:
+    """Exchanges ``username``/``password`` for a bearer token at ``/auth/token`` (the simple and FAB auth managers
+    both serve it), sets it on ``client`` and returns it.
+
+    ``/auth/token`` belongs to the auth manager, not to the public API, so the generated client has no method for
+    it: one raw call through ``client`` (its connection pool and retries). Raises ApiUnavailable when the server
+    cannot be reached, LoginRefused when it refuses the login.
+    """
+    import urllib3
+
+    try:
+        r = client.call_api("POST", f"{base}/auth/token",
+                            header_params={"Content-Type": "application/json", "Accept": "application/json"},
+                            body={"username": username, "password": password}, _request_timeout=timeout)
+        text = r.read().decode(errors="replace")
+    except urllib3.exceptions.HTTPError as err:
+        raise ApiUnavailable(f"cannot reach the Airflow API at {base}: {err}") from err
+    if r.status not in (200, 201):
+        raise LoginRefused(f"login to the Airflow API at {base} as {username!r} failed: HTTP {r.status}",
+                           status=r.status, body=text)
+    client.configuration.access_token = token = str(json.loads(text)["access_token"])
+    return token
+
+
+def error_text(err: Any, method: str, url: str) -> str:
+    """A failed call (an ``ApiException``) as "METHOD /path -> HTTP status: body" (the host left out, the body
+    cut at 2000 characters)."""
+    path = "/" + url.split("://", 1)[-1].split("/", 1)[-1] if "://" in url else url
+    return f"{method} {path} -> HTTP {err.status}: {body_text(err)[:2000]}"
+
+
+def body_text(err: Any) -> str:
+    """The body of a failed call's answer (an ``ApiException``) as text."""
+    return err.body.decode(errors="replace") if isinstance(err.body, bytes) else str(err.body or "")
 
 
 @contextmanager
@@ -62,16 +118,17 @@ def api_client(conn_id: str) -> Iterator[Any]:
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException
 
-    import airflow_client.client as ac
-
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException as err:
         raise ApiUnavailable(f"no Airflow connection {conn_id!r} (the API server's URL and a user allowed to "
                              "read DAG runs)") from err
     base = _base_url(conn)
-    config = ac.Configuration(host=base, access_token=_token(base, conn), retries=_retries())
-    with ac.ApiClient(config) as client:
+    with new_client(base, retries=_retries()) as client:
+        if (conn.extra_dejson or {}).get("token"):
+            client.configuration.access_token = conn.password or ""
+        else:
+            login(client, base, conn.login, conn.password)
         yield client
 
 
