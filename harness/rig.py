@@ -197,10 +197,16 @@ class Rig:
         for conn_id in conn_ids:
             self.client.create_pool(f"rl_node_{conn_id}", 1, include_deferred=True,
                                     description=f"One training at a time on the simulated GPU node {conn_id}")
-        self.client.wait_for_dag(DAG_ID)
-        self.client.unpause(DAG_ID)
+        self.enable_dag(DAG_ID)
         self.timings["airflow start"] = time.monotonic() - t1
         return self
+
+    def enable_dag(self, dag_id: str) -> None:
+        """Waits until Airflow has parsed ``dag_id``, then unpauses it (a DAG beside the verification DAG that a
+        test or demo triggers: the bisection, probe and calibration DAGs)."""
+        assert self.client is not None
+        self.client.wait_for_dag(dag_id)
+        self.client.unpause(dag_id)
 
     def _start_services(self) -> tuple[dict[str, Any], dict[str, str]]:
         """PostgreSQL, Redis and the S3 server; the Celery stack's arguments and the record store's env."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.airflow_stack import StackError
-from harness.rig import DAG_ID, Rig
+from harness.rig import DAG_ID
 from rl_verify.core.names import run_key
 from simulator import node as sim
 
@@ -35,17 +34,10 @@ NODE_CONN = "rl_gpu_node"
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("e2e-security")
-    rig = Rig(state, state / "records", step_seconds=0.1, database="postgres")
-    rig.start(extra_env={"RL_VERIFY_APPROVERS": APPROVER})
-    try:
+def rig(start_rig):
+    with start_rig("e2e-security", step_seconds=0.1, database="postgres",
+                   extra_env={"RL_VERIFY_APPROVERS": APPROVER}) as rig:
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ observations

@@ -9,7 +9,6 @@ launched. Every wait is for a state, never a guessed duration.
 from __future__ import annotations
 
 import json
-import shutil
 from datetime import datetime
 from pathlib import Path
 
@@ -41,29 +40,21 @@ HEALTHY_NIGHTS = 20
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("e2e-bisect")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2, database="postgres")
-    rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
-    for conn in rig.nodes:
-        rig.nodes[conn] = sim.start_node(rig.node_state(conn), step_seconds=STEP_SECONDS, bisect=LAYOUT)
-        sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
-        sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
-        sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))
-            keep_nights("opd", {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": conn}}, HEALTHY_NIGHTS,
-                        BASELINE_ERROR_SEED, tag=f"night-{conn}")
-    for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
-        rig.client.wait_for_dag(dag_id)
-        rig.client.unpause(dag_id)
-    try:
+def rig(start_rig):
+    with start_rig("e2e-bisect", step_seconds=STEP_SECONDS, nodes=2, database="postgres",
+                   extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"}) as rig:
+        for conn in rig.nodes:
+            rig.nodes[conn] = sim.start_node(rig.node_state(conn), step_seconds=STEP_SECONDS, bisect=LAYOUT)
+            sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
+            sim_json = Path(rig.nodes[conn]["root"]) / "sim.json"
+            sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))
+                keep_nights("opd", {"baselines": {"opd": {"version": 1}}, "suite_nodes": {"opd": conn}},
+                            HEALTHY_NIGHTS, BASELINE_ERROR_SEED, tag=f"night-{conn}")
+        for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
+            rig.enable_dag(dag_id)
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ verification runs judged against it."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from rl_verify import settings
 from rl_verify.store import baselines
 from rl_verify.core.names import run_key
 from rl_verify.engines import load_suite
-from simulator import node as sim
 
 pytestmark = pytest.mark.e2e
 
@@ -25,19 +23,10 @@ STEP_SECONDS = 0.05
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("calibration-rig")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, nodes=2, database="postgres")
-    rig.start()
-    rig.client.wait_for_dag(CAL)
-    rig.client.unpause(CAL)
-    try:
+def rig(start_rig):
+    with start_rig("calibration-rig", step_seconds=STEP_SECONDS, nodes=2, database="postgres") as rig:
+        rig.enable_dag(CAL)
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 def calibrate(rig: Rig, conf: dict, decision: str, before_answer=None) -> tuple[str, str, dict, dict]:

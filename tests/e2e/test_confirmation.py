@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import json
-import shutil
 from pathlib import Path
 
 import httpx
@@ -40,24 +39,15 @@ HEALTHY_NIGHTS = 6
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("e2e-confirm")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
-    rig.start()
-    node = state / "node"
-    sim.set_noise(node, "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
-    sim_json = Path(rig.node["root"]) / "sim.json"
-    sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))  # where harness.nights keeps them
-        keep_nights("opd", RESOLVED, HEALTHY_NIGHTS, BASELINE_ERROR_SEED)
-    try:
+def rig(start_rig):
+    with start_rig("e2e-confirm", step_seconds=STEP_SECONDS, database="postgres") as rig:
+        sim.set_noise(rig.node_state(), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
+        sim_json = Path(rig.node["root"]) / "sim.json"
+        sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": NOISE_SEED}))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))  # where harness.nights keeps them
+            keep_nights("opd", RESOLVED, HEALTHY_NIGHTS, BASELINE_ERROR_SEED)
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 @pytest.fixture()

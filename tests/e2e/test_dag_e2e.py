@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from harness.rig import DAG_ID, Rig
+from e2e_rigs import require_sshd
+from harness.rig import DAG_ID
 from rl_verify.core.names import run_key
 from simulator import node as sim
 
@@ -25,22 +25,18 @@ STEP_SECONDS = 0.1
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+def rig(start_rig):
     from harness.receiver import Receiver
 
-    state = tmp_path_factory.mktemp("e2e-rig")
+    require_sshd()  # before the receiver starts
     receiver = Receiver().start()  # the team's chat: every notification of the module's runs lands here
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
-    rig.receiver = receiver
-    rig.start(extra_env=receiver.connection_env())
     try:
-        yield rig
+        with start_rig("e2e-rig", step_seconds=STEP_SECONDS, database="postgres",
+                       extra_env=receiver.connection_env()) as rig:
+            rig.receiver = receiver
+            yield rig
     finally:
-        rig.stop()
         receiver.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 @pytest.fixture()

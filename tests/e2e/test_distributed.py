@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,18 +27,11 @@ UNPINNED = "rl_gpu_node_unpinned"
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("distributed-rig")
-    rig = Rig(state, step_seconds=STEP_SECONDS, nodes=2, distributed=True)
-    try:
-        rig.start(extra_env=_unpinned_env)
+def rig(start_rig):
+    with start_rig("distributed-rig", records=False, step_seconds=STEP_SECONDS, nodes=2, distributed=True,
+                   extra_env=_unpinned_env) as rig:
         print(f"\ndistributed rig up: {json.dumps({k: round(v, 1) for k, v in rig.timings.items()})}")
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 def _unpinned_env(rig: Rig) -> dict[str, str]:

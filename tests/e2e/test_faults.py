@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import re
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any, Callable
 
 import pytest
 
+from e2e_rigs import drop_task_logs, require_sshd
 from harness.rig import DAG_ID, Rig, RunOutcome
 from rl_verify.core.names import run_key
 from simulator import node as sim
@@ -147,8 +147,7 @@ class Rigs:
         if self.current and self.current[0] == name:
             return self.current[1]
         self.release()
-        if not sim.SSHD.exists():
-            pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
+        require_sshd()
         state = self.base / name
         rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
         try:
@@ -180,7 +179,7 @@ class Rigs:
             if rig.stack and rig.node:
                 self.scan(rig)
                 if all(r.survived and not r.failures for r in RESULTS):  # keep the logs of a failure
-                    shutil.rmtree(rig.stack.home / "logs", ignore_errors=True)
+                    drop_task_logs(rig)
 
 
 @pytest.fixture(scope="module")

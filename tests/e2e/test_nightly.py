@@ -16,7 +16,6 @@ to .state/nightly-timeline.md.
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -27,7 +26,6 @@ import pytest
 from harness.airflow_api import StackError
 from harness.rig import DAG_ID, Rig
 from rl_verify.core.names import run_key
-from simulator import node as sim
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,21 +43,14 @@ TIMELINE = ROOT / ".state" / "nightly-timeline.md"
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("nightly-rig")
-    rig = Rig(state, state / "records", step_seconds=0.05, database="postgres")
-    rig.start(extra_env={"RL_VERIFY_APPROVAL_TIMEOUT_S": str(APPROVAL_TIMEOUT_S),
-                         "RL_VERIFY_DEFAULT_SUITES": "opd"}, schedule=SCHEDULE)
-    try:
-        yield rig
-    finally:
+def rig(start_rig):
+    with start_rig("nightly-rig", step_seconds=0.05, database="postgres", schedule=SCHEDULE,
+                   extra_env={"RL_VERIFY_APPROVAL_TIMEOUT_S": str(APPROVAL_TIMEOUT_S),
+                              "RL_VERIFY_DEFAULT_SUITES": "opd"}) as rig:
         try:
-            rig.client.pause(DAG_ID)
+            yield rig
         finally:
-            rig.stop()
-            shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
+            rig.client.pause(DAG_ID)
 
 
 def promote_new_opd_baseline(rig: Rig, commit: str) -> int:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from harness.rig import DAG_ID, Rig
+from harness.rig import DAG_ID
 from rl_verify.orchestration import links
 from simulator import node as sim
 
@@ -32,17 +31,9 @@ _BOXES = """(root) => Array.from((root || document).querySelectorAll('table')).m
 
 
 @pytest.fixture(scope="module")
-def rig(tmp_path_factory):
-    if not sim.SSHD.exists():
-        pytest.fail("/usr/sbin/sshd missing: run scripts/ensure_sshd.sh (make test does)")
-    state = tmp_path_factory.mktemp("ui-rig")
-    rig = Rig(state, state / "records", step_seconds=STEP_SECONDS, database="postgres")
-    rig.start()
-    try:
+def rig(start_rig):
+    with start_rig("ui-rig", step_seconds=STEP_SECONDS, database="postgres") as rig:
         yield rig
-    finally:
-        rig.stop()
-        shutil.rmtree(state / "airflow" / "airflow_home" / "logs", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
