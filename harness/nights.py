@@ -14,13 +14,13 @@ from typing import Any, Mapping
 from rl_verify.core.confirm import RunPoints
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.orchestration import spread_history
-from simulator.common import _load_curves
+from simulator.common import load_curves
 
 
 def healthy_run(suite: str, seed: str, baseline_error_seed: str, spread_ratio: float = 1.0) -> RunPoints:
     """One healthy realistic run of ``suite`` on a node with ``baseline_error_seed`` and ``spread_ratio``, judged
     against the shipped baseline by the engine (its run points, as a verification's compare records them)."""
-    curves = _load_curves()
+    curves = load_curves()
     spec = load_suite(suite)
     engine = engine_of(spec)
     rows = curves.run_rows(suite, seed, None, "realistic", baseline_error_seed=baseline_error_seed,

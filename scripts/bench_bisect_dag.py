@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from scripts import bench_confirmation as bc
+from scripts._startup import fresh_rig
 from simulator import node as sim
 from simulator.common import BisectLayout
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--step-seconds", type=float, default=0.05)
     args = parser.parse_args(argv)
-    from harness.rig import CONN_ID, Rig
+    from harness.rig import CONN_ID
     from rl_verify.core.names import run_key
     from simulator.checkout import bisect_history
 
@@ -59,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = bc.Runs("realistic", 2)
     replay = replayed_abort_steps(runs, bc.scaled(layout.regression, layout.scale, layout.from_step))
     runs.pool.close()
-    sim.reset_state(STATE)
-    rig = Rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=1)
+    rig = fresh_rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=1)
     rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "1", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
     failures = []
     try:
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         history = bisect_history(root)
         commits = json.loads((root / "state" / "checkout.json").read_text())["commits"]
         for dag_id in (BISECT, PROBE):
-            rig.client.wait_for_dag(dag_id)
-            rig.client.unpause(dag_id)
+            rig.enable_dag(dag_id)
         ranges = {"opd": (history["commits"][layout.culprit - 1], history["culprit"]),
                   "grpo": (commits["good"], commits["regress-mismatch"])}
         print("| suite | range | bisection | bad probe | live check | aborted at (through the DAG) | "

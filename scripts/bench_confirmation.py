@@ -23,7 +23,6 @@ re-decide the same runs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import re
@@ -39,21 +38,14 @@ from rl_verify.core import confirm, spread
 from rl_verify.core.live import aborted_result, confirming
 from rl_verify.core.tracker import TrackerFeed
 from rl_verify.engines import engine_of, load_suite
+from simulator.common import load_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER_DIR = ROOT / "simulator" / "xtuner_checkout" / "autotest"
 KL, GSM, REWARDS = "distillation/reduced_distillation_kl", "eval/gsm8k/acc", "response/rewards/mean"
 
 
-def _curves() -> Any:
-    path = ROOT / "simulator" / "xtuner_checkout" / "xtuner_sim" / "curves.py"
-    spec = importlib.util.spec_from_file_location("rlsim_curves", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CURVES = _curves()
+CURVES = load_curves()  # the simulated checkout's curves module, loaded by path
 
 
 def _shift(metric: str, amount: Callable[[int], float]) -> Callable[[list[dict]], list[dict]]:

@@ -20,7 +20,6 @@ step 1, fetch, compare, report) and the poll interval (5 s). No assertion: figur
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import tempfile
@@ -33,6 +32,7 @@ from rl_verify.engines.opd import compare_opd
 from rl_verify.engines import load_suite
 from rl_verify.core.tracker import TrackerFeed
 from simulator import checkout as sim_checkout
+from simulator.common import load_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKER_DIR = ROOT / "simulator" / "xtuner_checkout" / "autotest"
@@ -41,12 +41,9 @@ EVAL_EVERY = {"grpo": 15, "opd": 5}
 
 
 def _curves():
-    """The simulated checkout's curves module (it lives in the checkout, not in a package)."""
-    path = ROOT / "simulator" / "xtuner_checkout" / "xtuner_sim" / "curves.py"
-    spec = importlib.util.spec_from_file_location("rlsim_curves", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The simulated checkout's curves module (it lives in the checkout, not in a package): the simulator's one
+    loader, ``simulator.common.load_curves``."""
+    return load_curves()
 
 
 def run_rows(curves, suite: str, regression: str | None, seed: str, steps: int, mode: str = "bounded") -> list[dict]:

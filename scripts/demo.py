@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scripts import make_vars
+from scripts._startup import announcer, fresh_rig, start_rig
 from simulator import node as sim
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ DISTRIBUTED_STATE = ROOT / ".state" / "demo-distributed"
 STEP_SECONDS = 1.0
 
 
-def _say(text: str) -> None:
-    print(f"[demo] {text}", flush=True)
+_say = announcer("demo")
 
 
 def stop_kept() -> int:
@@ -118,17 +117,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
 def single(args: argparse.Namespace) -> int:
     """`make demo`: one simulated node and a local Airflow on SQLite."""
-    from harness.rig import DAG_ID, Rig  # the Airflow client: after the arguments are known good
+    from harness.rig import DAG_ID  # the Airflow client: after the arguments are known good
 
-    if STATE.exists():
-        sim.stop_node(STATE / "node") if (STATE / "node" / "node.json").exists() else None
-        shutil.rmtree(STATE)
     records = ROOT / "records"
     t0 = time.monotonic()
-    rig = Rig(STATE, records, step_seconds=args.step_seconds)
-    _say("starting the simulated GPU node (OpenSSH sshd on 127.0.0.1) and Airflow "
-         "(api-server, scheduler, triggerer, dag-processor; SQLite)...")
-    rig.start()
+    rig = start_rig(STATE, records, _say, "starting the simulated GPU node (OpenSSH sshd on 127.0.0.1) and Airflow "
+                    "(api-server, scheduler, triggerer, dag-processor; SQLite)...", step_seconds=args.step_seconds)
     node = rig.node
     assert node is not None and rig.stack is not None
     _say(f"node: {node['user']}@{node['host']}:{node['port']} (host key pinned), checkout {node['checkout']}")
@@ -219,14 +213,9 @@ def _wall(rig: Rig, run_id: str) -> dict[str, float]:
 
 def distributed(args: argparse.Namespace) -> int:
     """The distributed stack on this machine: two workers, S3 record store, two nodes in parallel."""
-    from harness.rig import DAG_ID, Rig
+    from harness.rig import DAG_ID
 
-    if DISTRIBUTED_STATE.exists():
-        for folder in DISTRIBUTED_STATE.glob("node*"):
-            if (folder / "node.json").exists():
-                sim.stop_node(folder)
-        shutil.rmtree(DISTRIBUTED_STATE)
-    rig = Rig(DISTRIBUTED_STATE, step_seconds=args.step_seconds, nodes=2, distributed=True)
+    rig = fresh_rig(DISTRIBUTED_STATE, None, step_seconds=args.step_seconds, nodes=2, distributed=True)
     _say("starting PostgreSQL, Redis, SeaweedFS S3, two simulated GPU nodes and Airflow with CeleryExecutor "
          "(api-server, scheduler, triggerer, dag-processor, two Celery workers)...")
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rl_verify.core.names import short_sha
 from scripts import make_vars
+from scripts._startup import announcer, start_rig
 from simulator import node as sim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +40,7 @@ NOISE_SEED, BASELINE_ERROR_SEED = "2", "46"
 HEALTHY_NIGHTS = 20
 
 
-def _say(text: str) -> None:
-    print(f"[demo-bisect] {text}", flush=True)
+_say = announcer("demo-bisect")
 
 
 def parse_args(argv: list[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
@@ -66,16 +66,17 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
         print(json.dumps({"step_seconds": args.step_seconds, "nodes": args.nodes}))
         return 0
     from harness.nights import keep_nights  # the engine and the simulator's curves: likewise
-    from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+    from harness.rig import CONN_ID  # the Airflow client: after the arguments are known good
     from rl_verify import settings
     from rl_verify.core import bisect_report
     from rl_verify.core.names import run_key
     from simulator.checkout import bisect_history
 
-    sim.reset_state(STATE)
-    rig = Rig(STATE, STATE / "records", step_seconds=args.step_seconds, nodes=2)
-    _say(f"starting two simulated GPU nodes and Airflow ({args.step_seconds} s simulated steps, realistic noise)...")
-    rig.start(extra_env={"RL_VERIFY_BISECT_POLL_S": "2", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"})
+    rig = start_rig(STATE, STATE / "records", _say,
+                    f"starting two simulated GPU nodes and Airflow ({args.step_seconds} s simulated steps, "
+                    "realistic noise)...",
+                    extra_env={"RL_VERIFY_BISECT_POLL_S": "2", "RL_VERIFY_JOB_POLL_INTERVAL_S": "1"},
+                    step_seconds=args.step_seconds, nodes=2)
     try:
         for conn in rig.nodes:
             sim.set_noise(rig.node_state(conn), "realistic", baseline_error_seed=BASELINE_ERROR_SEED)
@@ -88,8 +89,7 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
                         BASELINE_ERROR_SEED, tag=f"night-{conn}")
         history = bisect_history(Path(rig.node["root"]))
         for dag_id in (BISECT, "rl_accuracy_probe"):
-            rig.client.wait_for_dag(dag_id)
-            rig.client.unpause(dag_id)
+            rig.enable_dag(dag_id)
         verdicts = {}
         for step, ref in (("1. the last verified PASS", "sim/bisect-good"), ("2. the nightly FAIL", "sim/bisect-bad")):
             _say(f"{step}: verifying {ref} (opd)")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 from rl_verify import settings
 from rl_verify.store import baselines
 from scripts import make_vars
-from simulator import node as sim
+from scripts._startup import announcer, start_rig
 
 if TYPE_CHECKING:
     from harness.rig import Rig
@@ -39,8 +38,7 @@ TARGET = "demo-calibration"
 STEP_SECONDS = 0.2
 
 
-def _say(text: str) -> None:
-    print(f"[demo-calibration] {text}", flush=True)
+_say = announcer("demo-calibration")
 
 
 def calibrate(rig: Rig, conf: dict, decision: str) -> tuple[str, str, dict, float]:
@@ -87,21 +85,14 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     if args.check_args:
         print(json.dumps({"commit": args.commit, "runs": args.runs, "step_seconds": args.step_seconds}))
         return 0
-    from harness.rig import CONN_ID, Rig  # the Airflow client: after the arguments are known good
+    from harness.rig import CONN_ID  # the Airflow client: after the arguments are known good
 
     commit, runs, step = args.commit, args.runs, args.step_seconds
     node_b = f"{CONN_ID}_2"
-    if STATE.exists():
-        for node in STATE.glob("node*"):
-            if (node / "node.json").exists():
-                sim.stop_node(node)
-        shutil.rmtree(STATE)
-    rig = Rig(STATE, STATE / "records", step_seconds=step, nodes=2)
-    _say(f"starting two simulated GPU nodes and Airflow ({step} s simulated steps)...")
-    rig.start()
+    rig = start_rig(STATE, STATE / "records", _say, f"starting two simulated GPU nodes and Airflow ({step} s "
+                    "simulated steps)...", step_seconds=step, nodes=2)
     try:
-        rig.client.wait_for_dag(CAL)
-        rig.client.unpause(CAL)
+        rig.enable_dag(CAL)
         root = str(rig.record_root)
         conf = {"commit": commit, "suites": ["opd"], "runs": runs, "nodes": CONN_ID}
         _say(f"1. calibrating opd of {commit}: N={runs} runs on one node ({CONN_ID}); the proposal will be REJECTED")

@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
-from harness.rig import Rig
+from scripts._startup import fresh_rig
 from simulator import node as sim
 
 
@@ -46,12 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-early-abort", dest="early_abort", action="store_false",
                         help="train every run to its end: reports comparable across galleries byte for byte")
     args = parser.parse_args(argv)
-    if STATE.exists():
-        if (STATE / "node" / "node.json").exists():
-            sim.stop_node(STATE / "node")
-        shutil.rmtree(STATE)
     rows = []
-    with Rig(STATE, STATE / "records", step_seconds=0.1) as rig:
+    with fresh_rig(STATE, STATE / "records", step_seconds=0.1) as rig:
         # A fixed node-wide seed: every regression trains the same curves from one gallery to the next.
         sim_json = Path(rig.node["root"]) / "sim.json"
         sim_json.write_text(json.dumps({**json.loads(sim_json.read_text()), "seed": SEED}))

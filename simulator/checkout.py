@@ -36,7 +36,7 @@ from simulator.common import (
     _read_json,
     _run,
     _node_python,
-    _load_curves,
+    load_curves,
 )
 
 
@@ -82,7 +82,7 @@ def _build_share(root: Path) -> None:
                       "prompt": f"SIMULATED {split} item {i}", "answer": str(i)} for i in range(n)]
             (root / rel).write_text(json.dumps(items))
 
-    curves = _load_curves()
+    curves = load_curves()
     # The node's noise mode decides what the baselines are (curves.baseline_rows): in the realistic
     # modes one N-run mean of the node's true curve, not the reference curve itself.
     sim = _read_json(root / "sim.json", {})
@@ -216,7 +216,7 @@ def build_checkout(root: Path) -> dict[str, str]:
     commits["good"] = _git(repo, "rev-parse", "HEAD")
     for key, (branch, regression, message) in REGRESSION_BRANCHES.items():
         _git(repo, "checkout", "-q", "-b", branch, "main")
-        set_behaviour(regression, _load_curves().REGRESSIONS[regression])
+        set_behaviour(regression, load_curves().REGRESSIONS[regression])
         _git(repo, "commit", "-q", "-am", message)
         commits[key] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "main")
@@ -251,7 +251,7 @@ def _build_bisect_history(repo: Path, good: str, layout: BisectLayout, set_behav
     for pos in range(1, layout.commits + 1):
         if pos == layout.culprit:
             subject = BISECT_CULPRIT_SUBJECT
-            set_behaviour(layout.regression, f"bisection culprit: {_load_curves().REGRESSIONS[layout.regression]}; "
+            set_behaviour(layout.regression, f"bisection culprit: {load_curves().REGRESSIONS[layout.regression]}; "
                                              f"x{layout.scale:.3g} from step {layout.from_step}",
                           scale=layout.scale, from_step=layout.from_step)
         elif pos == layout.launch_fails:

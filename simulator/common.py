@@ -171,7 +171,7 @@ def _node_python() -> str:
     return "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 
-def _load_curves() -> ModuleType:
+def load_curves() -> ModuleType:
     """The checkout's curves.py, loaded by path: baselines and the replay trainer share one model."""
     spec = importlib.util.spec_from_file_location("rlsim_curves", CHECKOUT_SRC / "xtuner_sim" / "curves.py")
     assert spec and spec.loader

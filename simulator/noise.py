@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from simulator.checkout import _build_share
-from simulator.common import _load_curves, _read_json, _root, _write_json
+from simulator.common import load_curves, _read_json, _root, _write_json
 
 
 def noise_settings(state: Path) -> dict[str, Any]:
     """The node's noise mode and baseline_error_seed (the defaults when sim.json does not set them)."""
-    curves = _load_curves()
+    curves = load_curves()
     sim = _read_json(_root(state) / "sim.json", {})
     return {"noise": sim.get("noise", curves.DEFAULT_NOISE),
             "baseline_error_seed": str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED)),
@@ -39,13 +39,13 @@ def set_noise(state: Path, mode: str = "realistic", baseline_error_seed: str | i
     root = _root(state)
     if not (root / "sim.json").exists():
         raise RuntimeError(f"no simulated node under {state}: start_node first")
-    _load_curves().check_noise_mode(mode)
+    load_curves().check_noise_mode(mode)
     sim = _read_json(root / "sim.json", {})
     sim["noise"] = mode
     if baseline_error_seed is not None:
         sim["baseline_error_seed"] = str(baseline_error_seed)
     if spread_ratio is not None:
-        sim["spread_ratio"] = _load_curves().check_spread_ratio(spread_ratio)
+        sim["spread_ratio"] = load_curves().check_spread_ratio(spread_ratio)
     _write_json(root / "sim.json", sim)
     _build_share(root)
     return noise_settings(state)
