@@ -11,10 +11,10 @@ import pytest
 from sim_ssh import Node, simnode
 from test_simulated_node import parse, suite_launch, tracker_of
 
-from simulator.common import _load_curves
+from simulator.common import load_curves
 
 pytestmark = pytest.mark.integration
-curves = _load_curves()
+curves = load_curves()
 
 
 def launch(node: Node, suite: str, ref: str, name: str, extra_env: dict[str, str]) -> tuple[int, Path]:

@@ -18,7 +18,7 @@ from simulator.common import (
     BISECT_GOOD_TAG,
     LAUNCH_HELPER,
     BisectLayout,
-    _load_curves,
+    load_curves,
 )
 
 SCRIPTS = ("examples/v1/scripts/run_rl.sh", "recipe/on_policy_distillation/scripts/run_sampled_token_mopd.sh")
@@ -138,7 +138,7 @@ def test_sources_unchanged_keep_the_shas(tmp_path: Path, default: tuple[Path, di
 
 # ------------------------------------------------------------------------------------------------------------------
 # The scaled, step-gated regression the culprit carries (curves.regression_applier through run_rows)
-CURVES = _load_curves()
+CURVES = load_curves()
 KL, ABS, REWARDS = ("distillation/reduced_distillation_kl", "distillation/reduced_distillation_abs_loss",
                     "response/rewards/mean")
 

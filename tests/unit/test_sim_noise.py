@@ -21,13 +21,13 @@ import pytest
 
 from rl_verify.engines.opd import compare_opd
 from simulator import checkout as sim_checkout
-from simulator.common import _load_curves
+from simulator.common import load_curves
 from simulator.noise import noise_settings, set_noise
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_FILE = REPO / "include" / "rl_verify" / "suites" / "data" / "opd_golden_2026-10-26.json"
 GRPO_FILE = REPO / "include" / "rl_verify" / "suites" / "data" / "grpo_thresholds.json"
-curves = _load_curves()
+curves = load_curves()
 MARKER = "response/rewards/mean"
 OPD_POINTS = (0, 5, 10, 15, 20, 25)
 REALISTIC = ("realistic", "realistic-t")
