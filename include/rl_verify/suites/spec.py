@@ -16,9 +16,10 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rl_verify import settings
+from rl_verify.core import paths
 from rl_verify.core.thresholds import field_errors
 
 _VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")
@@ -106,6 +107,48 @@ class Launch(_Spec):
     env: dict[str, str] = {}
 
 
+#: What a bitwise lane leaves out by default: fields that differ run to run whatever the numerics.
+LANE_EXCLUDE = ("time/*", "*throughput*", "*tokens_per_sec*", "*/time", "memory/*", "*memory*")
+#: The launch interpreter's packages whose versions make part of the environment's fingerprint.
+LANE_PACKAGES = ("torch", "triton", "sglang", "lmdeploy", "flash_attn", "transformers", "ray")
+
+
+class BitwiseLane(_Spec):
+    """The bitwise-first lane of a suite (issue 33): the suite's first ``steps`` steps launched in deterministic
+    mode (``env`` and ``args`` added to the launch) and compared bit for bit with a trusted reference. Identical
+    steps are a shortcut to PASS; a difference sends the suite to the full check, never to FAIL.
+
+    ``steps`` must cover the eval at step 0 and at least one update, weight sync and new rollout (>= 2).
+    ``exclude``: tracker fields not compared (``fnmatch`` patterns). ``disabled_by``: paths whose change turns
+    the lane off (code the deterministic mode bypasses). ``packages``: the launch interpreter's packages whose
+    versions are part of the environment's fingerprint.
+    """
+
+    env: dict[str, str] = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    steps: int = Field(ge=2)
+    exclude: tuple[str, ...] = LANE_EXCLUDE
+    disabled_by: tuple[str, ...] = ()
+    packages: tuple[str, ...] = LANE_PACKAGES
+
+    @field_validator("disabled_by")
+    @classmethod
+    def _usable_disabling_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        problems = paths.pattern_problems(value, "bitwise.disabled_by")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @field_validator("packages")
+    @classmethod
+    def _package_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in value if not re.fullmatch(r"[A-Za-z0-9_.-]{1,60}", p)]
+        if bad:
+            raise ValueError(f"bitwise.packages: {bad} are not package names (letters, digits, _ . -), "
+                             "e.g. 'torch', 'flash_attn'")
+        return value
+
+
 class SuiteSpec(_Spec):
     """One suite's launch command, inputs, tracker location, baseline, scale and budget.
 
@@ -138,8 +181,29 @@ class SuiteSpec(_Spec):
     log_rules: tuple[LogRule, ...] = ()
     #: What the launch script needs of the node (checked with the inputs, before the card).
     node: NodeNeeds = NodeNeeds()
+    #: The checkout's paths that can move this suite's numbers, and those that cannot (core.paths patterns):
+    #: a diff since the suite's last verified PASS that touches no affecting path needs no training.
+    affects: tuple[str, ...] = paths.DEFAULT_AFFECTS
+    unaffecting: tuple[str, ...] = paths.DEFAULT_UNAFFECTING
+    #: The bitwise-first lane, when the suite has a deterministic mode (None: every verification is full).
+    bitwise: BitwiseLane | None = None
     #: The spec file as written (the experiment fingerprint hashes it).
     raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
+
+    @field_validator("affects", "unaffecting")
+    @classmethod
+    def _usable_path_patterns(cls, value: tuple[str, ...], info: Any) -> tuple[str, ...]:
+        problems = paths.pattern_problems(value, info.field_name)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    @model_validator(mode="after")
+    def _lane_within_the_run(self) -> "SuiteSpec":
+        if self.bitwise and self.bitwise.steps > self.expected_steps:
+            raise ValueError(f"bitwise.steps {self.bitwise.steps} is more than the run's expected_steps "
+                             f"{self.expected_steps}; the lane covers the first steps of a run")
+        return self
 
     @property
     def run_minutes(self) -> float:

@@ -1,0 +1,78 @@
+"""Which verification a suite gets (issue 33): none (its diff cannot move its numbers), the bitwise-first lane,
+or the full statistical check. Pure: every fact is a parameter, so that the rule is tested on its own.
+
+The order is the runbook's trust order: a cheaper answer is only taken when nothing says it might be wrong.
+1. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
+   version) touches no path that can affect it. No training.
+2. ``full`` whenever the run asks for it (param ``lane`` = ``full``), a scheduled run finds the suite's last full
+   verification older than ``RL_VERIFY_FULL_EVERY_DAYS`` (or none), the suite has no lane, the diff touches a
+   path that turns the lane off, or no trusted reference exists for this environment.
+3. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
+   ``full`` under the same approval (decided later, by the comparison, not here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from rl_verify.core.names import short_sha
+
+#: The values of the run param ``lane``.
+REQUESTS = ("auto", "full")
+#: A reference's state for this suite, experiment, environment and lane config.
+ReferenceState = Literal["trusted", "absent", "not reproducible"]
+Choice = Literal["unchanged", "bitwise", "full"]
+
+
+@dataclass(frozen=True)
+class LaneChoice:
+    """The verification a suite gets and why, in one sentence the card and the report show."""
+
+    choice: Choice
+    why: str
+
+
+def _files(changed: Sequence[str], most: int = 5) -> str:
+    shown = ", ".join(changed[:most])
+    return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
+
+
+def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affecting: Sequence[str],
+           has_lane: bool, lane_disabling: Sequence[str], reference: ReferenceState,
+           last_full_at: datetime | None, now: datetime, full_every_days: float) -> LaneChoice:
+    """The verification a suite gets.
+
+    ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
+    baseline version (None: none, so no skip). ``affecting``: the diff's files since it that can affect the
+    suite (``core.paths.affecting``). ``lane_disabling``: the diff's files that turn the lane off.
+    ``last_full_at``: when the suite's last full verification ended (None: never).
+    """
+    if requested not in REQUESTS:
+        raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
+                         "verification")
+    if verified_pass and not affecting:
+        return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches no "
+                                       "path that can affect this suite")
+    if requested == "full":
+        return LaneChoice("full", "the run asked for a full verification (lane = full)")
+    if scheduled:
+        due = last_full_at is None or now - last_full_at >= timedelta(days=full_every_days)
+        if due:
+            age = "there was none" if last_full_at is None else \
+                f"the last one was {(now - last_full_at).total_seconds() / 86400:.1f} days ago"
+            return LaneChoice("full", f"a scheduled run verifies in full every {full_every_days:g} days and {age} "
+                                      "(RL_VERIFY_FULL_EVERY_DAYS)")
+    if not has_lane:
+        return LaneChoice("full", "the suite declares no bitwise lane")
+    if lane_disabling:
+        return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}")
+    if reference == "absent":
+        return LaneChoice("full", "no bitwise reference for this environment yet (one is made after a full PASS)")
+    if reference == "not reproducible":
+        return LaneChoice("full", "the bitwise lane is off: not reproducible on this environment (the reference's "
+                                  "self-check runs differed)")
+    return LaneChoice("bitwise", "a trusted reference exists for this environment and the diff touches no path "
+                                 "that turns the lane off")
