@@ -225,3 +225,21 @@ def test_the_bisection_range_lists_good_then_each_first_parent_commit_with_autho
     assert err.value.param == "bad"
     with pytest.raises(remote.BadInput):
         node.commit_range(sim_node.client, sim_node.checkout, "good;rm -rf /", "sim/bisect-bad", 64)
+
+
+def test_the_files_changed_between_two_commits_are_listed_from_the_node_checkout(sim_node):
+    from simulator.checkout import bisect_history
+
+    history = bisect_history(Path(sim_node.info["root"]))
+    good, first, culprit = history["commits"][0], history["commits"][1], history["culprit"]
+    # An ordinary commit of the history touches the changelog only; the culprit also the trainer's behaviour.
+    assert node.changed_files(sim_node.client, sim_node.checkout, good, first) == ["CHANGELOG.md"]
+    assert "xtuner_sim/behaviour.json" in node.changed_files(sim_node.client, sim_node.checkout, good, culprit)
+    assert node.changed_files(sim_node.client, sim_node.checkout, good, good) == []
+    # A verified commit the checkout does not have: nothing can be said (None), not an error.
+    assert node.changed_files(sim_node.client, sim_node.checkout, "0" * 40, good) is None
+    with pytest.raises(node.NodeError, match="is not in"):
+        node.changed_files(sim_node.client, sim_node.checkout, good, "0" * 40)
+    for bad in ("main", "a" * 39, "$(reboot)" + "a" * 31):
+        with pytest.raises(remote.BadInput, match="is not a full SHA"):
+            node.changed_files(sim_node.client, sim_node.checkout, bad, good)

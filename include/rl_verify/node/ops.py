@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rl_verify import settings
+from rl_verify.core.names import short_sha
 from rl_verify.node import remote
 # fetch_suite and gpu_line: through ops, the node layer's one face for orchestration, like every operation here.
 from rl_verify.node.fetch import fetch_suite  # noqa: F401
@@ -115,6 +116,18 @@ def commit_range(client: "paramiko.SSHClient", checkout: str, good: str, bad: st
             author, date, subject = (base64.b64decode(f).decode("utf-8", errors="replace").strip() for f in fields[1:])
             commits.append({"sha": fields[0], "author": author, "date": date, "subject": subject})
     return count, commits
+
+
+def changed_files(client: "paramiko.SSHClient", checkout: str, base: str, head: str) -> list[str] | None:
+    """The paths that differ between commits ``base`` and ``head`` of the node checkout (both names of a
+    rename), or None when ``base`` is not in the checkout (a verified PASS the node no longer has: nothing can be
+    said, so nothing is skipped). Raises NodeError when git fails otherwise."""
+    status, out, err = run_script(client, remote.changed_files_script(checkout, base, head))
+    if status == 3 and err.strip().startswith("base:"):
+        return None
+    if status != 0:
+        raise NodeError(f"listing the files changed since {short_sha(base)} failed (exit {status}): {err.strip()}")
+    return [line for line in out.splitlines() if line]
 
 
 @dataclass

@@ -185,6 +185,20 @@ def commit_range_script(checkout: str, good: str, bad: str, limit: int) -> str:
                   good=validate_commit(good), bad=validate_commit(bad), limit=int(limit))
 
 
+def validate_sha(value: object, field: str) -> str:
+    """A full 40-hex SHA (the record's commits), else BadInput naming ``field``."""
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{40}", value):
+        raise BadInput(f"{field} {value!r} is not a full SHA (40 lower-case hex digits)")
+    return value
+
+
+def changed_files_script(checkout: str, base: str, head: str) -> str:
+    """Script: the paths that differ between two commits of the node checkout (``sh/changed_files.sh``), one
+    per line, both names of a rename. Exit 3: a commit is not in the checkout; 4: no checkout."""
+    return render("changed_files", checkout=validate_path(checkout, "node checkout"),
+                  base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
+
+
 def _check_field(value: str, what: str) -> str:
     """A suite or input kind placed in a tab-separated line: non-empty, no tab or line break."""
     if not isinstance(value, str) or not value or re.search(r"[\t\r\n]", value):
