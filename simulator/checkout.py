@@ -20,6 +20,10 @@ from simulator.common import (
     GRPO_BASELINE,
     OPD_BASELINE,
     REGRESSION_BRANCHES,
+    DOCS_ONLY_BRANCH,
+    DOCS_ONLY_FILES,
+    NEUTRAL_CODE_BRANCH,
+    NUMERICS_BRANCH,
     BISECT_AUTHORS,
     BISECT_BAD_TAG,
     BISECT_BRANCH,
@@ -155,7 +159,7 @@ def _source_files() -> dict[str, Path]:
 
 
 def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
-    h = hashlib.sha256(b"rlsim-checkout-v2")
+    h = hashlib.sha256(b"rlsim-checkout-v3")  # v3: the docs-only, neutral and numerics branches
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
     h.update(json.dumps(asdict(layout), sort_keys=True).encode())
     for rel, p in sorted(files.items()):
@@ -219,6 +223,23 @@ def build_checkout(root: Path) -> dict[str, str]:
         set_behaviour(regression, load_curves().REGRESSIONS[regression])
         _git(repo, "commit", "-q", "-am", message)
         commits[key] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", DOCS_ONLY_BRANCH, "main")
+    for rel in DOCS_ONLY_FILES:
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(f"# {Path(rel).stem} (SIMULATED)\n\nHow to run the RL recipes; no code.\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "docs: how to run the RL recipes (simulated docs-only commit)")
+    commits["docs-only"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", NEUTRAL_CODE_BRANCH, "main")
+    helper = repo / "xtuner_sim" / "logging_util.py"
+    helper.write_text('"""Log formatting helpers (SIMULATED refactor: no effect on the numbers)."""\n')
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "refactor: move log formatting into a helper (simulated, numerics-neutral)")
+    commits["neutral-refactor"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", NUMERICS_BRANCH, "main")
+    set_behaviour(None, "healthy: reordered reduction, other bits, same statistics", numerics="reordered-reduction")
+    _git(repo, "commit", "-q", "-am", "perf: fuse the advantage reduction (simulated, numerics change, healthy)")
+    commits["numerics-reorder"] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "main")
     bisect = _build_bisect_history(repo, commits["good"], layout, set_behaviour)
     stamp.parent.mkdir(parents=True, exist_ok=True)

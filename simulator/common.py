@@ -42,6 +42,13 @@ REGRESSION_BRANCHES = {
 }
 #: The regression kinds of the replay trainer (xtuner_sim/curves.py REGRESSIONS).
 REGRESSION_KINDS = ("init", "divergence", "mismatch", "teacher", "rewards")
+#: A commit on top of main that touches documentation only (the path-aware skip's case, issue 33).
+DOCS_ONLY_BRANCH = "sim/docs-only"
+DOCS_ONLY_FILES = ("docs/en/rl/grpo.md", "README.md")
+#: A code change that leaves the numbers' bits alone (a refactor: deterministic runs give the same bits) and a
+#: healthy one that changes them (a reordered reduction: other bits, the same statistics).
+NEUTRAL_CODE_BRANCH = "sim/neutral-refactor"
+NUMERICS_BRANCH = "sim/numerics-reorder"
 
 # ----------------------------------------------------------------------------------------------------
 # The linear history for bisection (issue 22): ``sim/bisect-good`` (= main, the known-good commit) and

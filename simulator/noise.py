@@ -49,3 +49,24 @@ def set_noise(state: Path, mode: str = "realistic", baseline_error_seed: str | i
     _write_json(root / "sim.json", sim)
     _build_share(root)
     return noise_settings(state)
+
+
+#: The simulated node's environment as deterministic mode sees it (sim.json ``environment``; train.py's default).
+DEFAULT_ENVIRONMENT = {"driver": "580.159.04", "torch": "2.8.0", "sglang": "0.5.3"}
+
+
+def set_determinism(state: Path, reproducible: bool = True,
+                    environment: dict[str, str] | None = None) -> dict[str, Any]:
+    """Deterministic mode on the node under ``state`` (issue 33): ``reproducible`` False is the node fault
+    "deterministic mode not reproducible" (every deterministic launch draws its own bits); ``environment``
+    replaces the node's environment (a driver or package upgrade: other bits, the same statistics; None keeps
+    it). Returns what sim.json now says. Every later launch uses it; a training already running keeps its own."""
+    root = _root(state)
+    if not (root / "sim.json").exists():
+        raise RuntimeError(f"no simulated node under {state}: start_node first")
+    sim = _read_json(root / "sim.json", {})
+    sim["deterministic"] = bool(reproducible)
+    if environment is not None:
+        sim["environment"] = dict(environment)
+    _write_json(root / "sim.json", sim)
+    return {"deterministic": sim["deterministic"], "environment": sim.get("environment") or DEFAULT_ENVIRONMENT}

@@ -243,3 +243,11 @@ def test_the_files_changed_between_two_commits_are_listed_from_the_node_checkout
     for bad in ("main", "a" * 39, "$(reboot)" + "a" * 31):
         with pytest.raises(remote.BadInput, match="is not a full SHA"):
             node.changed_files(sim_node.client, sim_node.checkout, bad, good)
+
+
+def test_the_simulated_docs_only_commit_changes_documentation_only(sim_node):
+    from simulator.common import DOCS_ONLY_FILES
+
+    commits = sim_node.info["commits"]
+    changed = node.changed_files(sim_node.client, sim_node.checkout, commits["good"], commits["docs-only"])
+    assert sorted(changed) == sorted(DOCS_ONLY_FILES)

@@ -37,11 +37,12 @@ def suite_launch(node: Node, suite: str, worktree: str, work_dir: str) -> tuple[
     return cmd, {**node.share_env(), **spec.env, "WORK_DIR": work_dir, **marker}
 
 
-def run_suite(node: Node, suite: str, ref: str, name: str) -> tuple[int, Path]:
+def run_suite(node: Node, suite: str, ref: str, name: str, extra_env: dict[str, str] | None = None) -> tuple[int, Path]:
     wt = node.worktree(ref, name)
     work_dir = str(node.state / "runs" / name)
     node.run(f"mkdir -p {shlex.quote(work_dir)}")
     cmd, env = suite_launch(node, suite, wt, work_dir)
+    env = {**env, **(extra_env or {})}
     if suite == "opd":
         # run_rl.sh leaves its Ray head running and `ray start --head` refuses a second head, so
         # stop it first, as rl-verify's job command does after every launch script.
@@ -291,3 +292,42 @@ def test_cli_fault_status_and_clear(faults: Node) -> None:
     # start again on a running node: reused, same port and host key
     again = json.loads(cli("start", "--step-seconds", "0.05"))
     assert again["port"] == faults.info["port"] and again["host_key"] == faults.info["host_key"]
+
+
+#: A deterministic launch as XTuner's own e2e CI makes it: deterministic algorithms, the SGLang rollout (the one
+#: backend with a deterministic mode), FA3 off.
+DETERMINISTIC = {"XTUNER_DETERMINISTIC": "true", "XTUNER_USE_SGLANG": "1", "XTUNER_USE_LMDEPLOY": "0",
+                 "XTUNER_USE_FA3": "0"}
+
+
+def test_deterministic_mode_gives_the_same_bits_only_where_the_numerics_and_environment_are_the_same(
+        fresh_node: Node) -> None:
+    from rl_verify.core import bitwise
+    from rl_verify.suites.spec import LANE_EXCLUDE
+
+    commits, steps = fresh_node.info["commits"], 46  # the eval at step 0 and 45 steps
+
+    def rows(ref: str, name: str, env: dict[str, str] | None = DETERMINISTIC) -> list[dict]:
+        rc, work_dir = run_suite(fresh_node, "grpo", commits[ref], name, env)
+        assert rc == 0, (work_dir / "launch.out").read_text()[-2000:]
+        return parse(tracker_of(work_dir).read_text())[0]
+
+    def lane(reference: list[dict], current: list[dict]) -> bitwise.LaneReading:
+        return bitwise.read_lane(reference, current, steps, LANE_EXCLUDE)
+
+    reference = rows("good", "det-1")
+    assert lane(reference, rows("good", "det-2")).identical  # reproducible on this node
+    assert lane(reference, rows("docs-only", "det-docs")).identical
+    assert lane(reference, rows("neutral-refactor", "det-neutral")).identical
+    reordered = lane(reference, rows("numerics-reorder", "det-numerics"))
+    assert reordered.difference is not None and reordered.difference.step == 0  # other bits from the first step
+    regressed = lane(reference, rows("regress-mismatch", "det-regress"))
+    assert regressed.difference is not None and regressed.difference.step <= 1
+    # Without deterministic mode (LMDeploy, as the suite launches today) every launch draws its own bits.
+    assert not lane(rows("good", "nondet-1", {}), rows("good", "nondet-2", {})).identical
+    # A changed environment (driver upgrade) gives other bits; a node where the mode does not reproduce, too.
+    simnode.set_determinism(fresh_node.state, environment={"driver": "580.200.01", "torch": "2.8.0",
+                                                           "sglang": "0.5.3"})
+    assert not lane(reference, rows("good", "det-driver")).identical
+    simnode.set_determinism(fresh_node.state, reproducible=False)
+    assert not lane(rows("good", "unrepro-1"), rows("good", "unrepro-2")).identical

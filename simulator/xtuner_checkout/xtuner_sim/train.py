@@ -14,7 +14,15 @@ Inputs it honours (all optional outside a simulated node):
   (``regression``: a kind of curves.REGRESSIONS or null; optional ``scale`` and ``from_step``: its size and
   the first step it shows at, see curves.regression_applier);
 - ``RLSIM_SEED``, else ``RL_VERIFY_SEED`` (a calibration run's seed, as a launch config would read it):
-  fixes the noise (otherwise every launch draws its own).
+  fixes the noise (otherwise every launch draws its own);
+- ``XTUNER_DETERMINISTIC=true`` with the rollout backend that has a deterministic mode (``XTUNER_USE_SGLANG=1``,
+  not LMDeploy) and FA3 off: deterministic mode (issue 33). On a node whose environment is deterministic (sim.json
+  ``deterministic``, default true) a run's values are then a pure function of the checkout's numerics
+  (behaviour.json ``numerics``), the node's environment (sim.json ``environment``) and the seed (default 0): a
+  docs or non-numerics change gives the same bits, a reordered reduction other bits with the same statistics, a
+  regression other bits from the step it starts at. ``deterministic: false`` (the node fault "deterministic mode
+  not reproducible") draws every launch's own noise. Steps take ``deterministic_slowdown`` (default 1.3) times
+  as long.
 The metric rows are ``curves.run_rows(...)``'s, exactly (a benchmark calling it gets the same rows);
 the trainer adds only what the node does to them (faults, step time). Standard library only.
 """
@@ -135,6 +143,19 @@ def _pid_alive(pid: int, needle: str) -> bool:
         return False
 
 
+def deterministic_mode(env: dict[str, str] | os._Environ) -> bool:
+    """Whether the launch asks for deterministic mode where it exists: XTUNER_DETERMINISTIC on, the SGLang rollout
+    (LMDeploy has no deterministic mode) and FA3 off (its kernels are not batch-invariant)."""
+    on = str(env.get("XTUNER_DETERMINISTIC", "")).lower() in ("1", "true")
+    sglang = str(env.get("XTUNER_USE_SGLANG", "")) == "1" and str(env.get("XTUNER_USE_LMDEPLOY", "")) != "1"
+    return on and sglang and str(env.get("XTUNER_USE_FA3", "")) != "1"
+
+
+def deterministic_seed(numerics: str, environment: dict, seed: str) -> str:
+    """The noise seed of a deterministic run: the checkout's numerics, the node's environment and the run's seed."""
+    return f"deterministic:{numerics}:{json.dumps(environment, sort_keys=True)}:{seed}"
+
+
 class Node:
     """What the trainer sees of the simulated node: settings, faults, Ray head, teachers."""
 
@@ -154,6 +175,12 @@ class Node:
         self.spread_ratio = curves.check_spread_ratio(sim.get("spread_ratio", 1.0))
         #: What the share's baseline trackers were last written for (simulator/checkout.py).
         self.share_noise = _read_json(self.root / "state" / "baseline_noise.json", {}) if self.root else {}
+        #: Whether deterministic mode reproduces on this node, its environment (driver, packages: part of the
+        #: bits) and what deterministic mode costs per step.
+        self.deterministic = bool(sim.get("deterministic", True))
+        # The default is simulator.noise.DEFAULT_ENVIRONMENT (the checkout cannot import the simulator).
+        self.environment = sim.get("environment") or {"driver": "580.159.04", "torch": "2.8.0", "sglang": "0.5.3"}
+        self.deterministic_slowdown = float(sim.get("deterministic_slowdown", 1.3))
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
         self.fault = faults.get(suite) or {}
         self.ray_pid: int | None = None
@@ -252,6 +279,14 @@ def run(args: argparse.Namespace) -> int:
     tracker_dir.mkdir(parents=True)
     writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
     seed = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or exp.name
+    deterministic = deterministic_mode(os.environ)
+    step_seconds = node.step_seconds
+    if deterministic:
+        step_seconds *= node.deterministic_slowdown
+        given = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or "0"
+        # Reproducible only where the node's environment is: otherwise each launch still draws its own noise.
+        seed = deterministic_seed(str(behaviour.get("numerics", "v1")), node.environment, str(given)) \
+            if node.deterministic else f"nondeterministic:{exp.name}"
     rows = curves.run_rows(suite, seed, regression, node.noise, steps=total, eval_every=eval_every,
                            baseline_error_seed=node.baseline_error_seed,
                            regression_scale=float(behaviour.get("scale", 1.0)),
@@ -266,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
                                              ("from_step", f" from step {behaviour.get('from_step')}"))
                     if key in behaviour)
     _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}{shape}, fault={fault or None}, "
-         f"noise={node.noise}, seed={seed}")
+         f"noise={node.noise}, seed={seed}" + (", deterministic mode" if deterministic else ""))
     wanted = {"noise": node.noise,
               "baseline_error_seed": None if node.noise == "bounded" else node.baseline_error_seed}
     if node.root is not None and node.share_noise and node.share_noise != wanted:
@@ -279,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         _log(f"step 0 eval: {json.dumps(first)}")
         for step in range(1, total + 1):
             slow = float(fault.get("factor", 3.0)) if kind == "slow" and step >= max(at_step, 1) else 1.0
-            time.sleep(node.step_seconds * slow)
+            time.sleep(step_seconds * slow)
             node.check_ray()
             if teachers:
                 _check_teachers(teachers)
@@ -297,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
             for mb_row in minibatch:  # mini-batch rows: no step-summary marker
                 writer.log(mb_row)
             row = {k: v for k, v in summary.items() if k != "step"}
-            row["time/step"] *= slow
+            row["time/step"] *= slow * (node.deterministic_slowdown if deterministic else 1.0)
             if kind == "nan" and step >= max(at_step, 1):
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
                 row[fault.get("metric", default)] = math.nan
