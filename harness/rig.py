@@ -50,6 +50,9 @@ def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int
         # Manual runs only unless asked: an unpaused nightly schedule would queue a scheduled run
         # (waiting for its approval) ahead of the run the demo or test triggers (max_active_runs=1).
         "RL_VERIFY_SCHEDULE": schedule or "none",
+        # Every run trains unless it asks for the path-aware skip (conf "lane": "auto"): the demos and most tests
+        # run a commit that already PASSed on the same rig, and are about what a training does.
+        "RL_VERIFY_LANE": "full",
     }
 
 

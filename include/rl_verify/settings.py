@@ -253,6 +253,16 @@ if SCHEDULED_REPEATS > MAX_REPEATS:
 #: Separates a suite from its repeat number in task ids and folders (suite names cannot contain it).
 REPEAT_MARK = "-r"
 
+# --- the path-aware skip (rl_verify.orchestration.unchanged, issue 33) ---
+#: The values of a verification's param ``lane``: ``auto`` lets a suite whose diff since its verified PASS touches
+#: no path that can affect it end PASS (unchanged) without training; ``full`` trains every suite.
+LANES = ("auto", "full")
+#: The param's default, so also what scheduled runs do (RL_VERIFY_LANE).
+DEFAULT_LANE = os.environ.get("RL_VERIFY_LANE", "auto")
+if DEFAULT_LANE not in LANES:
+    PROBLEMS.append(("RL_VERIFY_LANE", DEFAULT_LANE, f"give one of {', '.join(LANES)}, or unset it for auto"))
+    DEFAULT_LANE = "auto"
+
 # --- the spread the confirmation learns from the runs we make (rl_verify.core.spread, issue 34) ---
 #: Where the record store keeps, per suite, one entry per finished verification: its spread key, outcome and
 #: every run's judged points (``<root>/spread-history/<suite>/<finished>__<run key>.json``).

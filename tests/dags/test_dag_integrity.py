@@ -164,7 +164,8 @@ def test_trainings_take_the_default_nodes_pool_and_are_not_blindly_retried(parse
 
 def test_tags_params_and_scheduling(parsed):
     assert "rl-verify" in parsed["tags"]
-    assert parsed["params"] == ["baseline_versions", "bisection", "commit", "early_abort", "node", "repeats", "suites"]
+    assert parsed["params"] == ["baseline_versions", "bisection", "commit", "early_abort", "lane", "node", "repeats",
+                                "suites"]
     # One at a time: a tick that comes while a run waits or trains is skipped and named in the next card.
     assert parsed["max_active_runs"] == 1 and parsed["catchup"] is False and parsed["doc_md"]
 

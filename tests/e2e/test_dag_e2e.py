@@ -164,6 +164,39 @@ def test_a_regression_that_shows_early_is_aborted_early_with_a_full_report(rig, 
     _assert_node_clean(node_state)
 
 
+def test_a_docs_only_commit_after_a_verified_pass_ends_unchanged_with_no_training_and_no_approval(
+        rig, node_state, finished_runs):
+    from simulator.common import DOCS_ONLY_FILES
+
+    good = rig.node["commits"]["good"]
+    conf = {"commit": "sim/docs-only", "suites": ["grpo", "opd"], "node": "rl_gpu_node", "lane": "auto"}
+    out = rig.run(conf, decision=None)  # None: the run must not wait for a person
+    assert out.state == "success", json.dumps(out.tasks)
+    assert rig.client.hitl_details(DAG_ID, out.run_id, task_id="approve") == []  # nobody was asked
+    assert "No approval needed: every suite is PASS (unchanged)" in rig.client.task_log(DAG_ID, out.run_id, "approve")
+    for suite in ("grpo", "opd"):
+        for task in (f"run_{suite}", f"fetch_{suite}", f"compare_{suite}", f"confirm_{suite}"):
+            assert out.tasks[task] == "skipped", (task, out.tasks)
+    assert out.tasks["verdict"] == "success" and out.summary["verdict"] == "PASS"
+    report = _report(out.summary)
+    for row in report["suites"]:
+        outcome = row["outcome"]
+        assert outcome["outcome"] == "PASS (unchanged)" and outcome["runs"] == []
+        assert outcome["unchanged"]["sha"] == good and sorted(outcome["unchanged"]["files"]) == sorted(DOCS_ONLY_FILES)
+        assert outcome["unchanged"]["run_id"] == finished_runs["pass"].run_id
+    report_md = Path(out.summary["report"]["md"]).read_text()
+    assert f"Verified PASS: `{good}`" in report_md and "No approval was asked" in report_md
+    assert "What it does not cover: anything outside the checkout" in report_md
+    assert "PASS (unchanged), no training" in rig.client.dag_run(DAG_ID, out.run_id)["note"]
+    run_dir = Path(rig.node["root"]) / "runs" / run_key(out.run_id)
+    assert not list(run_dir.glob("jobs/*"))  # nothing launched
+    _assert_node_clean(node_state)
+    # A change that can move a number trains as before, under the same param (its card waits for a person).
+    code = rig.run({**conf, "commit": "sim/regress-mismatch", "suites": ["grpo"], "repeats": 0}, decision="Reject")
+    assert code.summary["verdict"] == "REJECTED"
+    assert "PASS (unchanged)" not in rig.client.hitl_detail(DAG_ID, code.run_id, "approve")["body"]
+
+
 def test_rejected_card_launches_nothing_and_names_the_rejecter(rig, node_state):
     out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision="Reject")
     assert out.state == "success", json.dumps(out.tasks)

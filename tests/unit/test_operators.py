@@ -272,6 +272,50 @@ def test_an_approved_card_skips_every_task_of_the_suites_the_run_does_not_test_a
     approve._skip_unselected_suites({"ti": FakeTI({}, resolved={"suites": ["grpo", "opd"]}), "task": approve})
 
 
+def _built_approve():
+    from airflow.sdk import DAG
+
+    from rl_verify.orchestration import verification_dag
+
+    with DAG("unchanged_probe", schedule=None, params=verification_dag.params()) as dag:
+        verification_dag.build()
+    return dag, dag.get_task("approve")
+
+
+def test_when_every_suite_is_unchanged_nobody_is_asked_and_every_suite_task_is_skipped(waited):
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    dag, approve = _built_approve()
+    entry = {"sha": "a" * 40, "run_id": "r", "report": "/r", "files": ["docs/a.md"], "why": "docs only"}
+    ti = FakeTI({"fingerprint": "fp", "markdown": "card"},
+                resolved={"suites": ["grpo", "opd"], "unchanged": {"grpo": entry, "opd": entry}})
+    ctx = {"ti": ti, "task": approve, "run_id": "manual__x",
+           "dag_run": SimpleNamespace(run_type="scheduled", dag_id="rl_accuracy_verification")}
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        approve.execute(ctx)
+    assert waited == []  # no person asked, no standing approval looked up or spent
+    assert ti.pushed["decision"]["not_needed"] is True and ti.pushed["decision"]["by"] is None
+    names = set(skipped.value.tasks)
+    assert {"run_grpo", "run_opd", "confirm_grpo", "confirm_opd", "repeat_opd-r1"} <= names
+    assert not names & {"report", "cleanup", "verdict"}
+
+
+def test_an_unchanged_suite_among_trained_ones_is_skipped_after_the_approval_and_the_others_train(waited):
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    dag, approve = _built_approve()
+    entry = {"sha": "a" * 40, "run_id": "r", "report": "/r", "files": [], "why": "same commit"}
+    ti = FakeTI({"fingerprint": "fp", "markdown": "card"},
+                resolved={"suites": ["grpo", "opd"], "unchanged": {"opd": entry}})
+    ctx = {"ti": ti, "task": approve, "run_id": "manual__x", "params": {"commit": "main", "suites": ["grpo", "opd"]},
+           "dag_run": SimpleNamespace(run_type="manual", dag_id="rl_accuracy_verification")}
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        approve.execute(ctx)
+    assert waited == ["waited"]  # grpo trains: a person approves its card
+    names = set(skipped.value.tasks)
+    assert "run_opd" in names and "confirm_opd" in names and not any("grpo" in t for t in names)
+
+
 def test_a_repeat_gate_that_says_no_skips_that_repeat_and_every_later_one_of_its_suite_at_once(monkeypatch):
     from airflow.sdk import DAG
     from airflow.sdk.exceptions import DownstreamTasksSkipped

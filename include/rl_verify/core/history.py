@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from rl_verify.core.model import PASS, UNCHANGED
+
 log = logging.getLogger(__name__)
 
 _RUN_TIME = re.compile(r"__(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})")
@@ -61,6 +63,11 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
                 "verdict": report.get("verdict") or "?", "baselines": baseline_versions(report),
                 "confirmation": confirmation(report)}
         for suite in report.get("suites") or []:
+            if (suite.get("outcome") or {}).get("outcome") == UNCHANGED:
+                # No run, no metric: one row so that the run is listed (its confirmation column says why).
+                out.append({**base, "suite": suite.get("suite"), "suite_verdict": PASS, "metric": "",
+                            "ratio": None, "passed": True})
+                continue
             for check in suite.get("checks") or []:
                 if check.get("passed") is None:
                     continue  # reference only or not calibrated: not judged, not trended
@@ -114,13 +121,16 @@ def runs(frame) -> list[dict[str, Any]]:
 
 
 def confirmation(report: dict[str, Any]) -> str:
-    """``opd: PASS (not reproduced) over 2 runs``: the suites of a report that ran more than once (schema 2),
-    "" when every suite was judged by one run."""
+    """``opd: PASS (not reproduced) over 2 runs``: the suites of a report that ran more than once (schema 2)
+    or not at all (``PASS (unchanged) since <commit>``), "" when every suite was judged by one run."""
     said = []
     for suite in report.get("suites") or []:
         outcome = suite.get("outcome") or {}
         runs = outcome.get("runs") or []
-        if len(runs) > 1:
+        if outcome.get("outcome") == UNCHANGED:
+            verified = (outcome.get("unchanged") or {}).get("sha") or ""
+            said.append(f"{suite.get('suite')}: {UNCHANGED} since {verified[:10]}, no training")
+        elif len(runs) > 1:
             said.append(f"{suite.get('suite')}: {outcome.get('outcome')} over {len(runs)} runs ("
                         + ", ".join(str(r.get("verdict")) for r in runs) + ")")
     return "; ".join(said)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from rl_verify import settings
 from rl_verify.core.names import short_sha
 
 #: The values of the run param ``lane``.
-REQUESTS = ("auto", "full")
+REQUESTS = settings.LANES
 #: A reference's state for this suite, experiment, environment and lane config.
 ReferenceState = Literal["trusted", "absent", "not reproducible"]
 Choice = Literal["unchanged", "bitwise", "full"]

@@ -17,6 +17,9 @@ from typing import Any
 
 PASS = "PASS"
 FAIL = "FAIL"
+#: The outcome of a suite the path-aware skip decided without training (issue 33): its diff since a verified
+#: PASS touches no path that can affect it.
+UNCHANGED = "PASS (unchanged)"
 # Failure classes: each one names a different next step (see ``failure_class_of``).
 ACCURACY, PERFORMANCE, INFRASTRUCTURE = "accuracy", "performance", "infrastructure"
 FAILURE_CLASSES = (ACCURACY, PERFORMANCE, INFRASTRUCTURE)
@@ -144,6 +147,14 @@ class SuiteResult:
             next_steps=infrastructure_steps(reason),
             details={k: v for k, v in details.items()},
         )
+
+    @classmethod
+    def unchanged(cls, suite: str, verified: dict[str, Any], files: list[str]) -> "SuiteResult":
+        """A PASS without a run: the diff since the verified PASS ``verified`` (``sha``, ``run_id``, ``report``)
+        changes only ``files``, none of which can affect the suite. What it covers: every path the suite's spec
+        says can move its numbers; what it does not: anything outside the checkout (node, drivers, data)."""
+        return cls(suite=suite, verdict=PASS,
+                   details={"unchanged": {**verified, "files": list(files)}})
 
     @property
     def passed(self) -> bool:

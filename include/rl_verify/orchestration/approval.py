@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk.timezone import utcnow
 
 from rl_verify import engines, settings
+from rl_verify.core.model import UNCHANGED
 from rl_verify.core.names import short_sha
 from rl_verify.orchestration import airflow_api, notify, standing
 from rl_verify.orchestration.bisection import PLAN_FILE
@@ -61,23 +62,38 @@ class CardApprovalOperator(ApprovalOperator):
         )
 
     def execute(self, context: Any) -> Any:
+        resolved = context["ti"].xcom_pull(task_ids="resolve_commit") or {}
+        skipped = resolved.get("unchanged") or {}
+        if resolved.get("suites") and set(resolved["suites"]) <= set(skipped):
+            # Nothing would be launched: no person is asked (and a standing approval is not spent).
+            self.log.info("No approval needed: every suite is %s (%s); nothing is launched", UNCHANGED,
+                          "; ".join(f"{s}: {e['why']}" for s, e in skipped.items()))
+            _push_decision(context, [], None, _now().isoformat(timespec="seconds"), standing=False,
+                           not_needed=True)
+            self._skip_unselected_suites(context)
+            return {"chosen_options": [], "not_needed": True}
         approved = self._approve_or_wait(context)
         self._skip_unselected_suites(context)  # reached only when approved without waiting for a person
         return approved
 
     def _skip_unselected_suites(self, context: Any) -> None:
-        """Skip every task of the suites this run does not test, at once: without it each such suite's training
-        and confirmation would take a worker (and the node's pool slot) only to skip itself. Ends the task
-        (Airflow's SkipMixin raises); a DAG without suite tasks (a bisection's card) skips nothing."""
+        """Skip every task of the suites this run does not train, at once: those it does not test and those the
+        path-aware skip ended PASS (unchanged); without it each such suite's training and confirmation would take
+        a worker (and the node's pool slot) only to skip itself. Ends the task (Airflow's SkipMixin raises); a
+        DAG without suite tasks (a bisection's card) skips nothing."""
         resolved = context["ti"].xcom_pull(task_ids="resolve_commit") or {}
         if not resolved.get("suites"):
             return
+        unchanged = [s for s in resolved["suites"] if s in (resolved.get("unchanged") or {})]
         unselected = [s for s in engines.known_suites() if s not in resolved["suites"]]
-        names = {settings.confirm_task(s) for s in unselected} | {
-            name for s in unselected for name in settings.attempt_tasks(s)}
+        names = {settings.confirm_task(s) for s in unselected + unchanged} | {
+            name for s in unselected + unchanged for name in settings.attempt_tasks(s)}
         tasks = [t for t in context["task"].get_flat_relatives(upstream=False) if t.task_id in names]
         if tasks:
-            self.log.info("Not tested in this run: %s (their tasks are skipped)", ", ".join(unselected))
+            if unselected:
+                self.log.info("Not tested in this run: %s (their tasks are skipped)", ", ".join(unselected))
+            if unchanged:
+                self.log.info("%s, not trained: %s (their tasks are skipped)", UNCHANGED, ", ".join(unchanged))
             self.skip(ti=context["ti"], tasks=tasks)
 
     def _approve_or_wait(self, context: Any) -> Any:
@@ -213,11 +229,11 @@ def _now() -> Any:
     return utcnow()
 
 
-def _push_decision(context: Any, chosen: list[str], who: str, at: str, standing: bool,
-                   granted_in: str | None = None, bisection: str | None = None) -> None:
+def _push_decision(context: Any, chosen: list[str], who: str | None, at: str, standing: bool,
+                   granted_in: str | None = None, bisection: str | None = None, not_needed: bool = False) -> None:
     context["ti"].xcom_push(key="decision", value={
         "chosen_options": chosen, "by": who, "at": at, "standing": standing, "granted_in": granted_in,
-        "bisection": bisection})
+        "bisection": bisection, **({"not_needed": True} if not_needed else {})})
 
 
 # --- the probes' pre-approval (checked by the verification DAG's approve task) -----------------------

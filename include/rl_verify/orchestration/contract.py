@@ -47,6 +47,13 @@ class Resolved(TypedDict):
     repeats: NotRequired[int]
     #: The node's GPUs in one line (calibration runs: ``nvidia-smi -L`` at planning).
     hardware: NotRequired[str | None]
+    #: suite -> its own experiment fingerprint (spec as written, data in use, baseline version).
+    suite_fingerprints: NotRequired[dict[str, str]]
+    #: The run's param ``lane``: ``auto`` (the path-aware skip applies) or ``full``.
+    lane: NotRequired[str]
+    #: suite -> why it needs no training (``orchestration.unchanged``): its verified PASS (``sha``, ``run_id``,
+    #: ``report``), the diff's ``files`` and ``why``. Its tasks are skipped; it ends PASS (unchanged).
+    unchanged: NotRequired[dict[str, dict[str, Any]]]
 
 
 class PrerequisiteItem(TypedDict):
@@ -84,6 +91,8 @@ class Decision(TypedDict, total=False):
     bisection: str | None
     timed_out: bool
     timeout: str | None
+    #: Nobody was asked: every suite was PASS (unchanged), nothing to launch.
+    not_needed: bool
 
 
 class Fetched(TypedDict):

@@ -187,10 +187,13 @@ def suite_node(resolved: Resolved, suite: str) -> tuple[str, NodeFolders]:
     return conn, folders
 
 
-def suites_by_node(resolved: Resolved) -> dict[str, list[str]]:
-    """The run's suites grouped by the node they train on (nodes in suite order)."""
+def suites_by_node(resolved: Resolved, training_only: bool = False) -> dict[str, list[str]]:
+    """The run's suites grouped by the node they train on (nodes in suite order); ``training_only``: without
+    the suites the path-aware skip ended PASS (unchanged)."""
     out: dict[str, list[str]] = {}
     for suite in resolved["suites"]:
+        if training_only and suite in (resolved.get("unchanged") or {}):
+            continue
         out.setdefault(suite_node(resolved, suite)[0], []).append(suite)
     return out
 

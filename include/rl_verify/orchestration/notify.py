@@ -122,7 +122,8 @@ def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSu
             "breached": list(breached.values()),
             "missing": sorted({c.metric for c in result.checks if c.missing}),
             "outcome": (outcome or {}).get("outcome") or result.verdict,
-            "runs": len((outcome or {}).get("runs") or []) or 1,
+            # A suite the path-aware skip ended PASS (unchanged) ran 0 times; any other at least once.
+            "runs": len((outcome or {}).get("runs") or []) or (0 if (outcome or {}).get("unchanged") else 1),
             "outcome_reason": (outcome or {}).get("reason", ""),
             "cause": _cause(result), "drift": list(((outcome or {}).get("spread") or {}).get("drift") or [])}
 

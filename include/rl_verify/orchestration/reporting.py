@@ -50,6 +50,9 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
     elif decision["rejected"]:
         overall = "REJECTED"
         notes.append(f"Rejected by {decision['by']} at {decision['at']}: nothing was launched.")
+    elif decision["not_needed"]:
+        notes.append("No approval was asked: every suite is unchanged since its verified PASS, so nothing was "
+                     "launched.")
     elif decision["by"]:
         notes.append(f"Approved by {decision['by']} at {decision['at']}"
                      + (f" (standing approval granted in scheduled run {decision['granted_in']}, verified against "
@@ -153,11 +156,11 @@ def approval_decision(decision: Decision | None) -> dict[str, Any]:
     whether nobody answered in time (from approve's XCom)."""
     if not decision:
         return {"rejected": False, "timed_out": False, "by": None, "at": None, "standing": False, "granted_in": None,
-                "bisection": None}
+                "bisection": None, "not_needed": False}
     return {"rejected": "Reject" in (decision.get("chosen_options") or []),
             "timed_out": bool(decision.get("timed_out")), "by": decision.get("by"), "at": decision.get("at"),
             "standing": bool(decision.get("standing")), "granted_in": decision.get("granted_in"),
-            "bisection": decision.get("bisection")}
+            "bisection": decision.get("bisection"), "not_needed": bool(decision.get("not_needed"))}
 
 
 def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
@@ -168,8 +171,9 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
         raise AirflowSkipException(f"{summary['verdict']}: nothing was launched")
     view = links.absolute(links.ui_base_url(),
                           links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
-    said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" for s in summary.get("suites") or []
-            if s.get("runs", 1) > 1]
+    said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" if s.get("runs", 1) else
+            f"{s['suite']} {s['outcome']}, no training"
+            for s in summary.get("suites") or [] if s.get("runs", 1) != 1]
     if summary["verdict"] == "FAIL":
         line = verdict_message(summary, view)
     else:
@@ -181,8 +185,9 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
     elif summary["verdict"] == "INCONCLUSIVE":
         log.warning("%s", line)
     else:
-        log.info("PASS: every suite of %s passes; report: %s",
-                 ", ".join(s["suite"] for s in summary.get("suites") or []), view)
+        log.info("PASS: every suite of %s passes%s; report: %s",
+                 ", ".join(s["suite"] for s in summary.get("suites") or []), f" ({'; '.join(said)})" if said else "",
+                 view)
     _notify_verdict(summary, dag_run_id)
     _note_run(dag_run_id, run_note(summary, line, view))
     if summary["verdict"] == "FAIL":

@@ -22,11 +22,12 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import engines, settings
 from rl_verify.core.errors import InputError
+from rl_verify.core.model import UNCHANGED
 from rl_verify.core.names import run_key, short_sha
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, notify
+from rl_verify.orchestration import airflow_api, notify, unchanged
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
 from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
                                            pool_problems, ssh_client, suite_node, suites_by_node, version_files)
@@ -51,6 +52,7 @@ def validated_params(params: Mapping[str, Any], run_type: str = "manual") -> dic
             "suite_nodes": placement.suite_nodes(params.get("node"), suites),
             "early_abort": _validate_flag(params.get("early_abort", True), "early_abort"),
             "baseline_pins": baselines.parse_pins(params.get("baseline_versions", ""), suites),
+            "lane": _validate_lane(params.get("lane") or settings.DEFAULT_LANE),
             "repeats": settings.SCHEDULED_REPEATS if run_type == "scheduled" else
             _validate_repeats(params.get("repeats", settings.DEFAULT_REPEATS))}
 
@@ -62,6 +64,13 @@ def _validate_repeats(value: Any) -> int:
         raise remote.BadInput(f"param 'repeats' must be a whole number from 0 to {settings.MAX_REPEATS} (extra runs "
                               f"that may confirm a FAIL noise could have produced), got {value!r}")
     return value
+
+
+def _validate_lane(value: Any) -> str:
+    if value not in settings.LANES:
+        raise remote.BadInput(f"param 'lane' must be one of {', '.join(settings.LANES)} (full: train every suite "
+                              f"whatever the diff since its verified PASS), got {value!r}")
+    return str(value)
 
 
 def _validate_flag(value: Any, name: str) -> bool:
@@ -87,10 +96,14 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     with no_retry_on(OSError):
         # A run whose record cannot be kept must not touch a node at all.
         where = record.ensure_store_writable(dag_run_id)
+    specs = [engines.load_suite(s) for s in p["suites"]]  # read once: fingerprints, bases, the diff's paths
     with no_retry_on(InputError):
-        versions = _baselines_in_use(p["suites"], p["baseline_pins"], dag_run_id)
+        versions, fingerprints = _baselines_in_use(specs, p["baseline_pins"], dag_run_id)
+    # The path-aware skip's bases: read from the record before any node is touched.
+    bases = unchanged.bases(specs, fingerprints, versions) if p["lane"] != "full" else {}
     key = run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
+    skipped: dict[str, dict[str, Any]] = {}
     for conn in nodes:
         values = node_settings(conn)
         with ssh_client(conn) as client:
@@ -101,6 +114,10 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
             with no_retry_on(node.NodeError):
                 found[conn] = node.resolve_commit(client, values[settings.NODE_CHECKOUT_KEY],
                                                   values[settings.REMOTE_RUNS_DIR_KEY], key, p["commit"])
+                on_node = [s for s in specs if p["suite_nodes"][s.name] == conn]
+                if bases and not found[conn]["dirty_stat"]:
+                    skipped.update(unchanged.unchanged_on_node(client, values[settings.NODE_CHECKOUT_KEY],
+                                                               found[conn]["sha"], on_node, bases))
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("
@@ -110,8 +127,12 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                           "node": nodes[0], "suite_nodes": p["suite_nodes"],
                           "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
                           "early_abort": p["early_abort"], "record": where, "baselines": versions,
-                          "repeats": p["repeats"]}
+                          "repeats": p["repeats"], "suite_fingerprints": fingerprints, "lane": p["lane"],
+                          "unchanged": skipped}
     record.put_json(dag_run_id, "commit.json", resolved)
+    if skipped:
+        with record.workspace(dag_run_id, parts=[]) as run_dir:
+            unchanged.write_outcomes(run_dir, skipped)
     log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
              "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
     log.info("Where the suites train: %s; record: %s", placement.describe(p["suite_nodes"]), where)
@@ -122,22 +143,31 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     return resolved
 
 
-def _baselines_in_use(suites: list[str], pins: Mapping[str, int], dag_run_id: str) -> dict[str, Any]:
+def _baselines_in_use(specs: list[SuiteSpec], pins: Mapping[str, int],
+                      dag_run_id: str) -> tuple[dict[str, Any], dict[str, str]]:
     """Choose each suite's baseline version and copy its files into the run's record
-    (``<suite>/baseline-version/``): what the run is judged against stays with its verdict."""
-    versions = baselines.in_use(suites, pins)
+    (``<suite>/baseline-version/``): what the run is judged against stays with its verdict. Also each suite's
+    own experiment fingerprint (``unchanged.suite_fingerprint``), from the same files."""
+    versions = baselines.in_use(specs, pins)
+    fingerprints = {}
     with record.workspace(dag_run_id, parts=[]) as run_dir:
-        for suite, version in versions.items():
-            for name, data in baselines.version_files(suite, version["version"]).items():
-                record.write_atomic(run_dir / suite / baselines.RECORD_FOLDER / name, data)
-    return versions
+        for spec in specs:
+            version = versions[spec.name]
+            files = baselines.version_files(spec, version["version"])
+            for name, data in files.items():
+                record.write_atomic(run_dir / spec.name / baselines.RECORD_FOLDER / name, data)
+            fingerprints[spec.name] = unchanged.suite_fingerprint(spec, files, version["version"])
+    return versions, fingerprints
 
 
 def check_prerequisites(resolved: Resolved) -> Prerequisites:
     """Check every input of every selected suite and whether each node is busy: one SSH round trip
     per node; every problem of every node is listed before failing."""
     groups = {conn: (suites, suite_node(resolved, suites[0])[1]["worktree"])
-              for conn, suites in suites_by_node(resolved).items()}
+              for conn, suites in suites_by_node(resolved, training_only=True).items()}
+    if not groups:
+        log.info("Nothing to check: every suite is %s (no training, no node needed)", UNCHANGED)
+        return {"ok": [], "missing": [], "busy": []}
     ok = check_nodes(groups, resolved["run_key"], resolved.get("baselines"))
     return {"ok": ok, "missing": [], "busy": []}
 
@@ -154,6 +184,8 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
                                 resolved.get("baselines"))
     specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
     versions = resolved.get("baselines") or {}
+    gaps = list(notes or [])
+    notes = unchanged.card_notes(resolved) + gaps
     with record.workspace(dag_run_id, parts=[f"{s}/{baselines.RECORD_FOLDER}" for s in versions]) as run_dir:
         def data_path(spec: SuiteSpec) -> Path:
             return engine_of(spec).data_in_use(spec, version_files(run_dir / spec.name))
@@ -167,7 +199,7 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
         markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
         record.write_atomic(run_dir / "card.md", markdown)
     log.info("Experiment card:\n%s", markdown)
-    return {"markdown": markdown, "fingerprint": fingerprint, "gaps": list(notes or [])}
+    return {"markdown": markdown, "fingerprint": fingerprint, "gaps": gaps}
 
 
 def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_ID) -> list[str]:

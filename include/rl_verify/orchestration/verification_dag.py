@@ -58,6 +58,10 @@ def params() -> dict[str, Param]:
                                                "(rl-verify baselines list). To pin other versions, give suite=version "
                                                "pairs, e.g. opd=2 or grpo=1,opd=3.",
                                    maxLength=500, pattern=settings.BASELINE_PIN_PATTERN),
+        "lane": Param(settings.DEFAULT_LANE, type="string", enum=list(settings.LANES), title="Verification",
+                      description="auto: a suite whose diff since its last verified PASS (same experiment, same "
+                                  "baseline version) touches no path its spec says can move its numbers ends PASS "
+                                  "(unchanged) without training; full: train every suite whatever the diff."),
         "bisection": Param(None, type=["null", "string"], title="Bisection (set by a bisection's probes)",
                            description="Empty for a normal run. A bisection's probes carry its run id: their card is "
                                        "then approved by the bisection's one approval, verified against Airflow's "

@@ -10,11 +10,12 @@ from typing import Any, Iterable, Mapping
 
 from rl_verify import settings
 from rl_verify.core import bisect
+from rl_verify.orchestration import links
 from rl_verify.orchestration.standing import card_fingerprint
 from rl_verify.store import record
 
 #: A suite's outcomes that decide a commit's reading (a range's end taken from the record).
-DECIDED = ("PASS", "PASS (not reproduced)", "FAIL (reproduced)")
+DECIDED = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "FAIL (reproduced)")
 
 
 def verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
@@ -88,6 +89,36 @@ def last_pass(suites: list[str], not_sha: str | None) -> str | None:
             when = _written_at(folder / "report.json")
             if best is None or when > best[0]:
                 best = (when, report["commit"])
+    return best[1] if best else None
+
+
+#: A suite's outcomes that verified its commit by a full run (a base the path-aware skip may rest on).
+FULL_PASSES = ("PASS", "PASS (not reproduced)")
+
+
+def verified_pass(suite: str, fingerprint: str, baseline: str | None) -> dict[str, Any] | None:
+    """The newest verification whose ``suite`` PASSed in a full run with the same per-suite experiment
+    fingerprint (``commit.json``'s ``suite_fingerprints``: spec, data, baseline version) and the same baseline
+    version (``baseline``: its label), as ``sha``, ``run_id`` and ``report`` (the link); None when none. A
+    PASS (unchanged) is no base: the skip always rests on a commit that was trained."""
+    best: tuple[float, dict[str, Any]] | None = None
+    for _, report, folder in verification_reports():
+        rows = {r.get("suite"): r for r in report.get("suites") or []}
+        if suite not in rows or suite_outcome(rows[suite]) not in FULL_PASSES or not report.get("commit"):
+            continue
+        if (report.get("baselines") or {}).get(suite) != baseline:
+            continue
+        try:
+            resolved = json.loads((folder / "commit.json").read_bytes())
+        except (OSError, ValueError):
+            continue  # a run from before the path-aware skip (or a broken record): no base
+        if (resolved.get("suite_fingerprints") or {}).get(suite) != fingerprint or resolved.get("dirty_stat"):
+            continue
+        when = _written_at(folder / "report.json")
+        if best is None or when > best[0]:
+            run_id = str(report.get("dag_run_id") or folder.name)
+            best = (when, {"sha": report["commit"], "run_id": run_id,
+                           "report": links.report_view_path(settings.DAG_ID, run_id)})
     return best[1] if best else None
 
 

@@ -298,7 +298,7 @@ def describe(rec: VersionRecord) -> str:
     return f"v{rec.version}: {what}"
 
 
-def in_use(suites: list[str], pins: Mapping[str, int], root: str | None = None) -> dict[str, dict[str, Any]]:
+def in_use(suites: list[Suite], pins: Mapping[str, int], root: str | None = None) -> dict[str, dict[str, Any]]:
     """The baseline version each suite of a run is judged against: its pinned version, else its
     current one. A suite with no version yet gets version 1 imported (what ships today).
 
@@ -310,16 +310,16 @@ def in_use(suites: list[str], pins: Mapping[str, int], root: str | None = None) 
     for suite in suites:
         try:
             spec = _spec(suite)  # once per suite: every step below is given the spec, not the name
-            numbers = version_numbers(suite, root)
+            numbers = version_numbers(spec.name, root)
             # No version yet, or only a v1 with no current pointer: another run may be importing it right now.
             if not numbers or (numbers == [1] and current(spec, root) is None):
                 import_shipped(spec, root)
             pointer = current(spec, root)
-            rec = resolve(spec, pins.get(suite), root)
+            rec = resolve(spec, pins.get(spec.name), root)
         except InputError as err:
             problems.append(str(err))
             continue
-        out[suite] = {"version": rec.version, "current": pointer is not None and pointer.version == rec.version,
+        out[spec.name] = {"version": rec.version, "current": pointer is not None and pointer.version == rec.version,
                       "label": describe(rec), "files": sorted(rec.files)}
     if problems:
         raise InputError(f"{len(problems)} baseline version problem(s); nothing was launched:\n"

@@ -14,7 +14,7 @@ MAX_COMMITS = 64
 
 # The verification outcomes a probe ends with (core.confirm's words; kept literal so that this module
 # imports nothing but the standard library).
-_PASS_LIKE = ("PASS", "PASS (not reproduced)")
+_PASS_LIKE = ("PASS", "PASS (not reproduced)", "PASS (unchanged)")
 
 
 _REPRODUCED = "FAIL (reproduced)"
@@ -47,7 +47,8 @@ def reading(outcome: str, failure_class: str | None = None, chased: str = "accur
     ``failure_class`` the class of a plain FAIL; ``chased`` the class the bisection follows (the bad
     end's: accuracy or performance). Promises:
 
-    * PASS, PASS (not reproduced) -> GOOD; FAIL (reproduced) -> BAD; INCONCLUSIVE -> UNSURE; SKIP -> SKIP.
+    * PASS, PASS (not reproduced), PASS (unchanged) -> GOOD; FAIL (reproduced) -> BAD; INCONCLUSIVE -> UNSURE;
+      SKIP -> SKIP.
     * FAIL of the infrastructure class (crash, stall, no tracker, a log rule) -> SKIP: the commit was not
       judged. A FAIL of the chased class -> BAD. A performance FAIL while chasing accuracy -> GOOD (that
       class means every accuracy check held); an accuracy FAIL while chasing performance -> SKIP (its

@@ -12,7 +12,8 @@ from rl_verify.core import numbers
 from rl_verify.core.model import FAIL, PASS, SuiteResult
 from rl_verify.core.report.content import (INCONCLUSIVE, ReportMeta, commit_items, decision, file_rows, short_commit,
                                            suite_outcome, suites_summary, verification_verdict)
-from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, check_cells,
+from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, UNCHANGED_COVERS,
+                                         check_cells,
                                          checker_line, estimates_sentence, in_units, pct, plot_caption, sources_line,
                                          spread_sentences, styles_of)
 from rl_verify.core.spread import DRIFT_WORDS
@@ -22,6 +23,15 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
     """:func:`confirmation_lines` as escaped HTML (each run's report a link in the same frame)."""
     e = html.escape
     out = [f"<p><b>{e(outcome['outcome'])}</b>: {e(outcome.get('reason', ''))}</p>"]
+    unchanged = outcome.get("unchanged")
+    if unchanged:
+        link = f' (<a href="{e(unchanged["report"])}">its report</a>)' if unchanged.get("report") else ""
+        files = unchanged.get("files") or []
+        out += [f"<p>Verified PASS: <code>{e(unchanged['sha'])}</code>{link}, run "
+                f"<code>{e(unchanged.get('run_id') or '-')}</code>.</p>",
+                f"<p>Files changed since ({len(files)}): "
+                + (", ".join(f"<code>{e(f)}</code>" for f in files) or "none") + "</p>",
+                f"<p>{e(UNCHANGED_COVERS)}</p>"]
     runs = outcome.get("runs") or []
     if runs:
         out.append("<div class=\"wide\"><table><tr><th>run</th>"

@@ -9,15 +9,22 @@ from rl_verify.core import numbers
 from rl_verify.core.model import PASS, SuiteResult
 from rl_verify.core.report.content import (ReportMeta, commit_items, decision, file_rows, rel_path, short_commit,
                                            suites_summary, verification_verdict)
-from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, check_cells, checker_line, estimates_sentence,
-                                         in_units, md_cell, pct, plot_caption, sources_line, spread_sentences,
-                                         styles_of)
+from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVERS, check_cells, checker_line,
+                                         estimates_sentence, in_units, md_cell, pct, plot_caption, sources_line,
+                                         spread_sentences, styles_of)
 
 
 def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
     """How sure a suite's verdict is, in Markdown lines: the outcome and the rule that decided it, every
     run with its own runbook verdict and report, and what the check can tell apart."""
     lines = [f"**{outcome['outcome']}**: {outcome.get('reason', '')}", ""]
+    unchanged = outcome.get("unchanged")
+    if unchanged:
+        link = f" ([its report]({unchanged['report']}))" if unchanged.get("report") else ""
+        files = unchanged.get("files") or []
+        lines += [f"Verified PASS: `{unchanged['sha']}`{link}, run `{unchanged.get('run_id') or '-'}`.", "",
+                  f"Files changed since ({len(files)}): " + (", ".join(f"`{md_cell(f)}`" for f in files) or "none"),
+                  "", UNCHANGED_COVERS, ""]
     runs = outcome.get("runs") or []
     if runs:
         lines += ["| run | seed | runbook verdict | steps | report |", "|---|---|---|---|---|"]

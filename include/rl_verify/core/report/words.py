@@ -53,6 +53,11 @@ def pct(value: float | None) -> str:
 
 
 #: The confirmation rule in words a reader without statistics follows (its formula is the outcome's ``rule``).
+#: What a PASS (unchanged) covers and what it does not (a shortcut verdict says both).
+UNCHANGED_COVERS = ("What this covers: every path of the checkout the suite's spec says can move its numbers is "
+                    "the same as at the verified PASS, so the same training gives the same numbers. What it does "
+                    "not cover: anything outside the checkout (the node's drivers and packages, the data and "
+                    "models on its share); run with lane = full to train anyway.")
 RULE_IN_WORDS = ("Training is noisy: a healthy commit sometimes misses a threshold by chance. So a FAIL that noise "
                  "could explain is not believed at once: the suite is trained again at the same commit with new seeds. "
                  "The FAIL stands only if the new runs, taken together, still miss the baseline by far more than "

@@ -1,0 +1,115 @@
+"""The path-aware skip (issue 33, item 1): a suite whose diff since its last verified PASS touches no path that
+can affect it ends PASS (unchanged) without a training.
+
+The base is the newest verification in the record whose suite PASSed in a full run with the same per-suite
+experiment fingerprint (spec as written, data in use, baseline version) and the same baseline version
+(``verification_history.verified_pass``). The diff is read from the node's own checkout
+(``node.ops.changed_files``); which of its files can affect the suite is the spec's data (``affects``,
+``unaffecting``: ``core.paths``). A base the node no longer has, a dirty worktree or ``lane = full`` skip
+nothing. What it covers and does not is said on the report (``core.report.words.UNCHANGED_COVERS``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rl_verify.core import paths
+from rl_verify.core.model import UNCHANGED, SuiteResult
+from rl_verify.core.names import short_sha
+from rl_verify.engines import engine_of
+from rl_verify.node import ops as node
+from rl_verify.orchestration.confirmation import OUTCOME_FILE
+from rl_verify.orchestration.verification_history import verified_pass
+from rl_verify.store import record
+from rl_verify.suites import card
+from rl_verify.suites.spec import SuiteSpec, data_file
+
+log = logging.getLogger(__name__)
+
+
+def suite_fingerprint(spec: SuiteSpec, files: Mapping[str, bytes], version: int) -> str:
+    """The experiment fingerprint of one suite on its own (``card.experiment_fingerprint``): its spec as written,
+    the data it is judged with (its baseline version's golden table when that replaces the spec's data file,
+    ``files``), and the version's number."""
+    engine = engine_of(spec)
+    if engine.baseline_is_data and engine.baseline_file in files:
+        data = json.loads(files[engine.baseline_file])
+    else:
+        data = json.loads(data_file(spec.data).read_text(encoding="utf-8"))
+    return card.experiment_fingerprint([spec], lambda _: data, {spec.name: version})
+
+
+def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
+          versions: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per suite, the verified PASS the skip may rest on (``verified_pass``), for the suites that have one."""
+    out = {}
+    for spec in specs:
+        found = verified_pass(spec.name, fingerprints[spec.name], (versions.get(spec.name) or {}).get("label"))
+        if found:
+            out[spec.name] = found
+    return out
+
+
+def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec],
+                      found: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The suites of one node that need no training: for each with a base in ``found``, the files changed
+    between the base and ``sha`` in the node's checkout, none of them affecting the suite. Entry: the base
+    (``sha``, ``run_id``, ``report``), ``files`` (every changed file) and ``why`` (one sentence)."""
+    out: dict[str, dict[str, Any]] = {}
+    diffs: dict[str, list[str] | None] = {}
+    for spec in specs:
+        base = found.get(spec.name)
+        if not base:
+            continue
+        if base["sha"] not in diffs:  # suites resting on the same commit share one diff
+            try:
+                diffs[base["sha"]] = node.changed_files(client, checkout, base["sha"], sha)
+            except node.NodeError as err:  # the skip only ever saves a training: without a diff, train
+                log.warning("%s: the diff since its verified PASS %s could not be read (%s): trained as usual",
+                            spec.name, short_sha(base["sha"]), err)
+                diffs[base["sha"]] = None
+                continue
+        changed = diffs[base["sha"]]
+        if changed is None:
+            log.info("%s: its verified PASS %s is not in the node's checkout: trained as usual", spec.name,
+                     short_sha(base["sha"]))
+            continue
+        moving = paths.affecting(changed, spec.affects, spec.unaffecting)
+        if moving:
+            log.info("%s: %d of %d file(s) changed since its verified PASS %s can affect it (%s): trained",
+                     spec.name, len(moving), len(changed), short_sha(base["sha"]), ", ".join(moving[:5]))
+            continue
+        why = (f"the diff since the verified PASS at {short_sha(base['sha'])} ({len(changed)} file(s)) touches no "
+               "path that can affect this suite")
+        out[spec.name] = {**base, "files": changed, "why": why}
+        log.info("%s: %s (%s)", spec.name, UNCHANGED, why)
+    return out
+
+
+def write_outcomes(run_dir: Path, unchanged: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each unchanged suite's result and outcome in the run's record, as a compared and confirmed suite has
+    them: the report, the verdict and the history read them like any other."""
+    for suite, entry in unchanged.items():
+        verified = {k: entry[k] for k in ("sha", "run_id", "report")}
+        result = SuiteResult.unchanged(suite, verified, list(entry["files"]))
+        record.write_json(run_dir / suite / "result.json", result.to_dict())
+        record.write_json(run_dir / suite / OUTCOME_FILE, {
+            "suite": suite, "outcome": UNCHANGED, "reason": entry["why"], "runs": [],
+            "unchanged": {**verified, "files": list(entry["files"])}})
+
+
+def card_notes(resolved: Mapping[str, Any]) -> list[str]:
+    """The card's lines about the suites that need no training (none when every suite trains)."""
+    skipped = resolved.get("unchanged") or {}
+    if not skipped:
+        return []
+    lines = [f"{suite}: {UNCHANGED}, no training: {entry['why']}; files: "
+             + (", ".join(entry["files"][:10]) or "none") + (" ..." if len(entry["files"]) > 10 else "")
+             for suite, entry in skipped.items()]
+    if len(skipped) == len(resolved.get("suites") or []):
+        lines.append("Nothing to launch: every suite is unchanged since its verified PASS, so no approval is asked.")
+    return lines
