@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.core import numbers
-from rl_verify.core.model import FAIL, PASS, SuiteResult
+from rl_verify.core.model import FAIL, PASS, UNCHANGED, SuiteResult
 from rl_verify.core.report.content import (INCONCLUSIVE, ReportMeta, commit_items, decision, file_rows, short_commit,
                                            suite_outcome, suites_summary, verification_verdict)
 from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, UNCHANGED_COVERS,
@@ -188,6 +188,9 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
         body = runs + _suite_html(suite)
         if suite.suite in deciding:
             out += body
+        elif suite_outcome(suite, meta.outcomes) == UNCHANGED:  # no run, no table: what it rests on, in sight
+            out.append(f"<h3>{e(suite.suite)}: {e(UNCHANGED)}, no training</h3>")
+            out += runs
         else:  # a passing suite: one line, its table one click away
             out.append(f"<details><summary>{e(suite.suite)}: {e(suite_outcome(suite, meta.outcomes))} (its runs, "
                        "table and plots)</summary>")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.core import numbers
-from rl_verify.core.model import PASS, SuiteResult
+from rl_verify.core.model import PASS, UNCHANGED, SuiteResult
 from rl_verify.core.report.content import (ReportMeta, commit_items, decision, file_rows, rel_path, short_commit,
                                            suites_summary, verification_verdict)
 from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVERS, check_cells, checker_line,
@@ -91,9 +91,12 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
         lines.append("")
     for suite in suites:
         if suite.suite in meta.outcomes:
-            lines += [f"## {suite.suite}: its runs", ""] + confirmation_lines(meta.outcomes[suite.suite])
+            unchanged = meta.outcomes[suite.suite].get("outcome") == UNCHANGED
+            lines += [f"## {suite.suite}: " + (f"{UNCHANGED}, no training" if unchanged else "its runs"), ""]
+            lines += confirmation_lines(meta.outcomes[suite.suite])
     for suite in suites:
-        lines += _suite_markdown(suite, out_dir)
+        if (meta.outcomes.get(suite.suite) or {}).get("outcome") != UNCHANGED:  # no run, no table to show
+            lines += _suite_markdown(suite, out_dir)
     stats = [(s.suite, estimates_lines(meta.outcomes[s.suite])) for s in suites if s.suite in meta.outcomes]
     rules = list(dict.fromkeys(meta.outcomes[s.suite].get("rule") for s in suites
                                if s.suite in meta.outcomes and meta.outcomes[s.suite].get("rule")))
