@@ -4,7 +4,8 @@ On a machine with NVIDIA GPUs, nvidia-smi and PyTorch: no Airflow, no SSH. The s
 ``rl_verify.node.remote`` and run with ``bash -s`` on their stdin, as the DAG sends them over SSH, and their output
 is read by ``rl_verify.node.ops``. The checks, one line each (PASS or FAIL):
 
-1. readiness while idle: ready;
+1. readiness while idle: ready; and the environment the same script reads (GPU, count, driver, CUDA, the
+   interpreter's torch) equal to what nvidia-smi and torch say (issue 33's fingerprint);
 2. readiness with a foreign CUDA process (no run marker): not ready, naming its pid and memory;
 3. a job submitted (a CUDA process, and a detached grandchild in its own session holding GPU memory too, as Ray
    workers do): seen running, its processes on the GPUs carry the run marker, another run's check sees the node
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -30,9 +33,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rl_verify.core import bitwise
 from rl_verify.node import gpu as node_gpu
 from rl_verify.node import ops, remote
-from rl_verify.suites.spec import NodeNeeds
+from rl_verify.suites.spec import LANE_PACKAGES, NodeNeeds
 
 GPU_QUERY = ("gpu", "index,uuid,name,pci.bus_id,memory.used,memory.total")
 APP_QUERY = ("compute-apps", "gpu_uuid,pid,used_memory,process_name")
@@ -110,6 +114,15 @@ class Checker:
         result.unready = ops.readiness_problems(self.needs, result.readiness, "this user")
         return result
 
+    def environment(self, key: str) -> dict[str, Any]:
+        """The environment as the node script reads it, with this interpreter as the launch interpreter."""
+        script = remote.prerequisites_script([], self.runs, key, needs=NodeNeeds(python=Path(sys.executable).name),
+                                             env_packages=list(LANE_PACKAGES))
+        status, out, err = bash(f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH\n" + script)
+        if status:
+            raise RuntimeError(f"prerequisites exit {status}: {err}")
+        return ops.parse_prerequisites(out).environment
+
     def hold(self, gib: float, env: dict[str, str] | None = None) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", HOLD, str(gib)], stdout=subprocess.PIPE, text=True,
                                 env=env, start_new_session=True)
@@ -159,6 +172,24 @@ def main(argv: list[str] | None = None) -> int:
         c.save("idle")
         c.line(not r.problems() and not r.busy, "readiness idle",
                "ready; " + summary(r.readiness.get("gpu")) if not r.problems() else "; ".join(r.problems()))
+
+        # 1b. the environment (issue 33's fingerprint), read by the same script from this machine's nvidia-smi
+        # and this interpreter's packages, against what nvidia-smi and torch themselves say.
+        env = c.environment(key)
+        import torch
+
+        cuda_header = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
+        expected = {"gpu": names[0].strip(), "gpu_count": c.gpus, "driver": driver,
+                    "cuda": (cuda_header.split("CUDA Version:")[1].split()[0] if "CUDA Version:" in cuda_header
+                             else None)}
+        wrong = {k: (env.get(k), v) for k, v in expected.items() if env.get(k) != v}
+        torch_ok = (env.get("packages") or {}).get("torch") == torch.__version__
+        c.line(not wrong and torch_ok, "environment",
+               f"{json.dumps(env, sort_keys=True)} (fingerprint {bitwise.fingerprint(env)})"
+               + (f"; differs from nvidia-smi: {wrong}" if wrong else "")
+               + ("" if torch_ok else f"; torch {torch.__version__} not seen"))
+        if c.capture:
+            (c.capture / "environment.json").write_text(json.dumps(env, indent=2, sort_keys=True) + "\n")
 
         # 2. a foreign CUDA process
         foreign = c.hold(args.foreign_gib, env={k: v for k, v in os.environ.items() if not k.startswith("RL_VERIFY")})

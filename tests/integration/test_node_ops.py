@@ -251,3 +251,18 @@ def test_the_simulated_docs_only_commit_changes_documentation_only(sim_node):
     commits = sim_node.info["commits"]
     changed = node.changed_files(sim_node.client, sim_node.checkout, commits["good"], commits["docs-only"])
     assert sorted(changed) == sorted(DOCS_ONLY_FILES)
+
+
+def test_the_prerequisites_round_trip_reads_the_nodes_environment_and_sees_a_driver_upgrade(fresh_node):
+    from rl_verify.core import bitwise
+
+    resolved = _resolve(fresh_node, "it-env")
+    specs = _specs(fresh_node, resolved["worktree"])
+    env = node.check_prerequisites(fresh_node.client, specs, _runs(fresh_node), run_key("it-env")).environment
+    assert (env["gpu"], env["gpu_count"], env["driver"], env["cuda"]) == ("NVIDIA H200 (SIMULATED)", 8,
+                                                                          "580.159.04", "13.0")
+    assert set(env["packages"]) >= {"torch", "sglang", "flash_attn"}  # asked of the launch interpreter
+    simnode.set_determinism(fresh_node.state, environment={"driver": "580.200.01", "torch": "2.8.0",
+                                                           "sglang": "0.5.3"})
+    after = node.check_prerequisites(fresh_node.client, specs, _runs(fresh_node), run_key("it-env")).environment
+    assert after["driver"] == "580.200.01" and bitwise.fingerprint(after) != bitwise.fingerprint(env)

@@ -19,7 +19,7 @@ from rl_verify.node import remote
 # fetch_suite and gpu_line: through ops, the node layer's one face for orchestration, like every operation here.
 from rl_verify.node.fetch import fetch_suite  # noqa: F401
 from rl_verify.node.gpu import GPU_TAGS, gpu_line, gpu_problems, gpu_reading, gpu_release_line  # noqa: F401
-from rl_verify.suites.spec import NodeNeeds, SuiteSpec
+from rl_verify.suites.spec import LANE_PACKAGES, NodeNeeds, SuiteSpec
 
 if TYPE_CHECKING:
     import paramiko
@@ -139,6 +139,9 @@ class Prerequisites:
     readiness: dict[str, Any] = field(default_factory=dict)
     #: Why the node is not ready for the launch scripts, each with its fix (``readiness_problems``).
     unready: list[str] = field(default_factory=list)
+    #: The node's environment (issue 33): gpu, gpu_count, driver, cuda and ``packages`` (name -> version or
+    #: None), what a deterministic run's bits depend on beyond the checkout.
+    environment: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "missing": self.missing, "busy": self.busy, "unready": self.unready}
@@ -207,6 +210,19 @@ def readiness_problems(needs: NodeNeeds, seen: Mapping[str, Any], user: str = "t
     return out
 
 
+#: What the ENV lines of ``sh/prerequisites.sh`` say of the node.
+ENVIRONMENT_FACTS = ("gpu", "gpu_count", "driver", "cuda")
+
+
+def environment_packages(specs: Iterable[SuiteSpec]) -> list[str]:
+    """The packages whose versions make the environment's fingerprint: every suite's lane's list (its
+    ``bitwise.packages``), else the default list (``suites.spec.LANE_PACKAGES``), each once."""
+    out: list[str] = []
+    for spec in specs:
+        out += list(spec.bitwise.packages if spec.bitwise else LANE_PACKAGES)
+    return list(dict.fromkeys(out))
+
+
 def parse_prerequisites(out: str) -> Prerequisites:
     """Parse the output of :func:`remote.prerequisites_script`."""
     result = Prerequisites()
@@ -234,6 +250,13 @@ def parse_prerequisites(out: str) -> Prerequisites:
                                                                     parts[1:])))
         elif parts[0] == "RAYLOG" and len(parts) == 3:
             result.readiness["ray_log"] = (parts[1], parts[2])
+        elif parts[0] == "ENV" and len(parts) == 3 and parts[1] in ENVIRONMENT_FACTS:
+            value = parts[2].strip()
+            result.environment[parts[1]] = (int(value) if value.isdigit() else None) if parts[1] == "gpu_count" \
+                else (value or None)
+        elif parts[0] == "PKG" and len(parts) == 3:
+            version = parts[2].strip()
+            result.environment.setdefault("packages", {})[parts[1]] = None if version in ("", "-") else version
     if any(line.startswith(GPU_TAGS) for line in out.splitlines()):
         result.readiness["gpu"] = gpu_reading(out.splitlines())
     return result
@@ -263,7 +286,8 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
     """
     needs = merged_needs(specs) if needs is None else needs
     status, out, err = run_script(client, remote.prerequisites_script(input_checks(specs), runs_root, key,
-                                                                      needs=needs))
+                                                                      needs=needs,
+                                                                      env_packages=environment_packages(specs)))
     if status != 0:
         raise NodeError(f"prerequisite check could not run on the node (exit {status}): {err.strip()}")
     result = parse_prerequisites(out)

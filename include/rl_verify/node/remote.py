@@ -192,6 +192,13 @@ def validate_sha(value: object, field: str) -> str:
     return value
 
 
+def validate_package(value: str) -> str:
+    """A Python distribution name (letters, digits, _ . -), else BadInput."""
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,59}", value):
+        raise BadInput(f"package name {value!r} must be letters, digits and _ . - (e.g. torch, flash_attn)")
+    return value
+
+
 def changed_files_script(checkout: str, base: str, head: str) -> str:
     """Script: the paths that differ between two commits of the node checkout (``sh/changed_files.sh``), one
     per line, both names of a rename. Exit 3: a commit is not in the checkout; 4: no checkout."""
@@ -207,14 +214,16 @@ def _check_field(value: str, what: str) -> str:
 
 
 def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str,
-                         own_suite: str | None = None, needs: NodeNeeds | None = None) -> str:
+                         own_suite: str | None = None, needs: NodeNeeds | None = None,
+                         env_packages: Sequence[str] = ()) -> str:
     """Script: check every (suite, kind, path), whether the node is busy and, with ``needs``, whether it
     is ready for the launch scripts (their open-files limit, GPUs, Ray ports, python, /tmp/ray_log), in
     one round trip.
 
     Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
     job of another run, ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify, and the
-    readiness lines of ``sh/prerequisites.sh``.
+    readiness lines of ``sh/prerequisites.sh``, and the environment (GPU, driver, CUDA, and the version of each of
+    ``env_packages`` in the launch interpreter: ``needs.python``, else python3).
     """
     lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
              f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
@@ -228,7 +237,9 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
                                 ray_ports=" ".join(str(int(p)) for p in needs.ray_ports),
                                 python_cmd=needs.python or "",
                                 ray_log=validate_path(needs.ray_log, "ray_log") if needs.ray_log else "",
-                                gpu_check=1 if needs.gpus else 0)
+                                gpu_check=1 if needs.gpus else 0,
+                                env_python=needs.python or "python3",
+                                env_packages=[validate_package(p) for p in env_packages])
 
 
 def _alive_fn() -> str:

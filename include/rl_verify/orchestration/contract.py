@@ -68,6 +68,8 @@ class Prerequisites(TypedDict):
     ok: list[PrerequisiteItem]
     missing: list[PrerequisiteItem]
     busy: list[str]
+    #: node -> its environment (gpu, gpu_count, driver, cuda, packages) and ``fingerprint``.
+    environment: NotRequired[dict[str, dict[str, Any]]]
 
 
 class Card(TypedDict):

@@ -210,10 +210,12 @@ def no_retry_on(*errors: type[BaseException]) -> Iterator[None]:
 
 
 def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
-                baselines: Mapping[str, Any] | None = None) -> list[Any]:
+                baselines: Mapping[str, Any] | None = None,
+                environments: dict[str, dict[str, Any]] | None = None) -> list[Any]:
     """For each node (connection id -> its suites and the worktree they run from), every input of
     every suite present and no other training running; returns the inputs found. Every problem of
-    every node is listed in one ``AirflowFailException``."""
+    every node is listed in one ``AirflowFailException``. ``environments``, when given, is filled with each
+    node's environment as the same round trip saw it (``Prerequisites.environment``)."""
     ok: list[Any] = []
     failed: list[tuple[str, node.PrerequisitesError]] = []
     for conn, (suites, worktree) in groups.items():
@@ -227,6 +229,8 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
                 failed.append((conn, err))
                 continue
         ok += result.ok
+        if environments is not None:
+            environments[conn] = result.environment
         log.info("All %d inputs of %s present on %s; the node is free", len(result.ok), ", ".join(suites), conn)
     if failed:
         from airflow.sdk.exceptions import AirflowFailException

@@ -21,7 +21,7 @@ from rl_verify.orchestration import airflow_api, links, notify
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
 from rl_verify.orchestration.contract import Decision, ReportSummary
 from rl_verify.orchestration.notify import suite_line, suite_summary, verdict_message
-from rl_verify.orchestration.verification import CLEANUP_FILE
+from rl_verify.orchestration.verification import CLEANUP_FILE, ENVIRONMENT_FILE
 from rl_verify.store import record
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
                       node=placement.describe(nodes) if nodes else resolved.get("node") or params.get("node"),
                       paths=paths, notes=notes, overall=overall,
                       baselines={s: v["label"] for s, v in (resolved.get("baselines") or {}).items()},
-                      outcomes=outcomes)
+                      outcomes=outcomes, environment=record.read_json(run_dir / ENVIRONMENT_FILE) or {})
     where = record.location(dag_run_id)
     meta.record_dir, meta.record_location = str(run_dir), where
     meta.files_url = links.files_path(settings.DAG_ID, dag_run_id)

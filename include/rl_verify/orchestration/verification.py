@@ -21,9 +21,11 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import engines, settings
+from rl_verify.core import bitwise
 from rl_verify.core.errors import InputError
 from rl_verify.core.model import UNCHANGED
 from rl_verify.core.names import run_key, short_sha
+from rl_verify.core.report import environment_line
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 
 #: What cleanup saw of the node's GPUs after stopping the run (``gpus``: one line per node), in the run's record.
 CLEANUP_FILE = "cleanup.json"
+#: Each node's environment and its fingerprint, as check_prerequisites read it, in the run's record.
+ENVIRONMENT_FILE = "environment.json"
 
 
 # --- configuration (read at run time, never at parse time) ----------------------------------------
@@ -160,16 +164,24 @@ def _baselines_in_use(specs: list[SuiteSpec], pins: Mapping[str, int],
     return versions, fingerprints
 
 
-def check_prerequisites(resolved: Resolved) -> Prerequisites:
+def check_prerequisites(resolved: Resolved, dag_run_id: str | None = None) -> Prerequisites:
     """Check every input of every selected suite and whether each node is busy: one SSH round trip
-    per node; every problem of every node is listed before failing."""
+    per node; every problem of every node is listed before failing. The same round trip reads each node's
+    environment (GPU, driver, CUDA, the launch interpreter's packages), kept with its fingerprint in the
+    run's record (``environment.json``) when ``dag_run_id`` is given."""
     groups = {conn: (suites, suite_node(resolved, suites[0])[1]["worktree"])
               for conn, suites in suites_by_node(resolved, training_only=True).items()}
     if not groups:
         log.info("Nothing to check: every suite is %s (no training, no node needed)", UNCHANGED)
         return {"ok": [], "missing": [], "busy": []}
-    ok = check_nodes(groups, resolved["run_key"], resolved.get("baselines"))
-    return {"ok": ok, "missing": [], "busy": []}
+    seen: dict[str, dict[str, Any]] = {}
+    ok = check_nodes(groups, resolved["run_key"], resolved.get("baselines"), seen)
+    environments = {conn: {**facts, "fingerprint": bitwise.fingerprint(facts)} for conn, facts in seen.items()}
+    for conn, facts in environments.items():
+        log.info("Environment of %s: %s", conn, environment_line(facts))
+    if dag_run_id and environments:
+        record.put_json(dag_run_id, ENVIRONMENT_FILE, environments)
+    return {"ok": ok, "missing": [], "busy": [], "environment": environments}
 
 
 def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,

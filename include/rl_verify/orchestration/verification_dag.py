@@ -99,8 +99,8 @@ def build() -> None:
         return verification.resolve_commit(params, run_id, dag_run.run_type)
 
     @task(**settings.SHORT_SSH_TASK_ARGS)
-    def check_prerequisites(resolved):
-        return verification.check_prerequisites(resolved)
+    def check_prerequisites(resolved, run_id=None):
+        return verification.check_prerequisites(resolved, run_id)
 
     @task(**settings.LOCAL_TASK_ARGS)
     def experiment_card(resolved, prereq, run_id=None, dag_run=None):

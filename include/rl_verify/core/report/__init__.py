@@ -29,7 +29,8 @@ from pathlib import Path
 from rl_verify.core.files import write_atomic
 from rl_verify.core.model import SuiteResult
 from rl_verify.core.report.content import (INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, SCHEMA, ReportMeta, build_report,
-                                           decision, deciding_suites, file_rows, overall_verdict, suite_outcome,
+                                           decision, deciding_suites, environment_line, file_rows, overall_verdict,
+                                           suite_outcome,
                                            suites_summary, verification_verdict)
 from rl_verify.core.report.html_page import confirmation_html, estimates_html, render_html
 from rl_verify.core.report.markdown import confirmation_lines, estimates_lines, render_markdown
@@ -37,10 +38,10 @@ from rl_verify.core.report.words import (RULE_IN_WORDS, estimates_sentence, fmt_
                                          text_table)
 
 __all__ = ["INCONCLUSIVE", "NOT_REPRODUCED", "REPRODUCED", "RULE_IN_WORDS", "SCHEMA", "ReportMeta", "atomic_write",
-           "build_report", "confirmation_html", "confirmation_lines", "deciding_suites", "decision", "estimates_html",
-           "estimates_lines", "estimates_sentence", "file_rows", "fmt_number", "overall_verdict", "plot_caption",
-           "render_html", "render_markdown", "styles_of", "suite_outcome", "suites_summary", "text_table",
-           "verification_verdict", "write_report"]
+           "build_report", "confirmation_html", "confirmation_lines", "deciding_suites", "decision", "environment_line",
+           "estimates_html", "estimates_lines", "estimates_sentence", "file_rows", "fmt_number", "overall_verdict",
+           "plot_caption", "render_html", "render_markdown", "styles_of", "suite_outcome", "suites_summary",
+           "text_table", "verification_verdict", "write_report"]
 
 
 def atomic_write(path: Path, text: str) -> Path:

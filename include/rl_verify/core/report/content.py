@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from rl_verify.core.model import FAIL, PASS, UNCHANGED, SuiteResult, strict_json_value
 from rl_verify.core.report.words import ROLE_NAMES, styles_of
@@ -48,6 +48,9 @@ class ReportMeta:
     record_location: str | None = None
     #: The UI plugin's route serving the record's files (``<files_url>/<path in the record>``); None: no link.
     files_url: str | None = None
+    #: node -> its environment as check_prerequisites saw it (gpu, gpu_count, driver, cuda, packages) and its
+    #: ``fingerprint`` (issue 33): what a deterministic run's bits depend on beyond the checkout.
+    environment: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def overall_verdict(suites: list[SuiteResult]) -> str:
@@ -100,6 +103,7 @@ def build_report(suites: list[SuiteResult], meta: ReportMeta, out_dir: Path | No
         "dag_run_id": meta.dag_run_id,
         "node": meta.node,
         "baselines": dict(meta.baselines),
+        "environment": dict(meta.environment),
         "notes": list(meta.notes),
         "paths": meta.paths,
         "record": meta.record_location,
@@ -275,4 +279,14 @@ def commit_items(meta: ReportMeta) -> list[tuple[str, str]]:
         if value:
             items.append((label, value))
     items += [(f"baseline {suite}", label) for suite, label in meta.baselines.items()]
+    items += [(f"environment {node}", environment_line(env)) for node, env in meta.environment.items()]
     return items
+
+
+def environment_line(env: Mapping[str, Any]) -> str:
+    """One node's environment in one line: "NVIDIA H200 x8, driver 580.159.04, CUDA 13.0, torch 2.8.0, sglang
+    -, ... (fingerprint 0123abcd...)"; "-" for what the node could not say."""
+    gpu = f"{env.get('gpu') or '-'} x{env.get('gpu_count') or 0}"
+    packages = ", ".join(f"{name} {version or '-'}" for name, version in (env.get("packages") or {}).items())
+    return (f"{gpu}, driver {env.get('driver') or '-'}, CUDA {env.get('cuda') or '-'}"
+            + (f", {packages}" if packages else "") + f" (fingerprint {env.get('fingerprint') or '-'})")

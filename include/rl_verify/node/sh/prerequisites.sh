@@ -11,12 +11,15 @@
 #   python_cmd  the interpreter command a launch script calls (empty: not checked)
 #   ray_log     the shared folder a launch script removes and re-links (empty: not checked)
 #   gpu_check   1: read the GPUs' memory and compute processes (lib_gpu.sh's gpu_state; own: this run's marker)
+#   env_python  the launch interpreter whose packages make the environment's fingerprint
+#   env_packages (array) those packages' names
 # Prints OK|MISSING<TAB>suite<TAB>kind<TAB>path per input, BUSY<TAB>job_dir<TAB>pid<TAB>since
 # for a live job of another run, PROC<TAB>pid<TAB>cmdline for a launch script run outside rl-verify,
 # and the node's readiness: NOFILE<TAB>hard limit, GPUS<TAB>count<TAB>CUDA_VISIBLE_DEVICES or <unset>,
 # PYTHON<TAB>path or empty, PORT<TAB>port<TAB>user<TAB>pid or -<TAB>ours|other<TAB>cmdline per listened
 # Ray port, RAYLOG<TAB>link target<TAB>live job dir or -, and with gpu_check the GPUMEM/GPUAPP/GPUERR lines
-# of lib_gpu.sh.
+# of lib_gpu.sh; and the environment (issue 33's fingerprint): ENV<TAB>gpu|gpu_count|driver|cuda<TAB>value
+# (- when nvidia-smi cannot say) and PKG<TAB>name<TAB>version or - per package of the launch interpreter.
 # job_alive() comes from lib_alive.sh, gpu_state() from lib_gpu.sh, rendered before this text.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
@@ -91,5 +94,24 @@ if [ -n "$ray_log" ] && [ -L "$ray_log" ]; then
     case "$target/" in "$run"/*) if job_alive "$job"; then live=$job; fi;; esac
   done
   printf 'RAYLOG\t%s\t%s\n' "$target" "$live"
+fi
+
+# --- the environment: what a deterministic run's bits depend on beyond the checkout ---
+gpu_names=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)
+printf 'ENV\tgpu\t%s\n' "$(printf '%s\n' "$gpu_names" | head -n1 | cut -d, -f1 | sed 's/^ *//; s/ *$//')"
+printf 'ENV\tgpu_count\t%s\n' "$(printf '%s\n' "$gpu_names" | grep -c .)"
+printf 'ENV\tdriver\t%s\n' "$(printf '%s\n' "$gpu_names" | head -n1 | cut -d, -f2 | sed 's/^ *//; s/ *$//')"
+printf 'ENV\tcuda\t%s\n' "$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n1 | sed 's/.*: *//')"
+if [ "${#env_packages[@]}" -gt 0 ] && command -v "$env_python" >/dev/null 2>&1; then
+  "$env_python" - "${env_packages[@]}" 2>/dev/null <<'PY'
+import sys
+from importlib import metadata
+for name in sys.argv[1:]:
+    try:
+        version = metadata.version(name)
+    except Exception:  # not installed (or unreadable metadata): no version
+        version = "-"
+    print(f"PKG\t{name}\t{version}")
+PY
 fi
 exit 0
