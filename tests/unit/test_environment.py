@@ -78,7 +78,33 @@ def test_the_script_reads_a_fake_nvidia_smi_and_the_interpreters_packages(tmp_pa
                     "packages": {"pydantic": metadata.version("pydantic"), "surely_not_installed_pkg": None}}
 
 
+def test_a_builds_local_version_tag_is_kept_as_torch_writes_it_in_its_version_file(tmp_path):
+    # torch's wheel metadata says 2.11.0; its torch/version.py says 2.11.0+cu130 (seen on the H200): the CUDA
+    # build is part of the environment.
+    site = tmp_path / "site"
+    (site / "fakecuda-2.11.0.dist-info").mkdir(parents=True)
+    (site / "fakecuda-2.11.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: fakecuda\n"
+                                                                 "Version: 2.11.0\n")
+    (site / "fakecuda").mkdir()
+    (site / "fakecuda" / "version.py").write_text("__version__ = '2.11.0+cu130'\ncuda = '13.0'\n")
+    script = remote.prerequisites_script([], str(tmp_path / "runs"), "k", needs=ops.NodeNeeds(python="python3"),
+                                         env_packages=["fakecuda"])
+    env = {**os.environ, "PYTHONPATH": str(site), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True, env=env).stdout
+    assert ops.parse_prerequisites(out).environment["packages"] == {"fakecuda": "2.11.0+cu130"}
+
+
 @pytest.mark.parametrize("bad", ["torch; id", "$(id)", "", "-rf", "a b"])
 def test_a_package_name_that_could_reach_the_shell_is_refused(bad):
     with pytest.raises(remote.BadInput, match="package name"):
         remote.prerequisites_script([], "/runs", "k", env_packages=[bad])
+
+
+def test_a_real_h200s_environment_reads_in_one_line_with_its_cuda_build():
+    import json
+    from pathlib import Path
+
+    real = json.loads((Path(__file__).parents[1] / "data" / "nvidia_smi" / "environment.h200.json").read_text())
+    line = environment_line({**real, "fingerprint": bitwise.fingerprint(real)})
+    assert line.startswith("NVIDIA H200 x1, driver 580.159.04, CUDA 13.0, ") and "torch 2.11.0+cu130" in line
+    assert "sglang -" in line  # not installed on that machine: said, not hidden

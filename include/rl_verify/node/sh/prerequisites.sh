@@ -104,14 +104,30 @@ printf 'ENV\tdriver\t%s\n' "$(printf '%s\n' "$gpu_names" | head -n1 | cut -d, -f
 printf 'ENV\tcuda\t%s\n' "$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: *[0-9.]*' | head -n1 | sed 's/.*: *//')"
 if [ "${#env_packages[@]}" -gt 0 ] && command -v "$env_python" >/dev/null 2>&1; then
   "$env_python" - "${env_packages[@]}" 2>/dev/null <<'PY'
+import re
 import sys
 from importlib import metadata
+
+
+def version(name):
+    dist = metadata.distribution(name)
+    # The build's own version file keeps what the metadata drops: torch 2.11.0's +cu130 (its CUDA build).
+    try:
+        text = dist.locate_file(f"{name}/version.py").read_text()
+        local = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        if local and local.group(1).startswith(dist.version):
+            return local.group(1)
+    except OSError:
+        pass
+    return dist.version
+
+
 for name in sys.argv[1:]:
     try:
-        version = metadata.version(name)
+        found = version(name)
     except Exception:  # not installed (or unreadable metadata): no version
-        version = "-"
-    print(f"PKG\t{name}\t{version}")
+        found = "-"
+    print(f"PKG\t{name}\t{found}")
 PY
 fi
 exit 0
