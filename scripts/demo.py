@@ -180,6 +180,9 @@ def single(args: argparse.Namespace) -> int:
           f" + fetch/compare/confirm/report {checks:.0f} s (+ the rest: scheduling, cleanup, verdict); "
           f"worker time held by the trainings {sum(float(h) for h in held if h is not None):.1f} s "
           "(deferred time not counted)")
+    unchanged_ok = True
+    if verdict == "PASS" and conf["commit"] == "main":
+        unchanged_ok = _docs_only_commit(rig, conf, time.monotonic() - t0 - started)
     if args.keep:
         (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))
         _say(f"KEEP=1: Airflow stays up at {rig.stack.base_url} (user '{rig.stack.username}', password in "
@@ -187,7 +190,30 @@ def single(args: argparse.Namespace) -> int:
     else:
         rig.stop()
         _say("stopped Airflow and the simulated node")
-    return 0 if verdict == "PASS" else 1
+    return 0 if verdict == "PASS" and unchanged_ok else 1
+
+
+def _docs_only_commit(rig: Rig, conf: Mapping[str, object], full_s: float) -> bool:
+    """Then a commit that changes documentation only, with the path-aware skip (lane auto): PASS (unchanged),
+    no training, no approval asked; its time beside the full verification's. True when it ends so."""
+    from harness.rig import DAG_ID
+    from rl_verify.orchestration import links
+
+    docs = {**conf, "commit": "sim/docs-only", "lane": "auto"}
+    _say(f"then a commit that touches documentation only: triggering {DAG_ID} with {json.dumps(docs)} "
+         "(no approval expected)")
+    t0 = time.monotonic()
+    outcome = rig.run(docs, decision=None, timeout=600)
+    took = time.monotonic() - t0
+    summary = outcome.summary or {}
+    outcomes = [s.get("outcome") for s in summary.get("suites") or []]
+    trained = [t for t, state in outcome.tasks.items() if t.startswith("run_") and state != "skipped"]
+    view = links.absolute(rig.stack.base_url, links.report_view_path(DAG_ID, outcome.run_id))
+    print(f"\n  docs-only commit: {summary.get('verdict', 'UNKNOWN')} ({', '.join(map(str, outcomes))}) in "
+          f"{took:.0f} s, {len(trained)} training(s), no approval asked; the full verification above took "
+          f"{full_s:.0f} s ({took / max(full_s, 1):.2f} of it)")
+    print(f"  its report in the Airflow UI: {view}")
+    return summary.get("verdict") == "PASS" and not trained and set(outcomes) == {"PASS (unchanged)"}
 
 
 
