@@ -262,6 +262,10 @@ DEFAULT_LANE = os.environ.get("RL_VERIFY_LANE", "auto")
 if DEFAULT_LANE not in LANES:
     PROBLEMS.append(("RL_VERIFY_LANE", DEFAULT_LANE, f"give one of {', '.join(LANES)}, or unset it for auto"))
     DEFAULT_LANE = "auto"
+#: A scheduled run trains a suite whose last trained PASS is older than this many days even when its diff could
+#: not move a number (RL_VERIFY_FULL_EVERY_DAYS): what the skip cannot see (the node's driver and packages, the
+#: data on its share) is verified at least that often.
+FULL_EVERY_DAYS = float(_number("RL_VERIFY_FULL_EVERY_DAYS", 7.0, float, 0))
 
 # --- the spread the confirmation learns from the runs we make (rl_verify.core.spread, issue 34) ---
 #: Where the record store keeps, per suite, one entry per finished verification: its spread key, outcome and

@@ -19,10 +19,15 @@ def _choose(**change):
     return lane.choose(**{**facts, **change})
 
 
-def test_a_diff_touching_no_affecting_path_since_a_verified_pass_needs_no_training_even_when_full_is_asked():
-    for requested in lane.REQUESTS:
-        got = _choose(affecting=[], requested=requested, scheduled=True, last_full_at=None)
-        assert got.choice == "unchanged" and "aaaaaaaaaaaa" in got.why
+def test_a_diff_touching_no_affecting_path_since_a_verified_pass_needs_no_training():
+    got = _choose(affecting=[], scheduled=True)
+    assert got.choice == "unchanged" and "aaaaaaaaaaaa" in got.why
+
+
+def test_full_asked_or_a_scheduled_full_due_trains_even_an_unchanged_suite():
+    assert _choose(affecting=[], requested="full").choice == "full"
+    due = _choose(affecting=[], scheduled=True, last_full_at=NOW - timedelta(days=8))
+    assert due.choice == "full" and "8.0 days ago" in due.why
 
 
 def test_without_a_verified_pass_nothing_is_skipped():

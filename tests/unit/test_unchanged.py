@@ -77,6 +77,14 @@ def test_no_base_is_taken_from(store, why, outcome, fingerprints, label, dirty):
     assert verification_history.verified_pass("opd", "fp", "v1") is None, why
 
 
+def test_a_scheduled_run_takes_no_base_older_than_full_every_days(store):
+    _verification(store, "manual__old", BASE, {"opd": "PASS"}, {"opd": "fp"}, age_s=8 * 86400)
+    specs, fps, versions = [load_suite("opd")], {"opd": "fp"}, {"opd": {"label": "v1"}}
+    assert unchanged.bases(specs, fps, versions)["opd"]["sha"] == BASE  # a manual run: any age
+    assert unchanged.bases(specs, fps, versions, max_age_days=7) == {}  # scheduled: trained again after 7 days
+    assert unchanged.bases(specs, fps, versions, max_age_days=9)["opd"]["sha"] == BASE
+
+
 def _changed(files_by_base):
     calls = []
 

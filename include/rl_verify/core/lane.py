@@ -2,12 +2,14 @@
 or the full statistical check. Pure: every fact is a parameter, so that the rule is tested on its own.
 
 The order is the runbook's trust order: a cheaper answer is only taken when nothing says it might be wrong.
-1. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
+1. ``full`` when the run asks for it (param ``lane`` = ``full``) or a scheduled run finds the suite's last full
+   verification older than ``RL_VERIFY_FULL_EVERY_DAYS`` (or none): what no diff shows (the environment) is
+   verified at least that often.
+2. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
    version) touches no path that can affect it. No training.
-2. ``full`` whenever the run asks for it (param ``lane`` = ``full``), a scheduled run finds the suite's last full
-   verification older than ``RL_VERIFY_FULL_EVERY_DAYS`` (or none), the suite has no lane, the diff touches a
-   path that turns the lane off, or no trusted reference exists for this environment.
-3. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
+3. ``full`` when the suite has no lane, the diff touches a path that turns the lane off, or no trusted reference
+   exists for this environment.
+4. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
    ``full`` under the same approval (decided later, by the comparison, not here).
 """
 
@@ -54,9 +56,6 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
                          "verification")
-    if verified_pass and not affecting:
-        return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches no "
-                                       "path that can affect this suite")
     if requested == "full":
         return LaneChoice("full", "the run asked for a full verification (lane = full)")
     if scheduled:
@@ -66,6 +65,9 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
                 f"the last one was {(now - last_full_at).total_seconds() / 86400:.1f} days ago"
             return LaneChoice("full", f"a scheduled run verifies in full every {full_every_days:g} days and {age} "
                                       "(RL_VERIFY_FULL_EVERY_DAYS)")
+    if verified_pass and not affecting:
+        return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches no "
+                                       "path that can affect this suite")
     if not has_lane:
         return LaneChoice("full", "the suite declares no bitwise lane")
     if lane_disabling:

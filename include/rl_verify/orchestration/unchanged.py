@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,14 +44,24 @@ def suite_fingerprint(spec: SuiteSpec, files: Mapping[str, bytes], version: int)
     return card.experiment_fingerprint([spec], lambda _: data, {spec.name: version})
 
 
-def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
-          versions: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per suite, the verified PASS the skip may rest on (``verified_pass``), for the suites that have one."""
+def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str], versions: Mapping[str, Mapping[str, Any]],
+          max_age_days: float | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per suite, the verified PASS the skip may rest on (``verified_pass``), for the suites that have one.
+    ``max_age_days`` (a scheduled run: ``settings.FULL_EVERY_DAYS``): a PASS older than that is no base, so the
+    suite trains and what the skip cannot see (the environment) is verified at least that often."""
     out = {}
+    now = time.time() if now is None else now
     for spec in specs:
         found = verified_pass(spec.name, fingerprints[spec.name], (versions.get(spec.name) or {}).get("label"))
-        if found:
-            out[spec.name] = found
+        if not found:
+            continue
+        age_days = (now - float(found.get("written_at") or 0)) / 86400
+        if max_age_days is not None and age_days >= max_age_days:
+            log.info("%s: its last trained PASS %s is %.1f days old: a scheduled run trains it every %g days "
+                     "(RL_VERIFY_FULL_EVERY_DAYS) whatever the diff", spec.name, short_sha(found["sha"]), age_days,
+                     max_age_days)
+            continue
+        out[spec.name] = found
     return out
 
 

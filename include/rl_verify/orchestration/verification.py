@@ -104,7 +104,8 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     with no_retry_on(InputError):
         versions, fingerprints = _baselines_in_use(specs, p["baseline_pins"], dag_run_id)
     # The path-aware skip's bases: read from the record before any node is touched.
-    bases = unchanged.bases(specs, fingerprints, versions) if p["lane"] != "full" else {}
+    max_age = settings.FULL_EVERY_DAYS if run_type == "scheduled" else None
+    bases = unchanged.bases(specs, fingerprints, versions, max_age) if p["lane"] != "full" else {}
     key = run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, Any]] = {}

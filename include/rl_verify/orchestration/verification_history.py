@@ -99,7 +99,8 @@ FULL_PASSES = ("PASS", "PASS (not reproduced)")
 def verified_pass(suite: str, fingerprint: str, baseline: str | None) -> dict[str, Any] | None:
     """The newest verification whose ``suite`` PASSed in a full run with the same per-suite experiment
     fingerprint (``commit.json``'s ``suite_fingerprints``: spec, data, baseline version) and the same baseline
-    version (``baseline``: its label), as ``sha``, ``run_id`` and ``report`` (the link); None when none. A
+    version (``baseline``: its label), as ``sha``, ``run_id``, ``report`` (the link) and ``written_at`` (when its
+    report was written, epoch seconds); None when none. A
     PASS (unchanged) is no base: the skip always rests on a commit that was trained."""
     best: tuple[float, dict[str, Any]] | None = None
     for _, report, folder in verification_reports():
@@ -117,7 +118,7 @@ def verified_pass(suite: str, fingerprint: str, baseline: str | None) -> dict[st
         when = _written_at(folder / "report.json")
         if best is None or when > best[0]:
             run_id = str(report.get("dag_run_id") or folder.name)
-            best = (when, {"sha": report["commit"], "run_id": run_id,
+            best = (when, {"sha": report["commit"], "run_id": run_id, "written_at": when,
                            "report": links.report_view_path(settings.DAG_ID, run_id)})
     return best[1] if best else None
 
