@@ -59,7 +59,7 @@ def test_the_base_is_the_newest_full_pass_of_the_same_suite_fingerprint_and_base
     _verification(store, "manual__old", OTHER, {"opd": "PASS"}, {"opd": "fp"}, age_s=100)
     _verification(store, "manual__new", BASE, {"opd": "PASS (not reproduced)"}, {"opd": "fp"}, age_s=10)
     _verification(store, "manual__fail", HEAD, {"opd": "FAIL (reproduced)"}, {"opd": "fp"}, age_s=1)
-    found = verification_history.verified_pass("opd", "fp", "v1")
+    found = verification_history.verified_passes({"opd": ("fp", "v1")})["opd"]
     assert found["sha"] == BASE and found["run_id"] == "manual__new"
     assert found["report"] == links.report_view_path(settings.DAG_ID, "manual__new")
 
@@ -74,15 +74,27 @@ def test_the_base_is_the_newest_full_pass_of_the_same_suite_fingerprint_and_base
 ])
 def test_no_base_is_taken_from(store, why, outcome, fingerprints, label, dirty):
     _verification(store, "manual__x", BASE, {"opd": outcome}, fingerprints, label=label, dirty=dirty)
-    assert verification_history.verified_pass("opd", "fp", "v1") is None, why
+    assert verification_history.verified_passes({"opd": ("fp", "v1")}) == {}, why
 
 
-def test_a_scheduled_run_takes_no_base_older_than_full_every_days(store):
-    _verification(store, "manual__old", BASE, {"opd": "PASS"}, {"opd": "fp"}, age_s=8 * 86400)
-    specs, fps, versions = [load_suite("opd")], {"opd": "fp"}, {"opd": {"label": "v1"}}
-    assert unchanged.bases(specs, fps, versions)["opd"]["sha"] == BASE  # a manual run: any age
-    assert unchanged.bases(specs, fps, versions, max_age_days=7) == {}  # scheduled: trained again after 7 days
-    assert unchanged.bases(specs, fps, versions, max_age_days=9)["opd"]["sha"] == BASE
+def test_one_pass_over_the_record_finds_each_suites_own_base(store):
+    _verification(store, "manual__both", BASE, {"grpo": "PASS", "opd": "PASS"}, {"grpo": "g", "opd": "o"}, age_s=50)
+    _verification(store, "manual__opd", OTHER, {"opd": "PASS"}, {"opd": "o"}, age_s=5)
+    found = verification_history.verified_passes({"grpo": ("g", "v1"), "opd": ("o", "v1")})
+    assert (found["grpo"]["sha"], found["opd"]["sha"]) == (BASE, OTHER)
+
+
+def test_a_scheduled_run_trains_a_suite_whose_base_is_older_than_full_every_days(monkeypatch):
+    fake, _ = _changed({BASE: ["docs/a.md"]})
+    monkeypatch.setattr(unchanged.node, "changed_files", fake)
+    now = time.time()
+    old = {"sha": BASE, "run_id": "r", "report": "", "written_at": now - 8 * 86400}
+    spec = [load_suite("opd")]
+    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, now=now)) == ["opd"]  # manual
+    assert unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, scheduled=True, now=now) == {}
+    recent = {**old, "written_at": now - 6 * 86400}
+    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": recent}, scheduled=True, now=now)) == [
+        "opd"]
 
 
 def _changed(files_by_base):
@@ -102,8 +114,8 @@ def test_a_diff_touching_only_docs_ends_unchanged_and_one_touching_code_trains(m
     found = {"grpo": {**base, "sha": OTHER}, "opd": base}
     out = unchanged.unchanged_on_node(None, "/ckpt", HEAD, specs, found)
     assert list(out) == ["opd"] and out["opd"]["files"] == ["docs/rl.md", "README.md"]
-    assert out["opd"]["why"] == ("the diff since the verified PASS at aaaaaaaaaaaa (2 file(s)) touches no path that "
-                                 "can affect this suite")
+    assert out["opd"]["why"] == ("the diff since the verified PASS at aaaaaaaaaaaa touches no path that can affect "
+                                 "this suite (2 file(s) changed)")
     assert calls == [(OTHER, HEAD), (BASE, HEAD)]
 
 

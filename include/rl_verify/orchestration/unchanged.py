@@ -3,7 +3,7 @@ can affect it ends PASS (unchanged) without a training.
 
 The base is the newest verification in the record whose suite PASSed in a full run with the same per-suite
 experiment fingerprint (spec as written, data in use, baseline version) and the same baseline version
-(``verification_history.verified_pass``). The diff is read from the node's own checkout
+(``verification_history.verified_passes``). The diff is read from the node's own checkout
 (``node.ops.changed_files``); which of its files can affect the suite is the spec's data (``affects``,
 ``unaffecting``: ``core.paths``). A base the node no longer has, a dirty worktree or ``lane = full`` skip
 nothing. What it covers and does not is said on the report (``core.report.words.UNCHANGED_COVERS``).
@@ -15,16 +15,18 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rl_verify.core import paths
+from rl_verify import settings
+from rl_verify.core import lane, paths
 from rl_verify.core.model import UNCHANGED, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
-from rl_verify.orchestration.verification_history import verified_pass
+from rl_verify.orchestration.verification_history import verified_passes
 from rl_verify.store import record
 from rl_verify.suites import card
 from rl_verify.suites.spec import SuiteSpec, data_file
@@ -44,58 +46,47 @@ def suite_fingerprint(spec: SuiteSpec, files: Mapping[str, bytes], version: int)
     return card.experiment_fingerprint([spec], lambda _: data, {spec.name: version})
 
 
-def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str], versions: Mapping[str, Mapping[str, Any]],
-          max_age_days: float | None = None, now: float | None = None) -> dict[str, dict[str, Any]]:
-    """Per suite, the verified PASS the skip may rest on (``verified_pass``), for the suites that have one.
-    ``max_age_days`` (a scheduled run: ``settings.FULL_EVERY_DAYS``): a PASS older than that is no base, so the
-    suite trains and what the skip cannot see (the environment) is verified at least that often."""
-    out = {}
-    now = time.time() if now is None else now
-    for spec in specs:
-        found = verified_pass(spec.name, fingerprints[spec.name], (versions.get(spec.name) or {}).get("label"))
-        if not found:
-            continue
-        age_days = (now - float(found.get("written_at") or 0)) / 86400
-        if max_age_days is not None and age_days >= max_age_days:
-            log.info("%s: its last trained PASS %s is %.1f days old: a scheduled run trains it every %g days "
-                     "(RL_VERIFY_FULL_EVERY_DAYS) whatever the diff", spec.name, short_sha(found["sha"]), age_days,
-                     max_age_days)
-            continue
-        out[spec.name] = found
-    return out
+def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
+          versions: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per suite, the verified PASS the skip may rest on (``verified_passes``, one pass over the record), for the
+    suites that have one."""
+    return verified_passes({s.name: (fingerprints[s.name], (versions.get(s.name) or {}).get("label")) for s in specs})
 
 
-def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec],
-                      found: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec], found: Mapping[str, dict[str, Any]],
+                      scheduled: bool = False, now: float | None = None) -> dict[str, dict[str, Any]]:
     """The suites of one node that need no training: for each with a base in ``found``, the files changed
-    between the base and ``sha`` in the node's checkout, none of them affecting the suite. Entry: the base
-    (``sha``, ``run_id``, ``report``), ``files`` (every changed file) and ``why`` (one sentence)."""
+    between the base and ``sha`` in the node's checkout, none of them affecting the suite, as ``core.lane.choose``
+    decides (a scheduled run also trains a suite whose base is older than ``settings.FULL_EVERY_DAYS``). Entry:
+    the base (``sha``, ``run_id``, ``report``), ``files`` (every changed file) and ``why`` (one sentence)."""
     out: dict[str, dict[str, Any]] = {}
-    diffs: dict[str, list[str] | None] = {}
+    diffs: dict[str, list[str] | str] = {}  # base commit -> its changed files, or why they are unknown
+    now_at = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
     for spec in specs:
         base = found.get(spec.name)
         if not base:
             continue
         if base["sha"] not in diffs:  # suites resting on the same commit share one diff
             try:
-                diffs[base["sha"]] = node.changed_files(client, checkout, base["sha"], sha)
+                changed = node.changed_files(client, checkout, base["sha"], sha)
+                diffs[base["sha"]] = "it is not in the node's checkout" if changed is None else changed
             except node.NodeError as err:  # the skip only ever saves a training: without a diff, train
-                log.warning("%s: the diff since its verified PASS %s could not be read (%s): trained as usual",
-                            spec.name, short_sha(base["sha"]), err)
-                diffs[base["sha"]] = None
-                continue
+                diffs[base["sha"]] = f"its diff could not be read ({err})"
         changed = diffs[base["sha"]]
-        if changed is None:
-            log.info("%s: its verified PASS %s is not in the node's checkout: trained as usual", spec.name,
-                     short_sha(base["sha"]))
+        if isinstance(changed, str):
+            log.info("%s: verified PASS %s: %s: trained as usual", spec.name, short_sha(base["sha"]), changed)
             continue
         moving = paths.affecting(changed, spec.affects, spec.unaffecting)
-        if moving:
-            log.info("%s: %d of %d file(s) changed since its verified PASS %s can affect it (%s): trained",
-                     spec.name, len(moving), len(changed), short_sha(base["sha"]), ", ".join(moving[:5]))
+        decided = lane.choose(requested="auto", scheduled=scheduled, verified_pass=base["sha"], affecting=moving,
+                              has_lane=False, lane_disabling=[], reference="absent",
+                              last_full_at=datetime.fromtimestamp(float(base.get("written_at") or 0), timezone.utc),
+                              now=now_at, full_every_days=settings.FULL_EVERY_DAYS)
+        if decided.choice != "unchanged":
+            log.info("%s: %d of %d file(s) changed since its verified PASS %s can affect it%s: trained (%s)",
+                     spec.name, len(moving), len(changed), short_sha(base["sha"]),
+                     f" ({', '.join(moving[:5])})" if moving else "", decided.why)
             continue
-        why = (f"the diff since the verified PASS at {short_sha(base['sha'])} ({len(changed)} file(s)) touches no "
-               "path that can affect this suite")
+        why = f"{decided.why} ({len(changed)} file(s) changed)"
         out[spec.name] = {**base, "files": changed, "why": why}
         log.info("%s: %s (%s)", spec.name, UNCHANGED, why)
     return out

@@ -104,8 +104,7 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     with no_retry_on(InputError):
         versions, fingerprints = _baselines_in_use(specs, p["baseline_pins"], dag_run_id)
     # The path-aware skip's bases: read from the record before any node is touched.
-    max_age = settings.FULL_EVERY_DAYS if run_type == "scheduled" else None
-    bases = unchanged.bases(specs, fingerprints, versions, max_age) if p["lane"] != "full" else {}
+    bases = unchanged.bases(specs, fingerprints, versions) if p["lane"] != "full" else {}  # full: nothing to skip
     key = run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, Any]] = {}
@@ -122,7 +121,8 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                 on_node = [s for s in specs if p["suite_nodes"][s.name] == conn]
                 if bases and not found[conn]["dirty_stat"]:
                     skipped.update(unchanged.unchanged_on_node(client, values[settings.NODE_CHECKOUT_KEY],
-                                                               found[conn]["sha"], on_node, bases))
+                                                               found[conn]["sha"], on_node, bases,
+                                                               scheduled=run_type == "scheduled"))
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("

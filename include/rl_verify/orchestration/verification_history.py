@@ -16,6 +16,8 @@ from rl_verify.store import record
 
 #: A suite's outcomes that decide a commit's reading (a range's end taken from the record).
 DECIDED = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "FAIL (reproduced)")
+#: A suite's outcomes that verified its commit by a full run (a base the path-aware skip may rest on).
+FULL_PASSES = ("PASS", "PASS (not reproduced)")
 
 
 def verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
@@ -85,42 +87,42 @@ def last_pass(suites: list[str], not_sha: str | None) -> str | None:
         rows = {r.get("suite"): r for r in report.get("suites") or []}
         if report.get("commit") in (None, not_sha) or not all(s in rows for s in suites):
             continue
-        if all(suite_outcome(rows[s]) in ("PASS", "PASS (not reproduced)") for s in suites):
+        if all(suite_outcome(rows[s]) in FULL_PASSES for s in suites):
             when = _written_at(folder / "report.json")
             if best is None or when > best[0]:
                 best = (when, report["commit"])
     return best[1] if best else None
 
 
-#: A suite's outcomes that verified its commit by a full run (a base the path-aware skip may rest on).
-FULL_PASSES = ("PASS", "PASS (not reproduced)")
-
-
-def verified_pass(suite: str, fingerprint: str, baseline: str | None) -> dict[str, Any] | None:
-    """The newest verification whose ``suite`` PASSed in a full run with the same per-suite experiment
-    fingerprint (``commit.json``'s ``suite_fingerprints``: spec, data, baseline version) and the same baseline
-    version (``baseline``: its label), as ``sha``, ``run_id``, ``report`` (the link) and ``written_at`` (when its
-    report was written, epoch seconds); None when none. A
-    PASS (unchanged) is no base: the skip always rests on a commit that was trained."""
-    best: tuple[float, dict[str, Any]] | None = None
+def verified_passes(wanted: Mapping[str, tuple[str, str | None]]) -> dict[str, dict[str, Any]]:
+    """Per suite of ``wanted`` (suite -> its per-suite experiment fingerprint and its baseline version's label),
+    the newest verification where it PASSed in a full run with that fingerprint (``commit.json``'s
+    ``suite_fingerprints``), that baseline version and a clean worktree, as ``sha``, ``run_id``, ``report`` (the
+    link) and ``written_at`` (when its report was written, epoch seconds); suites without one are left out. A
+    PASS (unchanged) is no base: the skip always rests on a commit that was trained. One pass over the record."""
+    best: dict[str, dict[str, Any]] = {}
     for _, report, folder in verification_reports():
         rows = {r.get("suite"): r for r in report.get("suites") or []}
-        if suite not in rows or suite_outcome(rows[suite]) not in FULL_PASSES or not report.get("commit"):
-            continue
-        if (report.get("baselines") or {}).get(suite) != baseline:
+        candidates = [suite for suite, (_, label) in wanted.items()
+                      if suite in rows and suite_outcome(rows[suite]) in FULL_PASSES
+                      and (report.get("baselines") or {}).get(suite) == label]
+        if not candidates or not report.get("commit"):
             continue
         try:
             resolved = json.loads((folder / "commit.json").read_bytes())
         except (OSError, ValueError):
             continue  # a run from before the path-aware skip (or a broken record): no base
-        if (resolved.get("suite_fingerprints") or {}).get(suite) != fingerprint or resolved.get("dirty_stat"):
+        if resolved.get("dirty_stat"):
             continue
         when = _written_at(folder / "report.json")
-        if best is None or when > best[0]:
-            run_id = str(report.get("dag_run_id") or folder.name)
-            best = (when, {"sha": report["commit"], "run_id": run_id, "written_at": when,
-                           "report": links.report_view_path(settings.DAG_ID, run_id)})
-    return best[1] if best else None
+        run_id = str(report.get("dag_run_id") or folder.name)
+        for suite in candidates:
+            if (resolved.get("suite_fingerprints") or {}).get(suite) != wanted[suite][0]:
+                continue
+            if suite not in best or when > best[suite]["written_at"]:
+                best[suite] = {"sha": report["commit"], "run_id": run_id, "written_at": when,
+                               "report": links.report_view_path(settings.DAG_ID, run_id)}
+    return best
 
 
 def _written_at(path: Any) -> float:
