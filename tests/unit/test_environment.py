@@ -108,3 +108,13 @@ def test_a_real_h200s_environment_reads_in_one_line_with_its_cuda_build():
     line = environment_line({**real, "fingerprint": bitwise.fingerprint(real)})
     assert line.startswith("NVIDIA H200 x1, driver 580.159.04, CUDA 13.0, ") and "torch 2.11.0+cu130" in line
     assert "sglang -" in line  # not installed on that machine: said, not hidden
+
+
+def test_the_launchs_own_busy_check_does_not_read_the_environment(tmp_path):
+    script = remote.prerequisites_script([], str(tmp_path / "runs"), "k", own_suite="opd")
+    out = subprocess.run(["bash", "-s"], input=script, text=True, capture_output=True).stdout
+    assert not [line for line in out.splitlines() if line.startswith(("ENV\t", "PKG\t"))], out
+    read = remote.prerequisites_script([], str(tmp_path / "runs"), "k", env_packages=[])
+    out = subprocess.run(["bash", "-s"], input=read, text=True, capture_output=True).stdout
+    assert [line.split("\t")[1] for line in out.splitlines() if line.startswith("ENV\t")] == list(
+        ops.ENVIRONMENT_FACTS)

@@ -215,15 +215,16 @@ def _check_field(value: str, what: str) -> str:
 
 def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str, key: str,
                          own_suite: str | None = None, needs: NodeNeeds | None = None,
-                         env_packages: Sequence[str] = ()) -> str:
+                         env_packages: Sequence[str] | None = None) -> str:
     """Script: check every (suite, kind, path), whether the node is busy and, with ``needs``, whether it
     is ready for the launch scripts (their open-files limit, GPUs, Ray ports, python, /tmp/ray_log), in
     one round trip.
 
     Prints ``OK|MISSING\\tsuite\\tkind\\tpath`` per input, ``BUSY\\tjob_dir\\tpid\\tsince`` for a live
     job of another run, ``PROC\\tpid\\tcmdline`` for a launch script running outside rl-verify, and the
-    readiness lines of ``sh/prerequisites.sh``, and the environment (GPU, driver, CUDA, and the version of each of
-    ``env_packages`` in the launch interpreter: ``needs.python``, else python3).
+    readiness lines of ``sh/prerequisites.sh``; with ``env_packages`` (None: not read) the environment too (GPU,
+    driver, CUDA, and the version of each of ``env_packages`` in the launch interpreter: ``needs.python``, else
+    python3).
     """
     lines = [f"{_check_field(suite, 'suite')}\t{_check_field(kind, 'input kind')}\t"
              f"{validate_path(path, kind + ' path')}" for suite, kind, path in checks]
@@ -238,8 +239,8 @@ def prerequisites_script(checks: Iterable[tuple[str, str, str]], runs_root: str,
                                 python_cmd=needs.python or "",
                                 ray_log=validate_path(needs.ray_log, "ray_log") if needs.ray_log else "",
                                 gpu_check=1 if needs.gpus else 0,
-                                env_python=needs.python or "python3",
-                                env_packages=[validate_package(p) for p in env_packages])
+                                env_check=0 if env_packages is None else 1, env_python=needs.python or "python3",
+                                env_packages=[validate_package(p) for p in env_packages or ()])
 
 
 def _alive_fn() -> str:

@@ -11,6 +11,7 @@
 #   python_cmd  the interpreter command a launch script calls (empty: not checked)
 #   ray_log     the shared folder a launch script removes and re-links (empty: not checked)
 #   gpu_check   1: read the GPUs' memory and compute processes (lib_gpu.sh's gpu_state; own: this run's marker)
+#   env_check   1: print the environment (ENV and PKG lines below); 0: not (the launch's own busy check)
 #   env_python  the launch interpreter whose packages make the environment's fingerprint
 #   env_packages (array) those packages' names
 # Prints OK|MISSING<TAB>suite<TAB>kind<TAB>path per input, BUSY<TAB>job_dir<TAB>pid<TAB>since
@@ -97,6 +98,7 @@ if [ -n "$ray_log" ] && [ -L "$ray_log" ]; then
 fi
 
 # --- the environment: what a deterministic run's bits depend on beyond the checkout ---
+if [ "$env_check" != 1 ]; then exit 0; fi
 gpu_names=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)
 printf 'ENV\tgpu\t%s\n' "$(printf '%s\n' "$gpu_names" | head -n1 | cut -d, -f1 | sed 's/^ *//; s/ *$//')"
 printf 'ENV\tgpu_count\t%s\n' "$(printf '%s\n' "$gpu_names" | grep -c .)"
