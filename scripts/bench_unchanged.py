@@ -60,7 +60,6 @@ class Tally:
     gpu_hours: float = 0.0
     gpu_hours_full: float = 0.0
     false_pass: int = 0
-    regressions_seen: int = 0
     blind: int = 0
     base_age: list[int] = field(default_factory=list)
 
@@ -115,7 +114,6 @@ def one_history(seed: int, args: argparse.Namespace, specs: list, cost: dict[str
                 t.blind += state["env_changed"]
                 continue
             t.gpu_hours += cost[spec.name]
-            t.regressions_seen += state["regressed"]
             # A training: a PASS becomes the new base; a FAIL is fixed by the next commit, whose PASS is the base.
             since[spec.name] = {"files": set(), "regressed": False, "env_changed": False, "age": 0}
     return tallies
@@ -146,9 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             for name, t in one_history(seed, args, specs, cost, nightly).items():
                 agg = total[name]
-                for attr in ("verifications", "skipped", "gpu_hours", "gpu_hours_full", "false_pass",
-                             "regressions_seen", "blind"):
-                    setattr(agg, attr, getattr(agg, attr) + getattr(t, attr))
+                agg.verifications += t.verifications
+                agg.skipped += t.skipped
+                agg.gpu_hours += t.gpu_hours
+                agg.gpu_hours_full += t.gpu_hours_full
+                agg.false_pass += t.false_pass
+                agg.blind += t.blind
                 agg.base_age += t.base_age
         for name, t in total.items():
             ages = sorted(t.base_age)
