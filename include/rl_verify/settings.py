@@ -285,6 +285,17 @@ def attempt_name(suite: str, attempt: int = 0) -> str:
     return suite if attempt == 0 else f"{suite}{REPEAT_MARK}{attempt}"
 
 
+#: The bitwise lane's deterministic jobs of a suite (issue 33): the lane itself and a reference's two self-check runs.
+LANE_JOBS = ("lane", "ref1", "ref2")
+
+
+def lane_job(suite: str, which: str) -> str:
+    """The job name (folder, WORK_DIR, record folder) of one of ``suite``'s deterministic jobs (``LANE_JOBS``)."""
+    if which not in LANE_JOBS:
+        raise ValueError(f"lane job {which!r} is not one of {LANE_JOBS}")
+    return f"{suite}-{which}"
+
+
 def training_task(suite: str, attempt: int = 0) -> str:
     """The verification DAG's training task of ``suite`` (``attempt`` > 0: of its repeat)."""
     return TRAINING_TASK_PREFIX + attempt_name(suite, attempt)

@@ -153,3 +153,104 @@ def reference_key(suite: str, experiment: str, environment: str, lane: Mapping[s
     """The key a reference is kept and found under: the suite, its experiment fingerprint, the environment's
     fingerprint and the lane's config (env, args, steps, exclude); any of them changing means no reference."""
     return fingerprint({"suite": suite, "experiment": experiment, "environment": environment, "lane": dict(lane)})
+
+
+class LaneFeed:
+    """A deterministic run's tracker read while it grows, kept as the lane compares it: per step, the compared
+    fields of its rows merged in file order (``compared_fields``; a mini-batch row's value is overwritten by the
+    step summary's). :meth:`feed` takes the file's new bytes; a partial last line waits for its newline; a
+    complete line that is not a JSON object is skipped (the tracker's own format checks are the fetch's)."""
+
+    def __init__(self, exclude: Sequence[str] = ()) -> None:
+        self.exclude = tuple(exclude)
+        self.steps: dict[int, dict[str, Any]] = {}
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        buffer = self._pending + data
+        cut = buffer.rfind(b"\n") + 1
+        complete, self._pending = buffer[:cut], buffer[cut:]
+        for raw in complete.splitlines():
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            step = row.get(STEP_FIELD) if isinstance(row, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool):
+                self.steps.setdefault(step, {STEP_FIELD: step}).update(compared_fields(row, self.exclude))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The merged rows in step order (what a reference keeps and :func:`read_lane` reads)."""
+        return [self.steps[s] for s in sorted(self.steps)]
+
+
+def difference_dict(diff: Difference | None) -> dict[str, Any] | None:
+    """A difference as JSON (non-finite floats as their ``repr``, exact floats also as hex): for the record."""
+    if diff is None:
+        return None
+
+    def shown(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return repr(value)
+        return value
+
+    return {"step": diff.step, "metric": diff.metric, "reference": shown(diff.reference),
+            "current": shown(diff.current), "why": diff.why, "line": diff.line()}
+
+
+class LaneWatch:
+    """The lane as the trigger runs it on one deterministic job: the ``tracker_poll`` script's output in, the
+    reading out. ``config``: ``work_dir`` and ``tracker_glob`` (remote), ``steps`` k, ``first_step``,
+    ``exclude``, and ``reference`` (its rows; None: record the k steps, for a reference's self-check).
+
+    A step counts once a later step's row has been read or the job has ended: a tracker is flushed in blocks,
+    so a step's mini-batch rows can arrive before its summary row, and half a step must never read as a
+    difference."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.work_dir, self.tracker_glob = str(config.get("work_dir", "")), str(config.get("tracker_glob", ""))
+        self.steps, self.first_step = int(config["steps"]), int(config.get("first_step", 0))
+        self.reference: list[dict[str, Any]] | None = config.get("reference")
+        self.feed = LaneFeed(config.get("exclude") or ())
+        self.tracker_path, self.offset = "", 0
+
+    def take(self, output: bytes) -> bool:
+        """Feed one ``tracker_poll`` output (``<path> <start> <size>`` then the bytes, or ``-``); True when the
+        tracker has more bytes to read now."""
+        head, _, chunk = output.partition(b"\n")
+        fields = head.decode(errors="replace").split()
+        if len(fields) != 3 or fields[0] == "-":
+            return False
+        path, start, size = fields[0], int(fields[1]), int(fields[2])
+        if path != self.tracker_path:
+            self.tracker_path, self.offset, self.feed = path, 0, LaneFeed(self.feed.exclude)
+            if start != 0:
+                return True
+        self.feed.feed(chunk)
+        self.offset = start + len(chunk)
+        return self.offset < size
+
+    def complete(self, ended: bool = False) -> list[dict[str, Any]]:
+        """The rows of the steps read to their end (all of them once the job has ended)."""
+        rows = self.feed.rows()
+        return rows if ended or not rows else rows[:-1]
+
+    def reading(self, ended: bool = False) -> LaneReading:
+        """How far the lane has come: against the reference, or (recording) how many of its steps are in."""
+        rows = self.complete(ended)
+        if self.reference is None:
+            have = {r[STEP_FIELD] for r in rows}
+            seen = 0
+            while self.first_step + seen in have and seen < self.steps:
+                seen += 1
+            return LaneReading(self.steps, seen, None)
+        return read_lane(self.reference, rows, self.steps, first_step=self.first_step)
+
+    def summary(self, ended: bool = False) -> dict[str, Any]:
+        """The reading as JSON for the trigger's event: ``identical`` (k same steps, or k steps recorded),
+        ``steps_seen``, ``difference``, and the k steps' ``rows`` (what a reference keeps)."""
+        reading = self.reading(ended)
+        last = self.first_step + self.steps
+        return {"identical": reading.identical, "done": reading.done, "steps": self.steps,
+                "steps_seen": reading.steps_seen, "difference": difference_dict(reading.difference),
+                "rows": [r for r in self.complete(ended) if self.first_step <= r[STEP_FIELD] < last]}

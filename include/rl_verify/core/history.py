@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from rl_verify.core.model import PASS, UNCHANGED
+from rl_verify.core.model import BITWISE, PASS, SHORTCUTS, UNCHANGED
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def rows(record_dir: Any, limit: int = 50) -> list[dict[str, Any]]:
                 "verdict": report.get("verdict") or "?", "baselines": baseline_versions(report),
                 "confirmation": confirmation(report)}
         for suite in report.get("suites") or []:
-            if (suite.get("outcome") or {}).get("outcome") == UNCHANGED:
+            if (suite.get("outcome") or {}).get("outcome") in SHORTCUTS:
                 # No run, no metric: one row so that the run is listed (its confirmation column says why).
                 out.append({**base, "suite": suite.get("suite"), "suite_verdict": PASS, "metric": "",
                             "ratio": None, "passed": True})
@@ -130,6 +130,11 @@ def confirmation(report: dict[str, Any]) -> str:
         if outcome.get("outcome") == UNCHANGED:
             verified = (outcome.get("unchanged") or {}).get("sha") or ""
             said.append(f"{suite.get('suite')}: {UNCHANGED} since {verified[:10]}, no training")
+        elif outcome.get("outcome") == BITWISE:
+            found = outcome.get("bitwise") or {}
+            verified = (found.get("reference") or {}).get("sha") or ""
+            said.append(f"{suite.get('suite')}: {BITWISE} against {verified[:10]}, {found.get('steps')} "
+                        "deterministic steps")
         elif len(runs) > 1:
             said.append(f"{suite.get('suite')}: {outcome.get('outcome')} over {len(runs)} runs ("
                         + ", ".join(str(r.get("verdict")) for r in runs) + ")")

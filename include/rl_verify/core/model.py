@@ -20,6 +20,11 @@ FAIL = "FAIL"
 #: The outcome of a suite the path-aware skip decided without training (issue 33): its diff since a verified
 #: PASS touches no path that can affect it.
 UNCHANGED = "PASS (unchanged)"
+#: The outcome of a suite the bitwise-first lane decided (issue 33): its first k deterministic steps are the same
+#: bits as a trusted reference of a verified commit, on the same environment.
+BITWISE = "PASS (bitwise)"
+#: The PASSes without a full training: a shortcut says what it covers and what it does not.
+SHORTCUTS = (UNCHANGED, BITWISE)
 # Failure classes: each one names a different next step (see ``failure_class_of``).
 ACCURACY, PERFORMANCE, INFRASTRUCTURE = "accuracy", "performance", "infrastructure"
 FAILURE_CLASSES = (ACCURACY, PERFORMANCE, INFRASTRUCTURE)
@@ -155,6 +160,13 @@ class SuiteResult:
         says can move its numbers; what it does not: anything outside the checkout (node, drivers, data)."""
         return cls(suite=suite, verdict=PASS,
                    details={"unchanged": {**verified, "files": list(files)}})
+
+    @classmethod
+    def bitwise(cls, suite: str, evidence: dict[str, Any]) -> "SuiteResult":
+        """A PASS from the bitwise-first lane: ``evidence`` (``reference``: the verified commit, its run and
+        report; ``steps``, ``environment``, ``key``) says which k steps were the same bits. What it covers:
+        those steps on that environment; what it does not: the steps after k."""
+        return cls(suite=suite, verdict=PASS, details={"bitwise": dict(evidence)})
 
     @property
     def passed(self) -> bool:

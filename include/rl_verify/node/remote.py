@@ -28,8 +28,9 @@ _PATH_RE = re.compile(r"(~/)?[A-Za-z0-9._/+@=,-]+")
 _KEY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}")
 _REL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
 _GLOB_RE = re.compile(r"[A-Za-z0-9_*][A-Za-z0-9._*/-]*")
-#: A suite's job folder: the suite, or ``<suite>-r<k>`` for its k-th repeat (``settings.attempt_name``).
-_JOB_NAME = r"[a-z0-9_]{1,40}(?:-r[0-9]{1,2})?"
+#: A suite's job folder: the suite, ``<suite>-r<k>`` for its k-th repeat (``settings.attempt_name``), or one of
+#: its bitwise lane's deterministic jobs (``settings.lane_job``: ``-lane``, ``-ref1``, ``-ref2``).
+_JOB_NAME = r"[a-z0-9_]{1,40}(?:-r[0-9]{1,2}|-lane|-ref[12])?"
 _MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/" + _JOB_NAME)
 
 

@@ -10,18 +10,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
 from rl_verify.core import launch
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
-from rl_verify.core.model import SuiteResult
+from rl_verify.core.model import BITWISE, SuiteResult
 from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import remote
-from rl_verify.orchestration import links
+from rl_verify.orchestration import bitwise_lane, links
 from rl_verify.orchestration.confirmation import POINTS_FILE
 from rl_verify.orchestration.contract import Fetched, NodeFolders, Resolved
 from rl_verify.orchestration.nodes import expanded_specs, node_settings, ssh_client, suite_node, version_files
@@ -39,6 +39,8 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str, attempt: int = 0) -> 
     The launch script's exit code is not trusted: the tracker's step-summary rows decide whether
     the run completed. What was fetched stays in the record even when this task fails.
     """
+    if attempt == 0 and bitwise_lane.decided(dag_run_id, suite):
+        raise AirflowSkipException(f"{suite}: {BITWISE}: the bitwise lane decided it, no full training to fetch")
     conn, folders = suite_node(resolved, suite)
     spec = expanded_specs([suite], node_settings(conn), folders["worktree"], resolved.get("baselines"))[0]
     name = settings.attempt_name(suite, attempt)

@@ -54,6 +54,10 @@ class Resolved(TypedDict):
     #: suite -> why it needs no training (``orchestration.unchanged``): its verified PASS (``sha``, ``run_id``,
     #: ``report``), the diff's ``files`` and ``why``. Its tasks are skipped; it ends PASS (unchanged).
     unchanged: NotRequired[dict[str, dict[str, Any]]]
+    #: Whether the run is a scheduled one (the lane's full-every policy), and when each suite's last full
+    #: verification ended (epoch seconds; suites with a verified PASS of the same experiment only).
+    scheduled: NotRequired[bool]
+    last_full: NotRequired[dict[str, float]]
 
 
 class PrerequisiteItem(TypedDict):
@@ -70,6 +74,8 @@ class Prerequisites(TypedDict):
     busy: list[str]
     #: node -> its environment (gpu, gpu_count, driver, cuda, packages) and ``fingerprint``.
     environment: NotRequired[dict[str, dict[str, Any]]]
+    #: suite -> the bitwise lane's decision (``bitwise_lane.decide``): suites with a lane in a lane = auto run.
+    lanes: NotRequired[dict[str, dict[str, Any]]]
 
 
 class Card(TypedDict):

@@ -16,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from rl_verify import settings
+from rl_verify.core.model import SHORTCUTS
 from rl_verify.core.names import short_sha
 from rl_verify.core.spread import DRIFT_WORDS
 from rl_verify.orchestration import links
@@ -122,8 +123,8 @@ def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSu
             "breached": list(breached.values()),
             "missing": sorted({c.metric for c in result.checks if c.missing}),
             "outcome": (outcome or {}).get("outcome") or result.verdict,
-            # A suite the path-aware skip ended PASS (unchanged) ran 0 times; any other at least once.
-            "runs": len((outcome or {}).get("runs") or []) or (0 if (outcome or {}).get("unchanged") else 1),
+            # A suite a shortcut decided (PASS (unchanged), PASS (bitwise)) had no full training; any other one or more.
+            "runs": len((outcome or {}).get("runs") or []) or (0 if (outcome or {}).get("outcome") in SHORTCUTS else 1),
             "outcome_reason": (outcome or {}).get("reason", ""),
             "cause": _cause(result), "drift": list(((outcome or {}).get("spread") or {}).get("drift") or [])}
 

@@ -20,14 +20,16 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
-from rl_verify.core.names import repeat_seed
+from rl_verify.core.model import BITWISE
+from rl_verify.core.names import repeat_seed, short_sha
 from rl_verify.engines import engine_of, live_config, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import remote
+from rl_verify.orchestration import bitwise_lane
 from rl_verify.orchestration.contract import Resolved
 from rl_verify.orchestration.nodes import expanded_spec, node_settings, ssh_client, suite_node
 from rl_verify.orchestration.triggers import RLJobTrigger
-from rl_verify.store import record
+from rl_verify.store import record, references
 from rl_verify.store.baselines import RECORD_FOLDER
 from rl_verify.suites.spec import SuiteSpec
 
@@ -70,11 +72,113 @@ class SuiteTrainingOperator(BaseOperator):
 
     def execute(self, context: Any) -> None:
         with _worker_time(context):
-            node, job_dir, marker, live = self._launch_or_attach(context)
+            entry = self._lane_entry(context)
+            if entry is not None and entry["choice"] == "bitwise":
+                reference = references.get(entry["key"]) or {}
+                if reference.get("state") == references.TRUSTED:
+                    self._defer_lane(context, "lane", reference.get("rows") or [], "lane_complete")
+                self.log.warning("The bitwise reference %s is gone: full verification", entry["key"])
+            self._defer_full(context)
+
+    def _defer_full(self, context: Any) -> None:
+        node, job_dir, marker, live = self._launch_or_attach(context)
         self.defer(trigger=RLJobTrigger(ssh_conn_id=node, job_dir=job_dir, job_marker=marker,
                                         poll_interval=self.poll_interval_s,
                                         max_reconnect_attempts=self.max_reconnect_attempts, live=live),
                    method_name="execute_complete", timeout=timedelta(seconds=self.job_timeout_s))
+
+    # --- the bitwise lane (issue 33: orchestration.bitwise_lane) ---------------------------------------------
+
+    def _lane_entry(self, context: Any) -> dict[str, Any] | None:
+        """The lane's decision for this suite (``check_prerequisites``' ``lanes``): only a verification's first
+        run has one (a repeat, a calibration run or a lane = full run: None)."""
+        if self.attempt != 0 or self.spec.bitwise is None or self.suite not in (self.resolved.get("suites") or []):
+            return None
+        prereq = context["ti"].xcom_pull(task_ids="check_prerequisites") or {}
+        return (prereq.get("lanes") or {}).get(self.suite)
+
+    def _defer_lane(self, context: Any, which: str, reference: list[dict[str, Any]] | None, method: str) -> None:
+        """Launch (or re-attach to) one of the suite's deterministic jobs and defer to the trigger's lane watch:
+        ``reference`` rows to compare with, or None to record the k steps (a reference's first self-check run)."""
+        assert self.spec.bitwise is not None
+        job = settings.lane_job(self.suite, which)
+        conn, job_dir, marker, work_dir, spec = self._start(context, job, bitwise_lane.lane_spec(self.spec), None)
+        lane_watch = {"work_dir": work_dir, "tracker_glob": spec.tracker, "steps": self.spec.bitwise.steps,
+                      "exclude": list(self.spec.bitwise.exclude), "reference": reference}
+        context["ti"].xcom_push(key=f"{which}_started", value=time.time())
+        # The lane job is stopped by the trigger after k steps: its own timeout is the wall time of k steps, 3x.
+        k_share = self.spec.bitwise.steps / max(1, self.spec.expected_steps)
+        self.defer(trigger=RLJobTrigger(ssh_conn_id=conn, job_dir=job_dir, job_marker=marker,
+                                        poll_interval=self.poll_interval_s,
+                                        max_reconnect_attempts=self.max_reconnect_attempts, lane=lane_watch),
+                   method_name=method, timeout=timedelta(seconds=max(600.0, 3 * k_share * self.job_timeout_s)))
+
+    def _lane_reading(self, context: Any, which: str, event: dict[str, Any]) -> dict[str, Any]:
+        """The lane's reading from the trigger's event; the job is stopped whatever ended the watch."""
+        reading = dict(event.get("lane") or {})
+        decided = event.get("status") == "lane" or event.get("exit_code") == 0
+        reading["identical"] = bool(reading.get("identical")) and decided
+        if event.get("status") != "lane":
+            reading.setdefault("problem", event.get("message"))
+            conn, folders = suite_node(self.resolved, self.suite)
+            job_dir = remote.RunLayout(folders["run_dir"]).job_dir(settings.lane_job(self.suite, which))
+            try:
+                with ssh_client(conn) as client:
+                    _run(client, remote.kill_job_script(job_dir, remote.job_marker(self.resolved["run_key"],
+                                                        settings.lane_job(self.suite, which))))
+            except Exception as err:  # the run's cleanup stops what is left
+                self.log.warning("Could not stop the %s job (%s); cleanup will", which, err)
+        for line in (event.get("log_chunk") or "").splitlines()[-20:]:
+            self.log.info("[remote] %s", line)
+        return reading
+
+    def lane_complete(self, context: Any, event: dict[str, Any]) -> None:
+        """The lane's k steps were read: the same bits end the suite PASS (bitwise); anything else goes on to
+        the full training under the same approval (the lane never FAILs a run)."""
+        with _worker_time(context):
+            entry = self._lane_entry(context) or {}
+            reading = self._lane_reading(context, "lane", event)
+            started = context["ti"].xcom_pull(task_ids=self.task_id, key="lane_started")
+            found = bitwise_lane.evidence(entry, reading, time.time() - started if started else None)
+            dag_id = context["dag_run"].dag_id
+            record.put_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}", found, dag_id=dag_id)
+            if found["identical"]:
+                bitwise_lane.pass_bitwise(context["run_id"], dag_id, self.suite, found)
+                self.log.info("%s: %s: %d of %d deterministic steps are the same bits as the reference of %s; no "
+                              "full training (fetch, compare and the confirmation are skipped)", self.suite, BITWISE,
+                              found["steps_seen"], found["steps"],
+                              short_sha((entry.get("reference") or {}).get("sha") or ""))
+                return
+            why = (found["difference"] or {}).get("line") or reading.get("problem") or \
+                f"only {found['steps_seen']} of {found['steps']} steps were read"
+            self.log.warning("%s: the bitwise lane is no shortcut here: %s. The full verification runs now, under the "
+                             "same approval", self.suite, why)
+            self._defer_full(context)
+
+    def reference_first(self, context: Any, event: dict[str, Any]) -> None:
+        """A reference's first self-check run has recorded its k steps: the second runs against them."""
+        with _worker_time(context):
+            reading = self._lane_reading(context, "ref1", event)
+            if not reading.get("identical"):
+                self.log.warning("%s: no bitwise reference made: the first deterministic run did not reach its %s "
+                                 "steps (%s)", self.suite, reading.get("steps"), reading.get("problem") or "short")
+                return
+            record.put_json(context["run_id"], f"{self.suite}/reference-run-1.json", reading,
+                            dag_id=context["dag_run"].dag_id)
+            self._defer_lane(context, "ref2", reading.get("rows") or [], "reference_second")
+
+    def reference_second(self, context: Any, event: dict[str, Any]) -> None:
+        """The second self-check run was compared with the first: the candidate reference (trusted or not
+        reproducible) waits in the run's record for the suite's outcome (``bitwise_lane.promote``)."""
+        with _worker_time(context):
+            second = self._lane_reading(context, "ref2", event)
+            first = record.get_json(context["run_id"], f"{self.suite}/reference-run-1.json",
+                                    dag_id=context["dag_run"].dag_id) or {}
+            made = bitwise_lane.candidate(first, second, self._lane_entry(context) or {})
+            record.put_json(context["run_id"], f"{self.suite}/{bitwise_lane.CANDIDATE_FILE}", made,
+                            dag_id=context["dag_run"].dag_id)
+            self.log.info("%s: bitwise reference candidate: %s (%s); kept if the suite PASSes", self.suite,
+                          made["state"], made["self_check"])
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> None:
         with _worker_time(context):
@@ -97,6 +201,14 @@ class SuiteTrainingOperator(BaseOperator):
                 self.log.info("[remote] %s", line)
             if failure is not None:
                 raise failure
+            entry = self._lane_entry(context)
+            made = record.get_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}",
+                                   dag_id=context["dag_run"].dag_id) if entry else None
+            if entry and event.get("exit_code") == 0 and entry.get("make_reference") and \
+                    (entry["choice"] != "bitwise" or made is not None):
+                self.log.info("%s: making the bitwise reference of this environment: 2 deterministic runs of %d "
+                              "steps (kept if the suite PASSes)", self.suite, entry["steps"])
+                self._defer_lane(context, "ref1", None, "reference_first")
 
     def on_kill(self) -> None:
         # Killed while launching (the worker phase lasts seconds); a deferred job is the trigger's.
@@ -113,40 +225,50 @@ class SuiteTrainingOperator(BaseOperator):
     def _launch_or_attach(self, context: Any) -> tuple[str, str, str, dict[str, Any]]:
         """Launch the suite's job, or find this run's; return (node, job dir, job marker, live check config)."""
         resolved: Resolved = self.resolved
+        seed = resolved.get("seed") if self.attempt == 0 else repeat_seed(resolved["run_key"], self.attempt)
+        conn, job_dir, marker, work_dir, spec = self._start(context, self.job_name, self.spec, seed)
+        version = (resolved.get("baselines") or {}).get(self.suite) or {}
+        with ssh_client(conn) as client:
+            live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
+                                self._confirms(context))
+        return conn, job_dir, marker, live
+
+    def _start(self, context: Any, job: str, spec: SuiteSpec,
+               seed: int | None) -> tuple[str, str, str, str, SuiteSpec]:
+        """Launch job ``job`` of ``spec`` on the suite's node, or find this run's; return (node, job dir, job
+        marker, WORK_DIR, the expanded spec)."""
+        resolved: Resolved = self.resolved
         if self.suite not in resolved["suites"]:
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
         conn, folders = suite_node(resolved, self.suite)
         values = node_settings(conn)
         layout = remote.RunLayout(folders["run_dir"])
-        spec = expanded_spec(self.spec, values, layout.worktree, resolved.get("baselines"))
-        work_dir, job_dir = layout.work_dir(self.job_name), layout.job_dir(self.job_name)
-        marker = remote.job_marker(resolved["run_key"], self.job_name)
+        spec = expanded_spec(spec, values, layout.worktree, resolved.get("baselines"))
+        work_dir, job_dir = layout.work_dir(job), layout.job_dir(job)
+        marker = remote.job_marker(resolved["run_key"], job)
 
         with ssh_client(conn) as client:
             state = job_state(client, job_dir)
             if state == "absent":
-                _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], self.job_name)
+                _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], job)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
-                seed = resolved.get("seed") if self.attempt == 0 else repeat_seed(resolved["run_key"], self.attempt)
-                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], self.job_name, shares, seed)
+                env = remote.job_environment(spec.env, work_dir, resolved["run_key"], job, shares, seed)
                 self._launched = (conn, job_dir, marker)
                 status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
                 if status != 0:
-                    raise RuntimeError(f"could not submit the {self.suite} job (exit {status}): {err.strip()}")
-                self.log.info("Launched %s training: job %s, WORK_DIR %s", self.suite, job_dir, work_dir)
+                    raise RuntimeError(f"could not submit the {job} job (exit {status}): {err.strip()}")
+                self.log.info("Launched %s %s: job %s, WORK_DIR %s", self.suite,
+                              "training" if job == self.job_name else f"deterministic job {job}", job_dir, work_dir)
             elif state == "dead":
                 # Started, no exit code, no process: killed (or the node rebooted). Waiting for it
                 # would only run into the timeout; relaunching would be a second training.
-                raise AirflowFailException(f"the {self.suite} job of this run ({job_dir}) died without an "
+                raise AirflowFailException(f"the {job} job of this run ({job_dir}) died without an "
                                            "exit code (killed or node restarted); not launching a second training")
             else:
                 self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
-            version = (resolved.get("baselines") or {}).get(self.suite) or {}
-            live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
-                                self._confirms(context))
-        return conn, job_dir, marker, live
+        return conn, job_dir, marker, work_dir, spec
 
     def _confirms(self, context: Any) -> dict[str, list[float]] | None:
         """A repeat's: what its gate wrote of the certain FAIL that may stop it early (``STOP_EARLY_FILE``,

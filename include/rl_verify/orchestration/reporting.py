@@ -17,7 +17,7 @@ from rl_verify.core.model import SuiteResult
 from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
                                    write_report)
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, links, notify
+from rl_verify.orchestration import airflow_api, bitwise_lane, links, notify
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
 from rl_verify.orchestration.contract import Decision, ReportSummary
 from rl_verify.orchestration.notify import suite_line, suite_summary, verdict_message
@@ -73,6 +73,13 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
             outcomes[suite] = _with_run_reports(run_dir, dag_run_id, outcome)
     if not resolved:
         notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
+    notes += bitwise_lane.report_notes(run_dir, suites)
+    if resolved.get("sha") and overall is None:
+        try:
+            notes += bitwise_lane.promote(dag_run_id, outcomes, resolved["sha"],
+                                          links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
+        except Exception as err:  # a reference not kept only costs the next run its lane
+            log.warning("Could not keep the bitwise reference(s): %s: %s", type(err).__name__, err)
     paths = {s: _paths(run_dir / s, run_dir) for s in suites}
     nodes = resolved.get("suite_nodes")
     meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),

@@ -22,6 +22,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from rl_verify.core.bitwise import LaneWatch
 from rl_verify.core.live import LiveWatch, describe_hit
 from rl_verify.node import remote
 
@@ -87,7 +88,8 @@ class RLJobTrigger(BaseTrigger):
 
     def __init__(self, *, ssh_conn_id: str, job_dir: str, job_marker: str, poll_interval: float = 5,
                  log_chunk_size: int = 65536, log_offset: int = 0, command_timeout: float = 30.0,
-                 max_reconnect_attempts: int = 12, live: dict[str, Any] | None = None) -> None:
+                 max_reconnect_attempts: int = 12, live: dict[str, Any] | None = None,
+                 lane: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
         self.job_dir = job_dir
@@ -100,7 +102,11 @@ class RLJobTrigger(BaseTrigger):
         #: The live check of the training (``core.live.LiveWatch``'s config, built by the operator).
         #: None: the job is only watched.
         self.live = live
+        #: The bitwise lane's watch of a deterministic job (``core.bitwise.LaneWatch``'s config): the job is
+        #: stopped once its k steps are read or one differs from the reference. None: not a lane job.
+        self.lane = lane
         self._watch: LiveWatch | None = None
+        self._lane_watch: LaneWatch | None = None
         self._elapsed: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -108,7 +114,7 @@ class RLJobTrigger(BaseTrigger):
             "ssh_conn_id": self.ssh_conn_id, "job_dir": self.job_dir, "job_marker": self.job_marker,
             "poll_interval": self.poll_interval, "log_chunk_size": self.log_chunk_size,
             "log_offset": self.log_offset, "command_timeout": self.command_timeout,
-            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live})
+            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live, "lane": self.lane})
 
     def _event(self, exit_code: int | None, chunk: str, message: str) -> TriggerEvent:
         status = "error" if exit_code is None else "success" if exit_code == 0 else "failed"
@@ -183,7 +189,9 @@ class RLJobTrigger(BaseTrigger):
                 if text and not done:
                     self.log.info("%s", text.rstrip("\n"))  # the last chunk goes with the event instead
                 try:
-                    ended = await self._live(conn, exit_code, text) if self.live else None
+                    ended = await self._lane(conn, exit_code is not None and read_all) if self.lane else None
+                    if ended is None:
+                        ended = await self._live(conn, exit_code, text) if self.live else None
                 except connection_errors:
                     continue  # the next poll reconnects (and counts the failure)
                 if ended is not None:
@@ -191,6 +199,8 @@ class RLJobTrigger(BaseTrigger):
                     return
                 if done:
                     event = self._event(exit_code, text, f"job exited {exit_code}")
+                    if self._lane_watch is not None:  # ended by itself before the lane was decided
+                        event.payload["lane"] = self._lane_watch.summary(ended=True)
                     if self._watch is not None:
                         event.payload["live"] = self._watch.summary()
                         hit = self._watch.ended_short()
@@ -211,6 +221,32 @@ class RLJobTrigger(BaseTrigger):
         finally:
             if conn is not None:
                 conn.close()
+
+    async def _lane(self, conn: Any, ended: bool) -> TriggerEvent | None:
+        """The bitwise lane's look at the tracker: once k steps are read (or one differs from the reference),
+        the job is stopped and the watch ends with the reading (``status`` ``lane``). A job that ended by
+        itself is left to the caller (its exit event carries the reading)."""
+        if self._lane_watch is None:
+            self._lane_watch = LaneWatch(self.lane or {})
+        watch = self._lane_watch
+        while True:
+            status, out = await self._script(conn, remote.tracker_poll_script(
+                watch.work_dir, watch.tracker_glob, watch.tracker_path, watch.offset, 1 << 20))
+            if status != 0:
+                raise ValueError(f"tracker poll exited {status}")
+            if not watch.take(out):
+                break
+        reading = watch.reading(ended)
+        if not reading.done or ended:
+            return None
+        what = "identical to the reference" if watch.reference is not None else "recorded"
+        self.log.info("Bitwise lane: %s", f"{reading.steps_seen} of {reading.steps} steps {what}"
+                      if reading.difference is None else f"differs at {reading.difference.line()}")
+        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        self.log.info("Stopped the lane job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
+        event = self._event(None, "", "lane decided")
+        event.payload.update(status="lane", lane=watch.summary())
+        return event
 
     async def _live(self, conn: Any, exit_code: int | None, text: str) -> TriggerEvent | None:
         """The live check of one poll: log rules on the new lines, then the tracker's new rows.

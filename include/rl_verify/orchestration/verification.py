@@ -29,7 +29,7 @@ from rl_verify.core.report import environment_line
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, notify, unchanged
+from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
 from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
                                            pool_problems, ssh_client, suite_node, suites_by_node, version_files)
@@ -133,7 +133,9 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                           "nodes": {c: {"run_dir": r["run_dir"], "worktree": r["worktree"]} for c, r in found.items()},
                           "early_abort": p["early_abort"], "record": where, "baselines": versions,
                           "repeats": p["repeats"], "suite_fingerprints": fingerprints, "lane": p["lane"],
-                          "unchanged": skipped}
+                          "unchanged": skipped, "scheduled": run_type == "scheduled",
+                          # when each suite's last full verification (a trained PASS) ended: the lane's policy
+                          "last_full": {s: b.get("written_at") for s, b in bases.items()}}
     record.put_json(dag_run_id, "commit.json", resolved)
     if skipped:
         with record.workspace(dag_run_id, parts=[]) as run_dir:
@@ -182,7 +184,10 @@ def check_prerequisites(resolved: Resolved, dag_run_id: str | None = None) -> Pr
         log.info("Environment of %s: %s", conn, environment_line(facts))
     if dag_run_id and environments:
         record.put_json(dag_run_id, ENVIRONMENT_FILE, environments)
-    return {"ok": ok, "missing": [], "busy": [], "environment": environments}
+    lanes = bitwise_lane.decide(resolved, environments)
+    if dag_run_id and lanes:
+        record.put_json(dag_run_id, bitwise_lane.LANES_FILE, lanes)
+    return {"ok": ok, "missing": [], "busy": [], "environment": environments, "lanes": lanes}
 
 
 def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
@@ -198,7 +203,7 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
     specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
     versions = resolved.get("baselines") or {}
     gaps = list(notes or [])
-    notes = unchanged.card_notes(resolved) + gaps
+    notes = unchanged.card_notes(resolved) + bitwise_lane.card_notes(prereq) + gaps
     with record.workspace(dag_run_id, parts=[f"{s}/{baselines.RECORD_FOLDER}" for s in versions]) as run_dir:
         def data_path(spec: SuiteSpec) -> Path:
             return engine_of(spec).data_in_use(spec, version_files(run_dir / spec.name))

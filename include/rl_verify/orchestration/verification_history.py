@@ -15,7 +15,7 @@ from rl_verify.orchestration.standing import card_fingerprint
 from rl_verify.store import record
 
 #: A suite's outcomes that decide a commit's reading (a range's end taken from the record).
-DECIDED = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "FAIL (reproduced)")
+DECIDED = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "PASS (bitwise)", "FAIL (reproduced)")
 #: A suite's outcomes that verified its commit by a full run (a base the path-aware skip may rest on).
 FULL_PASSES = ("PASS", "PASS (not reproduced)")
 

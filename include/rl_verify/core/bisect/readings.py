@@ -14,7 +14,7 @@ MAX_COMMITS = 64
 
 # The verification outcomes a probe ends with (core.confirm's words; kept literal so that this module
 # imports nothing but the standard library).
-_PASS_LIKE = ("PASS", "PASS (not reproduced)", "PASS (unchanged)")
+_PASS_LIKE = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "PASS (bitwise)")
 
 
 _REPRODUCED = "FAIL (reproduced)"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from rl_verify.core.model import FAIL, PASS, UNCHANGED, SuiteResult, strict_json_value
+from rl_verify.core.model import FAIL, PASS, SHORTCUTS, SuiteResult, strict_json_value
 from rl_verify.core.report.words import ROLE_NAMES, styles_of
 
 
@@ -154,7 +154,7 @@ def suites_summary(suites: list[SuiteResult], outcomes: dict[str, dict[str, Any]
 def deciding_suites(suites: list[SuiteResult], outcomes: dict[str, dict[str, Any]]) -> list[SuiteResult]:
     """The suites whose outcome is not a PASS (FAIL, reproduced or at once, and INCONCLUSIVE): what the
     decision is about."""
-    return [s for s in suites if suite_outcome(s, outcomes) not in (PASS, NOT_REPRODUCED, UNCHANGED)]
+    return [s for s in suites if suite_outcome(s, outcomes) not in (PASS, NOT_REPRODUCED, *SHORTCUTS)]
 
 
 def breached_metrics(suite: SuiteResult) -> list[dict[str, Any]]:

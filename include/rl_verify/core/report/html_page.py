@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.core import numbers
-from rl_verify.core.model import FAIL, PASS, UNCHANGED, SuiteResult
+from rl_verify.core.model import FAIL, PASS, SHORTCUTS, SuiteResult
 from rl_verify.core.report.content import (INCONCLUSIVE, ReportMeta, commit_items, decision, file_rows, short_commit,
                                            suite_outcome, suites_summary, verification_verdict)
 from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, UNCHANGED_COVERS,
@@ -32,6 +32,19 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                 f"<p>Files changed since ({len(files)}): "
                 + (", ".join(f"<code>{e(f)}</code>" for f in files) or "none") + "</p>",
                 f"<p>{e(UNCHANGED_COVERS)}</p>"]
+    found = outcome.get("bitwise")
+    if found:
+        ref = found.get("reference") or {}
+        link = f' (<a href="{e(ref["report"])}">its report</a>)' if ref.get("report") else ""
+        out += [f"<p>Reference: <code>{e(ref.get('sha') or '-')}</code>{link}, run "
+                f"<code>{e(ref.get('run_id') or '-')}</code>, {e(ref.get('self_check') or 'self-checked')}; "
+                f"environment <code>{e(str(found.get('environment')))}</code>.</p>",
+                "<table><tr><th>step</th><th>metrics compared</th><th>bits</th></tr>"
+                + "".join(f"<tr><td>{e(str(c['step']))}</td><td>{e(str(c['metrics']))}</td><td>identical</td></tr>"
+                          for c in found.get("compared") or []) + "</table>",
+                f"<p>{e(str(found.get('steps_seen')))} of {e(str(found.get('steps')))} deterministic steps identical"
+                + (f", in {found['seconds']:.0f} s" if found.get("seconds") is not None else "") + ".</p>",
+                f"<p>{e(found.get('covers') or '')}</p>"]
     runs = outcome.get("runs") or []
     if runs:
         out.append("<div class=\"wide\"><table><tr><th>run</th>"
@@ -188,8 +201,8 @@ def render_html(suites: list[SuiteResult], meta: ReportMeta | None = None) -> st
         body = runs + _suite_html(suite)
         if suite.suite in deciding:
             out += body
-        elif suite_outcome(suite, meta.outcomes) == UNCHANGED:  # no run, no table: what it rests on, in sight
-            out.append(f"<h3>{e(suite.suite)}: {e(UNCHANGED)}, no training</h3>")
+        elif suite_outcome(suite, meta.outcomes) in SHORTCUTS:  # no full run, no table: what it rests on, in sight
+            out.append(f"<h3>{e(suite.suite)}: {e(suite_outcome(suite, meta.outcomes))}, no full training</h3>")
             out += runs
         else:  # a passing suite: one line, its table one click away
             out.append(f"<details><summary>{e(suite.suite)}: {e(suite_outcome(suite, meta.outcomes))} (its runs, "

@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from rl_verify.core import numbers
-from rl_verify.core.model import PASS, UNCHANGED, SuiteResult
+from rl_verify.core.model import PASS, SHORTCUTS, SuiteResult
 from rl_verify.core.report.content import (ReportMeta, commit_items, decision, file_rows, rel_path, short_commit,
                                            suites_summary, verification_verdict)
-from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVERS, check_cells, checker_line,
+from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVERS, bitwise_lines, check_cells,
+                                         checker_line,
                                          estimates_sentence, in_units, md_cell, pct, plot_caption, sources_line,
                                          spread_sentences, styles_of)
 
@@ -25,6 +26,7 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
         lines += [f"Verified PASS: `{unchanged['sha']}`{link}, run `{unchanged.get('run_id') or '-'}`.", "",
                   f"Files changed since ({len(files)}): " + (", ".join(f"`{md_cell(f)}`" for f in files) or "none"),
                   "", UNCHANGED_COVERS, ""]
+    lines += bitwise_lines(outcome.get("bitwise"))
     runs = outcome.get("runs") or []
     if runs:
         lines += ["| run | seed | runbook verdict | steps | report |", "|---|---|---|---|---|"]
@@ -91,11 +93,12 @@ def render_markdown(suites: list[SuiteResult], meta: ReportMeta | None = None, o
         lines.append("")
     for suite in suites:
         if suite.suite in meta.outcomes:
-            unchanged = meta.outcomes[suite.suite].get("outcome") == UNCHANGED
-            lines += [f"## {suite.suite}: " + (f"{UNCHANGED}, no training" if unchanged else "its runs"), ""]
+            shortcut = meta.outcomes[suite.suite].get("outcome")
+            lines += [f"## {suite.suite}: " + (f"{shortcut}, no full training" if shortcut in SHORTCUTS
+                                                else "its runs"), ""]
             lines += confirmation_lines(meta.outcomes[suite.suite])
     for suite in suites:
-        if (meta.outcomes.get(suite.suite) or {}).get("outcome") != UNCHANGED:  # no run, no table to show
+        if (meta.outcomes.get(suite.suite) or {}).get("outcome") not in SHORTCUTS:  # no full run, no table
             lines += _suite_markdown(suite, out_dir)
     stats = [(s.suite, estimates_lines(meta.outcomes[s.suite])) for s in suites if s.suite in meta.outcomes]
     rules = list(dict.fromkeys(meta.outcomes[s.suite].get("rule") for s in suites

@@ -180,3 +180,20 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[str(h) for h in headers]] + [["-" if c is None or c == "" else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def bitwise_lines(found: dict[str, Any] | None) -> list[str]:
+    """A PASS (bitwise)'s evidence in Markdown: the reference (commit, its report), k, the environment's
+    fingerprint, every compared step with its metric count, the lane's wall time, and what it does not cover."""
+    if not found:
+        return []
+    ref = found.get("reference") or {}
+    link = f" ([its report]({ref['report']}))" if ref.get("report") else ""
+    lines = [f"Reference: `{ref.get('sha') or '-'}`{link}, run `{ref.get('run_id') or '-'}`, "
+             f"{ref.get('self_check') or 'self-checked'}; environment `{found.get('environment')}`, "
+             f"key `{found.get('key')}`.", "",
+             "| step | metrics compared | bits |", "|---|---|---|"]
+    lines += [f"| {c['step']} | {c['metrics']} | identical |" for c in found.get("compared") or []]
+    lines += ["", f"{found.get('steps_seen')} of {found.get('steps')} deterministic steps identical"
+              + (f", in {found['seconds']:.0f} s" if found.get("seconds") is not None else "") + ".", ""]
+    return lines + ([found["covers"], ""] if found.get("covers") else [])

@@ -1,0 +1,215 @@
+"""The bitwise-first lane in the verification DAG (issue 33, item 2).
+
+* ``decide`` (in ``check_prerequisites``, once the node's environment is read): per suite with a ``bitwise`` block
+  in a ``lane = auto`` run, the reference kept for (suite, experiment fingerprint, environment fingerprint, lane
+  config) and ``core.lane.choose``'s choice; the diff since the reference's commit decides whether a path the
+  deterministic mode bypasses changed.
+* The training task (``operators.SuiteTrainingOperator``) runs the lane's k deterministic steps first when the
+  choice is ``bitwise``; the trigger compares each step with the reference as it arrives and stops the job. The
+  same bits end the suite **PASS (bitwise)** (``pass_bitwise``); a difference, or a lane that could not finish,
+  goes on to the full training under the same approval. The lane never FAILs a run.
+* After a full training that exited 0, when no trusted reference exists for the key (or the lane differed), two
+  more deterministic runs of k steps make a candidate (``candidate``): trusted when they agree bit for bit, else
+  "not reproducible". ``promote`` keeps it in the store once the suite's outcome is a PASS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from rl_verify import settings
+from rl_verify.core import bitwise, lane, paths
+from rl_verify.core.model import BITWISE, SuiteResult
+from rl_verify.core.names import short_sha
+from rl_verify.engines import load_suite
+from rl_verify.node import ops as node
+from rl_verify.orchestration.nodes import node_settings, ssh_client, suite_node
+from rl_verify.store import record, references
+from rl_verify.suites.spec import SuiteSpec
+
+log = logging.getLogger(__name__)
+
+#: The run's record files of the lane: what the lane read, and a reference made by this run (until promoted).
+LANE_FILE, CANDIDATE_FILE = "lane.json", "reference-candidate.json"
+#: The run's record file of every suite's lane decision (``decide``).
+LANES_FILE = "lanes.json"
+#: What a PASS (bitwise) covers and what it does not (a shortcut verdict says both).
+BITWISE_COVERS = ("What this covers: the first {k} steps of this commit's deterministic run are the same bits as "
+                  "the verified commit's on the same environment (GPU, driver, CUDA, packages), every compared "
+                  "metric of every one of them, the eval at step 0 included. What it does not cover: the steps "
+                  "after step {last} (a change that shows only later passes the lane) and whatever the "
+                  "deterministic mode does not run (the non-deterministic launch's kernels and rollout backend); "
+                  "scheduled runs verify in full at least every {days:g} days, and lane = full trains anyway.")
+
+
+def lane_config(spec: SuiteSpec) -> dict[str, Any]:
+    """The lane's config as the reference key sees it: the deterministic launch, k and the compared fields."""
+    assert spec.bitwise is not None
+    b = spec.bitwise
+    return {"env": dict(sorted(b.env.items())), "args": list(b.args), "steps": b.steps, "exclude": list(b.exclude)}
+
+
+def lane_spec(spec: SuiteSpec) -> SuiteSpec:
+    """``spec`` launched in deterministic mode: the lane's env over the suite's, its args (when given) instead."""
+    assert spec.bitwise is not None
+    launch = spec.launch.model_copy(update={"env": {**spec.launch.env, **spec.bitwise.env},
+                                            "args": tuple(spec.bitwise.args) or spec.launch.args})
+    return spec.model_copy(update={"launch": launch})
+
+
+def covers(spec: SuiteSpec) -> str:
+    k = spec.bitwise.steps if spec.bitwise else 0
+    return BITWISE_COVERS.format(k=k, last=k - 1, days=settings.FULL_EVERY_DAYS)
+
+
+def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, Any]],
+           now: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per trained suite with a lane in a ``lane = auto`` run: ``choice`` and ``why`` (``core.lane.choose``), the
+    reference ``key``, the ``environment`` fingerprint, the kept ``reference`` (commit, run, report, state; None
+    when absent), and ``make_reference`` (whether a full PASS of this run makes one)."""
+    if resolved.get("lane", "auto") == "full":
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    now_at = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+    for suite in resolved.get("suites") or []:
+        if suite in (resolved.get("unchanged") or {}):
+            continue
+        spec = load_suite(suite)
+        conn = suite_node(resolved, suite)[0]
+        environment = (environments.get(conn) or {}).get("fingerprint")
+        if spec.bitwise is None or not environment:
+            continue
+        key = bitwise.reference_key(suite, (resolved.get("suite_fingerprints") or {}).get(suite, ""), environment,
+                                    lane_config(spec))
+        kept = references.get(key)
+        state = references.state(kept)
+        disabling: list[str] = []
+        if state == "trusted":
+            disabling = _lane_disabling(conn, spec, kept["sha"], resolved["sha"])
+        last_full = (resolved.get("last_full") or {}).get(suite)
+        chosen = lane.choose(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
+                             verified_pass=None, affecting=[], has_lane=True, lane_disabling=disabling,
+                             reference=state,  # type: ignore[arg-type]
+                             last_full_at=datetime.fromtimestamp(float(last_full), timezone.utc) if last_full else None,
+                             now=now_at, full_every_days=settings.FULL_EVERY_DAYS)
+        meta = None if kept is None else {k: kept.get(k) for k in ("sha", "run_id", "report", "state", "made_at",
+                                                                    "self_check")}
+        out[suite] = {"choice": chosen.choice, "why": chosen.why, "key": key, "environment": environment,
+                      "steps": spec.bitwise.steps, "reference": meta,
+                      "make_reference": state == "absent" or chosen.choice == "bitwise"}
+        log.info("%s: %s: %s", suite, "bitwise lane" if chosen.choice == "bitwise" else "full verification",
+                 chosen.why)
+    return out
+
+
+def _lane_disabling(conn: str, spec: SuiteSpec, base: str, head: str) -> list[str]:
+    """The files changed since the reference's commit that turn the lane off; a diff that cannot be read turns
+    it off too (listed as one line saying so)."""
+    if base == head:
+        return []
+    try:
+        with ssh_client(conn) as client:
+            changed = node.changed_files(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], base, head)
+    except node.NodeError as err:
+        return [f"(the diff since {short_sha(base)} could not be read: {err})"]
+    if changed is None:
+        return [f"(the reference's commit {short_sha(base)} is not in the node's checkout)"]
+    assert spec.bitwise is not None
+    return paths.affecting(changed, spec.bitwise.disabled_by, ()) if spec.bitwise.disabled_by else []
+
+
+def card_notes(prereq: Mapping[str, Any]) -> list[str]:
+    """The card's lines about each suite's lane: which verification applies and why."""
+    lines = []
+    for suite, entry in (prereq.get("lanes") or {}).items():
+        if entry["choice"] == "bitwise":
+            ref = entry["reference"] or {}
+            lines.append(f"{suite}: bitwise lane first: {entry['steps']} deterministic steps compared with the "
+                         f"reference of {short_sha(ref.get('sha') or '')}; the same bits end it {BITWISE}, a "
+                         "difference goes on to the full verification under this approval ({entry['why']}).")
+        else:
+            lines.append(f"{suite}: full verification ({entry['why']})."
+                         + (" A bitwise reference is made after its PASS (2 deterministic runs of "
+                            f"{entry['steps']} steps)." if entry["make_reference"] else ""))
+    return lines
+
+
+def evidence(entry: Mapping[str, Any], reading: Mapping[str, Any], seconds: float | None) -> dict[str, Any]:
+    """What the lane read, for the record (``lane.json``), the report and ``report.json``."""
+    return {"key": entry["key"], "environment": entry["environment"], "reference": entry["reference"],
+            "steps": reading.get("steps"), "steps_seen": reading.get("steps_seen"),
+            "identical": bool(reading.get("identical")), "difference": reading.get("difference"),
+            "compared": [{"step": r.get(bitwise.STEP_FIELD), "metrics": len(r) - 1} for r in reading.get("rows") or []],
+            "seconds": None if seconds is None else round(seconds, 1), "why": entry["why"]}
+
+
+def pass_bitwise(dag_run_id: str, dag_id: str | None, suite: str, found: Mapping[str, Any]) -> None:
+    """The suite's result and outcome PASS (bitwise) in the run's record, as a compared and confirmed suite has
+    them: fetch, compare and the confirmation see it and skip; the report and the history read it."""
+    spec = load_suite(suite)
+    record.put_json(dag_run_id, f"{suite}/result.json", SuiteResult.bitwise(suite, dict(found)).to_dict(),
+                    dag_id=dag_id)
+    ref = found.get("reference") or {}
+    record.put_json(dag_run_id, f"{suite}/outcome.json", {
+        "suite": suite, "outcome": BITWISE, "runs": [], "bitwise": {**found, "covers": covers(spec)},
+        "reason": f"its first {found.get('steps')} deterministic steps are the same bits as the reference of the "
+                  f"verified commit {short_sha(ref.get('sha') or '')} on this environment "
+                  f"({found.get('environment')})"},
+        dag_id=dag_id)
+
+
+def decided(dag_run_id: str, suite: str, dag_id: str | None = None) -> dict[str, Any] | None:
+    """The suite's outcome when the lane already decided it (PASS (bitwise)), else None."""
+    outcome = record.get_json(dag_run_id, f"{suite}/outcome.json", dag_id=dag_id)
+    return outcome if (outcome or {}).get("outcome") == BITWISE else None
+
+
+def candidate(first: Mapping[str, Any], second: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A reference made by this run from its two self-check runs' readings (the second compared with the
+    first): trusted with the first's rows when they agree bit for bit, else not reproducible with where they
+    parted."""
+    same = bool(second.get("identical"))
+    return {"key": entry["key"], "environment": entry["environment"], "steps": first.get("steps"),
+            "state": references.TRUSTED if same else references.NOT_REPRODUCIBLE,
+            "rows": list(first.get("rows") or []) if same else [],
+            "self_check": "2 deterministic runs agreed bit for bit" if same else
+            "not reproducible on this environment: " + ((second.get("difference") or {}).get("line")
+                                                       or "the second run did not reach its steps")}
+
+
+def report_notes(run_dir: Any, suites: list[str]) -> list[str]:
+    """The report's lines about the lane, per suite: why it was not used, or where a lane that ran parted from
+    the reference (the suite was then verified in full). A PASS (bitwise) says its own on the suite's section."""
+    lanes = record.read_json(run_dir / LANES_FILE) or {}
+    lines = []
+    for suite in suites:
+        entry, read = lanes.get(suite), record.read_json(run_dir / suite / LANE_FILE)
+        if read and not read.get("identical"):
+            where = (read.get("difference") or {}).get("line") or f"{read.get('steps_seen')} of {read.get('steps')} " \
+                "steps read before the lane job ended"
+            lines.append(f"{suite}: bitwise lane: not the same bits as the reference of "
+                         f"{short_sha((read.get('reference') or {}).get('sha'))}: {where}; verified in full instead "
+                         "(a difference is never a FAIL).")
+        elif entry and entry["choice"] == "full":
+            lines.append(f"{suite}: bitwise lane not applicable: {entry['why']}.")
+    return lines
+
+
+def promote(dag_run_id: str, suites: Mapping[str, Mapping[str, Any]], sha: str, report: str | None) -> list[str]:
+    """Keep the candidates of the suites whose outcome is a PASS (plain or not reproduced) as the references of
+    their keys; return one line per reference kept."""
+    lines = []
+    for suite, outcome in suites.items():
+        found = record.get_json(dag_run_id, f"{suite}/{CANDIDATE_FILE}")
+        if not found or outcome.get("outcome") not in ("PASS", "PASS (not reproduced)"):
+            continue
+        kept = {**found, "suite": suite, "sha": sha, "run_id": dag_run_id, "report": report,
+                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        references.put(found["key"], kept)
+        lines.append(f"{suite}: bitwise reference {found['state']} at {short_sha(sha)} ({found['self_check']})")
+        log.info("%s", lines[-1])
+    return lines

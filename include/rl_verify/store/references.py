@@ -1,0 +1,52 @@
+"""The bitwise lane's references (issue 33): the first k steps of a deterministic run at a verified commit, kept in
+the record store under ``bitwise-references/<key>.json``, where ``key`` is ``core.bitwise.reference_key`` (suite,
+experiment fingerprint, environment fingerprint, lane config): any of them changing finds no reference.
+
+A reference is written only after the verification of its commit PASSed in full and its self-check (two
+deterministic runs of that commit) ran: ``state`` is ``trusted`` when they agreed bit for bit, else ``not
+reproducible`` (the lane is then off for that key, and the reports say why). A later PASS with other bits (a
+healthy numerics change) replaces it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rl_verify.store import record
+
+FOLDER = "bitwise-references"
+TRUSTED, NOT_REPRODUCIBLE = "trusted", "not reproducible"
+
+
+def _path(key: str, root: str | None = None) -> Any:
+    if not key.isalnum():
+        raise ValueError(f"reference key {key!r} is not a fingerprint (letters and digits only)")
+    return record.store_root(root) / FOLDER / f"{key}.json"
+
+
+def get(key: str, root: str | None = None) -> dict[str, Any] | None:
+    """The reference kept under ``key``, or None when there is none (or it cannot be read: no lane, a full
+    verification, never a failure)."""
+    path = _path(key, root)
+    try:
+        return json.loads(path.read_bytes()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+
+
+def put(key: str, reference: dict[str, Any], root: str | None = None) -> str:
+    """Keep ``reference`` under ``key`` (replacing an earlier one); return where it is."""
+    if reference.get("state") not in (TRUSTED, NOT_REPRODUCIBLE):
+        raise ValueError(f"a reference's state is {TRUSTED!r} or {NOT_REPRODUCIBLE!r}, not {reference.get('state')!r}")
+    path = _path(key, root)
+    record.make_parent(path)
+    path.write_bytes((json.dumps({**reference, "key": key}, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    return str(path)
+
+
+def state(reference: dict[str, Any] | None) -> str:
+    """``core.lane.ReferenceState`` of a kept reference: trusted, not reproducible, or absent."""
+    if reference is None:
+        return "absent"
+    return reference["state"] if reference.get("state") in (TRUSTED, NOT_REPRODUCIBLE) else "absent"
