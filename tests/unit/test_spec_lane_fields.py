@@ -23,7 +23,9 @@ def _opd(**change):
 
 
 def test_a_spec_without_path_rules_or_lane_gets_the_conservative_defaults_and_no_lane():
-    spec = _opd()
+    raw = json.loads((SUITES / "opd.json").read_text())
+    raw.pop("bitwise")
+    spec = spec_from_dict(raw, "/x/opd.json")
     assert (spec.affects, spec.unaffecting, spec.bitwise) == (paths.DEFAULT_AFFECTS, paths.DEFAULT_UNAFFECTING, None)
 
 
@@ -31,6 +33,15 @@ def test_a_declared_lane_is_read_with_its_default_excludes_and_package_list():
     lane = _opd(bitwise=LANE).bitwise
     assert lane.steps == 6 and lane.env["NCCL_ALGO"] == "Ring" and lane.exclude == LANE_EXCLUDE
     assert "torch" in lane.packages and "sglang" in lane.packages
+
+
+def test_the_shipped_suites_declare_a_lane_of_three_deterministic_steps_on_the_sglang_backend():
+    for name in ("grpo", "opd"):
+        lane = spec_from_dict(json.loads((SUITES / f"{name}.json").read_text()), f"/x/{name}.json").bitwise
+        assert lane is not None and lane.steps == 3 and lane.env["XTUNER_DETERMINISTIC"] == "true"
+        assert (lane.env["XTUNER_USE_SGLANG"], lane.env["XTUNER_USE_LMDEPLOY"], lane.env["XTUNER_USE_FA3"]) == ("1", "0", "0")
+    grpo = spec_from_dict(json.loads((SUITES / "grpo.json").read_text()), "/x/grpo.json")
+    assert grpo.bitwise.args[1] == "sglang" and grpo.launch.args[1] == "lmdeploy"
 
 
 def test_the_spec_model_leaves_the_experiment_fingerprint_to_the_file_as_written():

@@ -124,7 +124,10 @@ class BitwiseLane(_Spec):
     versions are part of the environment's fingerprint.
     """
 
+    #: Where the deterministic launch's settings come from (shown, not used).
+    source: str = ""
     env: dict[str, str] = Field(min_length=1)
+    #: The deterministic launch's args instead of the suite's (e.g. the SGLang backend); empty: the suite's own.
     args: tuple[str, ...] = ()
     steps: int = Field(ge=2)
     exclude: tuple[str, ...] = LANE_EXCLUDE

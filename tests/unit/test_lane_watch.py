@@ -1,0 +1,143 @@
+"""The bitwise lane's watch of a growing tracker (core.bitwise.LaneWatch), its reference store (store.references)
+and the pieces of orchestration.bitwise_lane that need no Airflow."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rl_verify.core import bitwise
+from rl_verify.engines import load_suite
+from rl_verify.orchestration import bitwise_lane
+from rl_verify.store import references
+
+EXCLUDE = ("time/*",)
+
+
+def _rows(values: dict[int, float], nan_at: int | None = None) -> list[dict]:
+    """A tracker's rows: the step-0 eval row, then per step a mini-batch row and its summary row."""
+    out = [{"step": 0, "eval/accuracy": 0.5, "time/step": 1.0}]
+    for step, loss in values.items():
+        out.append({"step": step, "mini_batch": 0, "loss": loss + 1.0})
+        out.append({"step": step, "loss": math.nan if step == nan_at else loss, "reward": loss / 2,
+                    "time/step": 1.0 + step})
+    return out
+
+
+def _poll(path: str, start: int, data: bytes, size: int | None = None) -> bytes:
+    return f"{path} {start} {start + len(data) if size is None else size}\n".encode() + data
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
+
+
+def _watch(reference: list[dict] | None, steps: int = 3) -> bitwise.LaneWatch:
+    return bitwise.LaneWatch({"work_dir": "/w", "tracker_glob": "*/t.jsonl", "steps": steps, "exclude": EXCLUDE,
+                              "reference": reference})
+
+
+def _reference(values: dict[int, float]) -> list[dict]:
+    feed = bitwise.LaneFeed(EXCLUDE)
+    feed.feed(_jsonl(_rows(values)))
+    return feed.rows()
+
+
+def test_the_same_bits_over_k_steps_read_as_identical_once_the_step_after_them_began():
+    values = {1: 0.25, 2: 0.125, 3: 0.0625}
+    watch = _watch(_reference(values))
+    data = _jsonl(_rows(values))
+    first_of_3 = data.index(b"\n", data.index(b'"step": 3')) + 1  # step 3's mini-batch row: step 2 is complete
+    watch.take(_poll("/w/x/t.jsonl", 0, data[:data.index(b'"step": 3')]))
+    assert not watch.reading().done  # step 2 may still be missing its summary row
+    watch = _watch(watch.reference)
+    watch.take(_poll("/w/x/t.jsonl", 0, data[:first_of_3]))
+    reading = watch.reading()
+    assert reading.identical and reading.done and reading.steps_seen == 3
+    assert [r["step"] for r in watch.summary()["rows"]] == [0, 1, 2]
+    assert "time/step" not in watch.summary()["rows"][1]  # excluded fields are not compared, nor kept
+
+
+def test_half_a_step_read_before_its_summary_row_is_never_a_difference():
+    values = {1: 0.25, 2: 0.125}
+    watch = _watch(_reference(values))
+    data = _jsonl(_rows(values))
+    cut = data.index(b'"loss": 0.125')  # step 2's mini-batch row read, its summary row not yet
+    watch.take(_poll("/w/x/t.jsonl", 0, data[:cut - 20]))
+    reading = watch.reading()
+    assert reading.difference is None and not reading.done
+
+
+def test_a_differing_value_stops_the_lane_at_its_step_with_both_values():
+    watch = _watch(_reference({1: 0.25, 2: 0.125, 3: 0.0}))
+    watch.take(_poll("/w/x/t.jsonl", 0, _jsonl(_rows({1: 0.25, 2: 0.12500000000000003, 3: 0.0}))))
+    found = watch.summary()
+    assert found["done"] and not found["identical"]
+    assert (found["difference"]["step"], found["difference"]["metric"]) == (2, "loss")
+    assert "0.125" in found["difference"]["line"] and "0.12500000000000003" in found["difference"]["line"]
+
+
+def test_a_nan_against_a_number_differs_and_two_nans_do_not():
+    ref = _reference({1: 0.25, 2: 0.5})
+    differs = _watch(ref)
+    rows = _rows({1: 0.25, 2: 0.5}, nan_at=1)
+    differs.take(_poll("/w/x/t.jsonl", 0, _jsonl(rows)))
+    assert differs.reading(ended=True).difference.step == 1
+    same = _watch(differs.feed.rows())
+    same.take(_poll("/w/x/t.jsonl", 0, _jsonl(rows)))
+    assert same.reading(ended=True).identical
+
+
+def test_a_job_that_ended_short_of_k_steps_is_not_identical():
+    watch = _watch(_reference({1: 0.25, 2: 0.125}))
+    watch.take(_poll("/w/x/t.jsonl", 0, _jsonl(_rows({1: 0.25}))))
+    reading = watch.reading(ended=True)
+    assert not reading.identical and not reading.done and reading.steps_seen == 2
+
+
+def test_recording_without_a_reference_is_done_when_k_steps_are_in():
+    watch = _watch(None, steps=2)
+    watch.take(_poll("/w/x/t.jsonl", 0, _jsonl(_rows({1: 0.25, 2: 0.125}))))
+    found = watch.summary()
+    assert found["identical"] and [r["step"] for r in found["rows"]] == [0, 1]
+
+
+def test_a_new_tracker_file_is_read_from_its_start():
+    watch = _watch(None, steps=1)
+    assert watch.take(_poll("/w/new/t.jsonl", 100, b"", size=300)) is True  # re-read from 0
+    assert watch.offset == 0 and watch.tracker_path == "/w/new/t.jsonl"
+
+
+def test_a_reference_is_kept_and_found_by_its_key_only(tmp_path):
+    root = str(tmp_path)
+    key = bitwise.reference_key("grpo", "exp1", "env1", {"steps": 3})
+    assert references.get(key, root) is None and references.state(None) == "absent"
+    references.put(key, {"state": references.TRUSTED, "rows": [{"step": 0, "x": 0.1}]}, root)
+    assert references.get(key, root)["rows"][0]["x"] == 0.1
+    assert references.state(references.get(key, root)) == "trusted"
+    assert references.get(bitwise.reference_key("grpo", "exp1", "env2", {"steps": 3}), root) is None
+    with pytest.raises(ValueError, match="state"):
+        references.put(key, {"state": "maybe"}, root)
+    with pytest.raises(ValueError, match="fingerprint"):
+        references.get("../x", root)
+
+
+def test_the_lane_spec_launches_deterministically_with_its_own_backend():
+    spec = load_suite("grpo")
+    lane = bitwise_lane.lane_spec(spec)
+    assert lane.env["XTUNER_DETERMINISTIC"] == "true" and lane.args[1] == "sglang"
+    assert spec.args[1] == "lmdeploy"  # the full verification's launch is unchanged
+    opd = bitwise_lane.lane_spec(load_suite("opd"))
+    assert opd.env["XTUNER_USE_LMDEPLOY"] == "0" and opd.env["MODEL_PATH"]  # the suite's own env kept
+    assert bitwise_lane.lane_config(spec)["steps"] == 3
+
+
+def test_a_candidate_is_trusted_only_when_its_two_runs_agree():
+    entry = {"key": "k", "environment": "e"}
+    first = {"steps": 3, "rows": [{"step": 0, "x": 1.0}]}
+    trusted = bitwise_lane.candidate(first, {"identical": True}, entry)
+    assert trusted["state"] == "trusted" and trusted["rows"] == first["rows"]
+    off = bitwise_lane.candidate(first, {"identical": False, "difference": {"line": "step 1, loss: ..."}}, entry)
+    assert off["state"] == "not reproducible" and off["rows"] == [] and "step 1, loss" in off["self_check"]
