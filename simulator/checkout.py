@@ -23,6 +23,7 @@ from simulator.common import (
     DOCS_ONLY_BRANCH,
     DOCS_ONLY_FILES,
     NEUTRAL_CODE_BRANCH,
+    NEUTRAL_FOLLOWUP_BRANCH,
     NUMERICS_BRANCH,
     BISECT_AUTHORS,
     BISECT_BAD_TAG,
@@ -159,7 +160,7 @@ def _source_files() -> dict[str, Path]:
 
 
 def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
-    h = hashlib.sha256(b"rlsim-checkout-v3")  # v3: the docs-only, neutral and numerics branches
+    h = hashlib.sha256(b"rlsim-checkout-v4")  # v4: the docs-only, neutral (two) and numerics branches
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
     h.update(json.dumps(asdict(layout), sort_keys=True).encode())
     for rel, p in sorted(files.items()):
@@ -236,6 +237,10 @@ def build_checkout(root: Path) -> dict[str, str]:
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "refactor: move log formatting into a helper (simulated, numerics-neutral)")
     commits["neutral-refactor"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", NEUTRAL_FOLLOWUP_BRANCH)
+    helper.write_text(helper.read_text() + '\n\ndef fmt_step(step):\n    return f"step {step}"\n')
+    _git(repo, "commit", "-q", "-am", "refactor: a step formatter for the logs (simulated, numerics-neutral)")
+    commits["neutral-followup"] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "-b", NUMERICS_BRANCH, "main")
     set_behaviour(None, "healthy: reordered reduction, other bits, same statistics", numerics="reordered-reduction")
     _git(repo, "commit", "-q", "-am", "perf: fuse the advantage reduction (simulated, numerics change, healthy)")

@@ -49,6 +49,9 @@ DOCS_ONLY_FILES = ("docs/en/rl/grpo.md", "README.md")
 #: healthy one that changes them (a reordered reduction: other bits, the same statistics).
 NEUTRAL_CODE_BRANCH = "sim/neutral-refactor"
 NUMERICS_BRANCH = "sim/numerics-reorder"
+#: A second numerics-neutral code commit, on top of ``NEUTRAL_CODE_BRANCH`` (whose tip stays the first one): the
+#: bitwise lane's case once a reference exists at its parent.
+NEUTRAL_FOLLOWUP_BRANCH = "sim/neutral-followup"
 
 # ----------------------------------------------------------------------------------------------------
 # The linear history for bisection (issue 22): ``sim/bisect-good`` (= main, the known-good commit) and

@@ -197,6 +197,72 @@ def test_a_docs_only_commit_after_a_verified_pass_ends_unchanged_with_no_trainin
     assert "PASS (unchanged)" not in rig.client.hitl_detail(DAG_ID, code.run_id, "approve")["body"]
 
 
+def test_the_bitwise_lane_passes_a_neutral_commit_in_k_steps_and_sends_a_numerics_change_to_the_full_check(
+        rig, node_state):
+    from rl_verify.store import references
+
+    commits = rig.node["commits"]
+    conf = {"suites": ["grpo"], "node": "rl_gpu_node", "lane": "auto", "repeats": 0}
+    run_dir = Path(rig.node["root"]) / "runs"
+
+    def kept(sha: str) -> list[dict]:
+        root = Path(rig.record_root) / references.FOLDER
+        found = [json.loads(p.read_text()) for p in root.glob("*.json")] if root.is_dir() else []
+        return [r for r in found if r["suite"] == "grpo" and r["sha"] == sha]
+
+    # 1. No reference yet for this environment: verified in full; its PASS makes the reference (2 runs of k steps).
+    first = rig.run({**conf, "commit": "sim/neutral-refactor"})
+    assert first.state == "success" and first.summary["verdict"] == "PASS", json.dumps(first.tasks)
+    assert "A bitwise reference is made after its PASS" in (Path(first.summary["record"]) / "card.md").read_text()
+    (made,) = kept(commits["neutral-refactor"])
+    assert made["state"] == "trusted" and [r["step"] for r in made["rows"]] == [0, 1, 2]
+    assert "bitwise reference trusted" in Path(first.summary["report"]["md"]).read_text()
+
+    # 2. A numerics-neutral code commit: k deterministic steps, the same bits, PASS (bitwise); no full training.
+    neutral = rig.run({**conf, "commit": "sim/neutral-followup"})
+    assert neutral.state == "success", json.dumps(neutral.tasks)
+    assert neutral.tasks["run_grpo"] == "success" and neutral.tasks["fetch_grpo"] == "skipped"
+    assert neutral.tasks["compare_grpo"] == "skipped" and neutral.summary["verdict"] == "PASS"
+    outcome = _report(neutral.summary)["suites"][0]["outcome"]
+    assert outcome["outcome"] == "PASS (bitwise)" and outcome["runs"] == []
+    found = outcome["bitwise"]
+    assert found["identical"] and found["steps_seen"] == found["steps"] == 3
+    assert found["reference"]["sha"] == commits["neutral-refactor"] and found["reference"]["report"]
+    assert [c["step"] for c in found["compared"]] == [0, 1, 2] and all(c["metrics"] > 5 for c in found["compared"])
+    report_md = Path(neutral.summary["report"]["md"]).read_text()
+    assert "PASS (bitwise), no full training" in report_md and "What it does not cover: the steps after step 2" in \
+        report_md
+    jobs = sorted(p.name for p in (run_dir / run_key(neutral.run_id) / "jobs").iterdir())
+    assert jobs == ["grpo-lane"]  # the lane job only: no full training, no new reference
+    assert "Stopped the lane job" in rig.client.task_log(DAG_ID, neutral.run_id, "run_grpo")
+    assert "PASS (bitwise) against" in rig.client.dag_run(DAG_ID, neutral.run_id)["note"]
+    _assert_node_clean(node_state)
+
+    # 3. A healthy numerics change: the lane parts at step 0, the full verification PASSes, a new reference is kept.
+    changed = rig.run({**conf, "commit": "sim/numerics-reorder"})
+    assert changed.state == "success" and changed.summary["verdict"] == "PASS", json.dumps(changed.tasks)
+    lane = json.loads((Path(changed.summary["record"]) / "grpo" / "lane.json").read_text())
+    assert not lane["identical"] and lane["difference"]["step"] == 0
+    assert outcome_of(changed)["outcome"] == "PASS"
+    assert "not the same bits as the reference" in Path(changed.summary["report"]["md"]).read_text()
+    assert kept(commits["numerics-reorder"])[0]["state"] == "trusted"
+    assert sorted(p.name for p in (run_dir / run_key(changed.run_id) / "jobs").iterdir()) == [
+        "grpo", "grpo-lane", "grpo-ref1", "grpo-ref2"]
+    _assert_node_clean(node_state)
+
+    # 4. A regression: the lane differs, and the full verification FAILs as today (the lane never FAILs a run).
+    regressed = rig.run({**conf, "commit": "sim/regress-mismatch"})
+    assert regressed.summary["verdict"] == "FAIL"
+    lane = json.loads((Path(regressed.summary["record"]) / "grpo" / "lane.json").read_text())
+    assert not lane["identical"] and outcome_of(regressed)["outcome"] == "FAIL"
+    assert not kept(commits["regress-mismatch"])  # no reference from a FAIL
+    _assert_node_clean(node_state)
+
+
+def outcome_of(out) -> dict:
+    return _report(out.summary)["suites"][0]["outcome"]
+
+
 def test_rejected_card_launches_nothing_and_names_the_rejecter(rig, node_state):
     out = rig.run({"commit": "main", "suites": ["grpo", "opd"], "node": "rl_gpu_node"}, decision="Reject")
     assert out.state == "success", json.dumps(out.tasks)

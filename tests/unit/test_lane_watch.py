@@ -141,3 +141,98 @@ def test_a_candidate_is_trusted_only_when_its_two_runs_agree():
     assert trusted["state"] == "trusted" and trusted["rows"] == first["rows"]
     off = bitwise_lane.candidate(first, {"identical": False, "difference": {"line": "step 1, loss: ..."}}, entry)
     assert off["state"] == "not reproducible" and off["rows"] == [] and "step 1, loss" in off["self_check"]
+
+
+# --- which suites run the lane (bitwise_lane.decide) and what the card and the report say ---------------------
+
+def _resolved(**change) -> dict:
+    return {"suites": ["grpo", "opd"], "node": "n1", "run_dir": "/r", "worktree": "/w", "sha": "b" * 40,
+            "suite_fingerprints": {"grpo": "fg", "opd": "fo"}, "lane": "auto", **change}
+
+
+ENV = {"n1": {"fingerprint": "env1"}}
+
+
+def _keep(suite: str, state: str, environment: str = "env1") -> None:
+    spec = load_suite(suite)
+    key = bitwise.reference_key(suite, "fg" if suite == "grpo" else "fo", environment, bitwise_lane.lane_config(spec))
+    references.put(key, {"state": state, "sha": "a" * 40, "rows": [], "self_check": "2 deterministic runs agreed"})
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    from rl_verify import settings
+
+    monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path))
+    monkeypatch.setattr(bitwise_lane, "_lane_disabling", lambda conn, spec, base, head: [])  # the diff: SSH
+    return tmp_path
+
+
+def test_without_a_reference_the_suite_is_verified_in_full_and_its_pass_makes_one(store):
+    lanes = bitwise_lane.decide(_resolved(), ENV)
+    assert {s: e["choice"] for s, e in lanes.items()} == {"grpo": "full", "opd": "full"}
+    assert all(e["make_reference"] for e in lanes.values())
+    assert "no bitwise reference for this environment yet" in lanes["grpo"]["why"]
+    assert "A bitwise reference is made after its PASS" in " ".join(bitwise_lane.card_notes({"lanes": lanes}))
+
+
+def test_a_trusted_reference_of_this_environment_sends_the_suite_to_the_lane(store):
+    _keep("grpo", "trusted")
+    lanes = bitwise_lane.decide(_resolved(), ENV)
+    assert lanes["grpo"]["choice"] == "bitwise" and lanes["grpo"]["reference"]["sha"] == "a" * 40
+    assert lanes["opd"]["choice"] == "full"  # its own key: no reference
+    assert "bitwise lane first: 3 deterministic steps" in bitwise_lane.card_notes({"lanes": lanes})[0]
+
+
+def test_a_changed_environment_finds_no_reference_and_the_lane_is_not_applicable(store):
+    _keep("grpo", "trusted", environment="env-before-the-driver-upgrade")
+    lanes = bitwise_lane.decide(_resolved(), ENV)
+    assert lanes["grpo"]["choice"] == "full" and "no bitwise reference for this environment" in lanes["grpo"]["why"]
+
+
+def test_a_failed_self_check_turns_the_lane_off_for_its_key_and_makes_no_new_reference(store):
+    _keep("grpo", "not reproducible")
+    entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]
+    assert entry["choice"] == "full" and "not reproducible on this environment" in entry["why"]
+    assert not entry["make_reference"]
+
+
+def test_lane_full_and_unchanged_suites_get_no_lane(store):
+    _keep("grpo", "trusted")
+    assert bitwise_lane.decide(_resolved(lane="full"), ENV) == {}
+    assert "grpo" not in bitwise_lane.decide(_resolved(unchanged={"grpo": {}}), ENV)
+
+
+def test_a_diff_touching_code_the_deterministic_mode_bypasses_turns_the_lane_off(store, monkeypatch):
+    _keep("grpo", "trusted")
+    monkeypatch.setattr(bitwise_lane, "_lane_disabling",
+                        lambda conn, spec, base, head: ["xtuner/v1/ray/rollout/lmdeploy/worker.py"])
+    entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]
+    assert entry["choice"] == "full" and "bypasses: xtuner/v1/ray/rollout/lmdeploy/worker.py" in entry["why"]
+
+
+def test_a_scheduled_run_verifies_in_full_when_the_last_full_verification_is_too_old(store):
+    import time
+
+    _keep("grpo", "trusted")
+    old = time.time() - 8 * 86400
+    entry = bitwise_lane.decide(_resolved(scheduled=True, last_full={"grpo": old}), ENV)["grpo"]
+    assert entry["choice"] == "full" and "every 7 days" in entry["why"]
+    fresh = bitwise_lane.decide(_resolved(scheduled=True, last_full={"grpo": time.time() - 86400}), ENV)["grpo"]
+    assert fresh["choice"] == "bitwise"
+
+
+def test_the_report_says_why_the_lane_was_not_used_and_where_a_lane_parted(tmp_path):
+    from rl_verify.store import record
+
+    record.write_json(tmp_path / bitwise_lane.LANES_FILE, {
+        "grpo": {"choice": "bitwise", "why": "-"},
+        "opd": {"choice": "full", "why": "the bitwise lane is off: not reproducible on this environment"}})
+    record.write_json(tmp_path / "grpo" / bitwise_lane.LANE_FILE, {
+        "identical": False, "reference": {"sha": "a" * 40},
+        "difference": {"line": "step 0, loss: reference 0.5, this run 0.25"}})
+    lines = bitwise_lane.report_notes(tmp_path, ["grpo", "opd"])
+    assert "not the same bits as the reference of aaaaaaaaaaaa: step 0, loss" in lines[0]
+    assert "verified in full instead" in lines[0]
+    assert lines[1] == "opd: bitwise lane not applicable: the bitwise lane is off: not reproducible on this " \
+                       "environment."
