@@ -13,7 +13,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
 from rl_verify.core import confirm, numbers
-from rl_verify.core.model import SuiteResult
+from rl_verify.core.model import UNCHANGED, SuiteResult
 from rl_verify.core.report import (ReportMeta, render_markdown, suite_outcome, verification_verdict,
                                    write_report)
 from rl_verify.node import placement, remote
@@ -179,7 +179,7 @@ def verdict(summary: ReportSummary | None, dag_run_id: str = "") -> str:
     view = links.absolute(links.ui_base_url(),
                           links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
     said = [f"{s['suite']} {s['outcome']} ({s['runs']} runs)" if s.get("runs", 1) else
-            f"{s['suite']} {s['outcome']}, no training"
+            f"{s['suite']} {s['outcome']}, " + ("no training" if s["outcome"] == UNCHANGED else "no full training")
             for s in summary.get("suites") or [] if s.get("runs", 1) != 1]
     if summary["verdict"] == "FAIL":
         line = verdict_message(summary, view)
