@@ -236,3 +236,16 @@ def test_the_report_says_why_the_lane_was_not_used_and_where_a_lane_parted(tmp_p
     assert "verified in full instead" in lines[0]
     assert lines[1] == "opd: bitwise lane not applicable: the bitwise lane is off: not reproducible on this " \
                        "environment."
+
+
+def test_a_step_whose_summary_row_was_read_counts_without_waiting_for_the_next_step():
+    from rl_verify.core.tracker import MARKER
+
+    assert bitwise.SUMMARY_FIELD == MARKER  # the tracker's own summary-row marker
+    rows = [{"step": 0, "eval/accuracy": 0.5}, {"step": 1, "loss": 0.3},
+            {"step": 1, "loss": 0.25, MARKER: 0.4}]
+    watch = _watch(None, steps=2)
+    watch.take(_poll("/w/x/t.jsonl", 0, _jsonl(rows[:2])))
+    assert watch.reading().steps_seen == 1  # step 1's mini-batch row only: not yet
+    watch.take(_poll("/w/x/t.jsonl", watch.offset, _jsonl(rows[2:])))
+    assert watch.reading().identical and watch.summary()["rows"][1]["loss"] == 0.25

@@ -21,6 +21,8 @@ from typing import Any
 
 #: What a tracker row always carries besides metrics: its step (compared as the row's key, not as a metric).
 STEP_FIELD = "step"
+#: The field only a step's summary row has (``core.tracker.MARKER``): the last row a step writes.
+SUMMARY_FIELD = "response/rewards/mean"
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,8 @@ class LaneFeed:
     def __init__(self, exclude: Sequence[str] = ()) -> None:
         self.exclude = tuple(exclude)
         self.steps: dict[int, dict[str, Any]] = {}
+        #: The steps whose summary row has been read (nothing more of them comes).
+        self.summarized: set[int] = set()
         self._pending = b""
 
     def feed(self, data: bytes) -> None:
@@ -178,6 +182,8 @@ class LaneFeed:
             step = row.get(STEP_FIELD) if isinstance(row, dict) else None
             if isinstance(step, int) and not isinstance(step, bool):
                 self.steps.setdefault(step, {STEP_FIELD: step}).update(compared_fields(row, self.exclude))
+                if SUMMARY_FIELD in row:
+                    self.summarized.add(step)
 
     def rows(self) -> list[dict[str, Any]]:
         """The merged rows in step order (what a reference keeps and :func:`read_lane` reads)."""
@@ -203,9 +209,9 @@ class LaneWatch:
     reading out. ``config``: ``work_dir`` and ``tracker_glob`` (remote), ``steps`` k, ``first_step``,
     ``exclude``, and ``reference`` (its rows; None: record the k steps, for a reference's self-check).
 
-    A step counts once a later step's row has been read or the job has ended: a tracker is flushed in blocks,
-    so a step's mini-batch rows can arrive before its summary row, and half a step must never read as a
-    difference."""
+    A step counts once its summary row, a later step's row, or the job's end has been read: a tracker is flushed
+    in blocks, so a step's mini-batch rows can arrive before its summary row, and half a step must never read as
+    a difference."""
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.work_dir, self.tracker_glob = str(config.get("work_dir", "")), str(config.get("tracker_glob", ""))
@@ -233,7 +239,9 @@ class LaneWatch:
     def complete(self, ended: bool = False) -> list[dict[str, Any]]:
         """The rows of the steps read to their end (all of them once the job has ended)."""
         rows = self.feed.rows()
-        return rows if ended or not rows else rows[:-1]
+        if ended or not rows:
+            return rows
+        return rows[:-1] + [r for r in rows[-1:] if r[STEP_FIELD] in self.feed.summarized]
 
     def reading(self, ended: bool = False) -> LaneReading:
         """How far the lane has come: against the reference, or (recording) how many of its steps are in."""
