@@ -72,16 +72,37 @@ def _run_minutes(runs: bc.Runs, key: tuple) -> float:
     return RUN_MINUTES[SUITE] * data["steps"] / STEPS[SUITE]
 
 
+@dataclass
+class LaneModel:
+    """The bitwise lane in a bisection's probes (issue 33), as the DAG runs it: a probe whose deterministic bits
+    over the lane's ``steps`` equal the current reference's is GOOD after ``identical_min`` (no full verification);
+    otherwise the lane costs ``differs_min`` and the full verification decides as today, and its PASS makes the
+    new reference (``reference_min``). A commit's bits are its numerics version (``numerics``: the positions that
+    change numerics) and, from the culprit on, the regression when it shows within the lane's steps
+    (``visible``); a regression that shows later is the lane's blind spot (``visible`` False: bit-identical)."""
+
+    numerics: frozenset[int]
+    visible: bool
+    identical_min: float
+    differs_min: float
+    reference_min: float
+
+    def bits(self, commit: int, culprit: int) -> tuple[int, bool]:
+        return sum(1 for p in self.numerics if p <= commit), self.visible and commit >= culprit
+
+
 def bisection(n: int, culprit: int, free: int, base: str, scenario: str, record: dict[str, bisect.Reading],
-              runs: bc.Runs) -> Generator[list[tuple], dict, Result]:
+              runs: bc.Runs, lane: LaneModel | None = None) -> Generator[list[tuple], dict, Result]:
     """One bisection, event by event. Yields the verifications it launches (``(suite, (base, probe), scenario)``),
-    receives their outcomes (``decide_all``'s), returns its :class:`Result`."""
+    receives their outcomes (``decide_all``'s), returns its :class:`Result`. With ``lane``, each probe runs the
+    bitwise lane first (:class:`LaneModel`); the reference starts as the good end's."""
     commits = [str(i) for i in range(n + 1)]
     readings: dict[str, list[bisect.Reading]] = {}
     probed: dict[str, int] = {}
     running: dict[str, tuple[float, float, bisect.Reading, int]] = {}  # commit -> (start, end, reading, runs)
     now = probes = used = waves = stopped = 0
     gpu = 0.0
+    reference = lane.bits(0, culprit) if lane else None
     while True:
         step = bisect.plan(commits, readings, running.keys(), free - len(running), record=record)
         for c in step.stop:
@@ -97,16 +118,24 @@ def bisection(n: int, culprit: int, free: int, base: str, scenario: str, record:
                           answer=answer.kind)
         if step.probe:
             waves += 1
-            wanted = []
+            wanted, lane_min = [], {}
             for c in step.probe:
                 k = probed.get(c, 0)
                 probed[c] = k + 1
+                if lane is not None and lane.bits(int(c), culprit) == reference:
+                    running[c] = (now, now + lane.identical_min, bisect.Reading.GOOD, 0)  # PASS (bitwise)
+                    probes += 1
+                    continue
+                lane_min[c] = lane.differs_min if lane is not None else 0.0
                 wanted.append((SUITE, (base, f"{c}-{k}"), HEALTHY if int(c) < culprit else scenario))
-            outcomes = yield wanted
-            for c, v in zip(step.probe, wanted):
+            outcomes = yield wanted if wanted else []
+            for c, v in zip([c for c in step.probe if c in lane_min], wanted):
                 outcome, keys = outcomes[v]
-                minutes = sum(_run_minutes(runs, key) for key in keys)
+                minutes = lane_min[c] + sum(_run_minutes(runs, key) for key in keys)
                 reading = bisect.reading(outcome, runs.cache[keys[0]]["failure_class"])
+                if lane is not None and reading == bisect.Reading.GOOD:
+                    minutes += lane.reference_min  # its PASS makes the new reference (2 runs of the lane's steps)
+                    reference = lane.bits(int(c), culprit)
                 running[c] = (now, now + minutes, reading, len(keys))
                 probes, used = probes + 1, used + len(keys)
         if not running:

@@ -255,8 +255,10 @@ REPEAT_MARK = "-r"
 
 # --- the path-aware skip (rl_verify.orchestration.unchanged, issue 33) ---
 #: The values of a verification's param ``lane``: ``auto`` lets a suite whose diff since its verified PASS touches
-#: no path that can affect it end PASS (unchanged) without training; ``full`` trains every suite.
-LANES = ("auto", "full")
+#: no path that can affect it end PASS (unchanged) without training, and runs the bitwise lane first where it
+#: applies; ``skip``: the path-aware skip only (a bisection whose regression shows after the lane's steps);
+#: ``full`` trains every suite in full.
+LANES = ("auto", "skip", "full")
 #: The param's default, so also what scheduled runs do (RL_VERIFY_LANE).
 DEFAULT_LANE = os.environ.get("RL_VERIFY_LANE", "auto")
 if DEFAULT_LANE not in LANES:

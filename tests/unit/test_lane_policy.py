@@ -64,5 +64,22 @@ def test_many_disabling_files_are_named_five_then_counted():
 
 
 def test_an_unknown_lane_request_is_refused_with_the_values_it_can_take():
-    with pytest.raises(ValueError, match="lane 'fast' is not one of auto, full"):
+    with pytest.raises(ValueError, match="lane 'fast' is not one of auto, skip, full"):
         _choose(requested="fast")
+
+
+def test_a_bisection_uses_the_lane_only_when_the_regression_shows_within_its_steps():
+    assert lane.for_bisection(0, [3, 3])[0] == "auto"
+    assert lane.for_bisection(2, [3])[0] == "auto"
+    skip, why = lane.for_bisection(10, [3, 3])
+    assert skip == "skip" and "step 10, not within the lane's 3 steps" in why and "blind spot" in why
+    assert lane.for_bisection(None, [3])[0] == "skip"  # a bisection started by hand: onset unknown
+    assert lane.for_bisection(0, []) == ("skip", "no suite of the bisection declares a bitwise lane")
+
+
+def test_lane_skip_keeps_the_path_aware_skip_and_turns_the_bitwise_lane_off():
+    kw = dict(scheduled=False, has_lane=True, lane_disabling=[], reference="trusted", last_full_at=None,
+              now=datetime(2026, 12, 5, tzinfo=timezone.utc), full_every_days=7)
+    assert lane.choose(requested="skip", verified_pass="a" * 40, affecting=[], **kw).choice == "unchanged"
+    assert lane.choose(requested="skip", verified_pass="a" * 40, affecting=["x.py"], **kw).choice == "full"
+    assert lane.choose(requested="auto", verified_pass="a" * 40, affecting=["x.py"], **kw).choice == "bitwise"

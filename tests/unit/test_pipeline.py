@@ -74,7 +74,7 @@ BAD_PARAMS = {
     "unknown suite": ({"suites": ["dapo"]}, "'suites'"),
     "empty suites": ({"suites": []}, "'suites'"),
     "node with ;": ({"node": "rl_gpu_node;id"}, "'node'"),
-    "unknown lane": ({"lane": "fast"}, "'lane' must be one of auto, full"),
+    "unknown lane": ({"lane": "fast"}, "'lane' must be one of auto, skip, full"),
 }
 
 

@@ -68,6 +68,8 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if verified_pass and not affecting:
         return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches no "
                                        "path that can affect this suite")
+    if requested == "skip":
+        return LaneChoice("full", "the run asked for the path-aware skip only (lane = skip)")
     if not has_lane:
         return LaneChoice("full", "the suite declares no bitwise lane")
     if lane_disabling:
@@ -79,3 +81,22 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
                                   "self-check runs differed)")
     return LaneChoice("bitwise", "a trusted reference exists for this environment and the diff touches no path "
                                  "that turns the lane off")
+
+
+def for_bisection(onset: int | None, lane_steps: Sequence[int]) -> tuple[str, str]:
+    """The ``lane`` param of a bisection's probes and why (issue 33, item 3). The path-aware skip always applies
+    (a commit whose diff from a verified PASS touches no affecting path computes what it computed). The bitwise
+    lane only when the regression first showed (``onset``: the bad end's first breached step) within the lane's
+    steps: before its onset a regressed commit's bits are a good commit's, so a later onset would read the culprit
+    as good."""
+    if not lane_steps:
+        return "skip", "no suite of the bisection declares a bitwise lane"
+    k = min(lane_steps)
+    if onset is None:
+        return "skip", ("where the regression first showed is not known (no first breached step in the bad end's "
+                        "record): a bitwise lane could read the culprit as good")
+    if onset >= k:
+        return "skip", (f"the regression first showed at step {onset}, not within the lane's {k} steps (0..{k - 1}): "
+                        "before it a regressed commit has a good commit's bits (the lane's blind spot)")
+    return "auto", (f"the regression first showed at step {onset}, within the lane's {k} steps: a probe whose "
+                    "deterministic steps are the bits of a verified PASS is good")

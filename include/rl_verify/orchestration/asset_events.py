@@ -77,8 +77,11 @@ def reproduced_fail_extra(summary: Mapping[str, Any] | None, dag_run_id: str, ru
         log.info("No bisection: no verified PASS of %s is in the record", ", ".join(suites))
         return None
     metrics = [b["metric"] for s in failing for b in s.get("breached") or [] if b.get("metric")]
+    # The first step a failing check breached at: whether a bisection's probes may use the bitwise lane.
+    onsets = [c["first_breach_step"] for s in report.get("suites") or [] if s.get("suite") in suites
+              for c in s.get("checks") or [] if not c.get("passed") and isinstance(c.get("first_breach_step"), int)]
     folder = record.run_store(dag_run_id)
     return {"good": good, "bad": report.get("commit"), "suites": suites, "metrics": list(dict.fromkeys(metrics))[:1],
             "run_id": dag_run_id, "fingerprint": folder_fingerprint(folder),
             "baselines": {s: v for s, v in (report.get("baselines") or {}).items() if s in suites},
-            "report": links.report_view_path(settings.DAG_ID, dag_run_id)}
+            "report": links.report_view_path(settings.DAG_ID, dag_run_id), "onset": min(onsets, default=None)}

@@ -16,7 +16,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from rl_verify import engines, settings
-from rl_verify.core import bisect, bisect_report
+from rl_verify.core import bisect, bisect_report, lane
 from rl_verify.core.names import short_sha
 from rl_verify.node import ops as node
 from rl_verify.node import remote
@@ -148,8 +148,11 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
     free = len(p["nodes"])
     scale = run_scale(specs)
     worst = promised_worst(len(shas) - 1, free, shas[0] in recorded, shas[-1] in recorded, 1 + p["repeats"], scale)
+    probe_lane, lane_why = lane.for_bisection(p["source"].get("onset"),
+                                              [s.bitwise.steps for s in specs if s.bitwise is not None])
     plan = {**p, "commits": commits, "fingerprint": fingerprint, "recorded": {c: r.value for c, r in recorded.items()},
-            "scale": scale, "worst": worst, "dag_run_id": dag_run_id}
+            "scale": scale, "worst": worst, "dag_run_id": dag_run_id, "lane": probe_lane, "lane_why": lane_why}
+    log.info("Probes run with lane = %s: %s", probe_lane, lane_why)
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
     log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s) on %d node(s); "
              "ends taken from the record: %s", short_sha(shas[0]), short_sha(shas[-1]), len(shas) - 1, conn,
@@ -215,6 +218,10 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
                   f"{'good' if i == 0 else 'bad'} {short_sha(commits[i]['sha'])}: "
                   + (f"taken from the record ({recorded[commits[i]['sha']]})" if commits[i]["sha"] in recorded
                      else "re-checked") for i in (0, len(commits) - 1)),
+              "", f"Probes verify with lane = {plan.get('lane', 'skip')}: a commit whose diff from a verified PASS "
+              "touches no path that can move a suite's numbers is good without training"
+              + (", and a probe whose first deterministic steps are a verified PASS's bits is good in those steps"
+                 if plan.get("lane") == "auto" else "") + f" ({plan.get('lane_why') or 'no bitwise lane'}).",
               "", "Approving starts every probe of this bisection without asking again: each probe's card is "
               "pre-approved by this approval (checked against Airflow's record of it). A standing approval of the "
               "nightly does not cover a bisection.", "",

@@ -71,7 +71,7 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
     """Per trained suite with a lane in a ``lane = auto`` run: ``choice`` and ``why`` (``core.lane.choose``), the
     reference ``key``, the ``environment`` fingerprint, the kept ``reference`` (commit, run, report, state; None
     when absent), and ``make_reference`` (whether a full PASS of this run makes one)."""
-    if resolved.get("lane", "auto") == "full":
+    if resolved.get("lane", "auto") != "auto":  # full: no lane; skip: the path-aware skip only
         return {}
     out: dict[str, dict[str, Any]] = {}
     now_at = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)

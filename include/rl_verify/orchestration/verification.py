@@ -72,8 +72,8 @@ def _validate_repeats(value: Any) -> int:
 
 def _validate_lane(value: Any) -> str:
     if value not in settings.LANES:
-        raise remote.BadInput(f"param 'lane' must be one of {', '.join(settings.LANES)} (full: train every suite "
-                              f"whatever the diff since its verified PASS), got {value!r}")
+        raise remote.BadInput(f"param 'lane' must be one of {', '.join(settings.LANES)} (skip: no bitwise lane; "
+                              f"full: train every suite whatever the diff since its verified PASS), got {value!r}")
     return str(value)
 
 

@@ -61,7 +61,9 @@ def params() -> dict[str, Param]:
         "lane": Param(settings.DEFAULT_LANE, type="string", enum=list(settings.LANES), title="Verification",
                       description="auto: a suite whose diff since its last verified PASS (same experiment, same "
                                   "baseline version) touches no path its spec says can move its numbers ends PASS "
-                                  "(unchanged) without training; full: train every suite whatever the diff."),
+                                  "(unchanged) without training, and a suite with a trusted bitwise reference first "
+                                  "runs a few deterministic steps: the same bits end it PASS (bitwise); skip: the "
+                                  "path-aware skip only; full: train every suite in full whatever the diff."),
         "bisection": Param(None, type=["null", "string"], title="Bisection (set by a bisection's probes)",
                            description="Empty for a normal run. A bisection's probes carry its run id: their card is "
                                        "then approved by the bisection's one approval, verified against Airflow's "
