@@ -182,7 +182,8 @@ def single(args: argparse.Namespace) -> int:
           "(deferred time not counted)")
     unchanged_ok = True
     if verdict == "PASS" and conf["commit"] == "main":
-        unchanged_ok = _docs_only_commit(rig, conf, time.monotonic() - t0 - started)
+        full_s = time.monotonic() - t0 - started
+        unchanged_ok = _docs_only_commit(rig, conf, full_s) and _neutral_commit(rig, conf, full_s)
     if args.keep:
         (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))
         _say(f"KEEP=1: Airflow stays up at {rig.stack.base_url} (user '{rig.stack.username}', password in "
@@ -215,6 +216,37 @@ def _docs_only_commit(rig: Rig, conf: Mapping[str, object], full_s: float) -> bo
     print(f"  its report in the Airflow UI: {view}")
     return summary.get("verdict") == "PASS" and not trained and set(outcomes) == {"PASS (unchanged)"}
 
+
+
+def _neutral_commit(rig: Rig, conf: Mapping[str, object], full_s: float) -> bool:
+    """Then the bitwise-first lane (lane auto): a code commit is verified in full and its PASS makes each suite's
+    bitwise reference (two deterministic runs of k steps); the next, numerics-neutral commit runs k deterministic
+    steps per suite, the same bits: PASS (bitwise), no full training; its time beside the full verification's.
+    True when it ends so."""
+    from harness.rig import DAG_ID
+    from rl_verify.orchestration import links
+
+    first = {**conf, "commit": "sim/neutral-refactor", "lane": "auto"}
+    _say(f"then the bitwise lane: {json.dumps(first)} (no reference yet: full verification, then the references)")
+    made = rig.run(first, timeout=900)
+    md = Path(made.summary["report"]["md"]).read_text() if made.summary else ""
+    refs = [line.lstrip("> ") for line in md.splitlines() if "bitwise reference trusted" in line]
+    print(f"\n  {first['commit']}: {(made.summary or {}).get('verdict', 'UNKNOWN')}" + (f"; {'; '.join(refs)}"
+                                                                                      if refs else ""))
+    neutral = {**conf, "commit": "sim/neutral-followup", "lane": "auto"}
+    _say(f"a numerics-neutral commit on top of it: {json.dumps(neutral)}")
+    outcome = rig.run(neutral, timeout=900)
+    summary = outcome.summary or {}
+    report = json.loads(Path(summary["report"]["json"]).read_text()) if summary else {}
+    outcomes = [(s.get("outcome") or {}) for s in report.get("suites") or []]
+    after = outcome.timings.get("after approval until end", 0.0)
+    view = links.absolute(rig.stack.base_url, links.report_view_path(DAG_ID, outcome.run_id))
+    print(f"\n  neutral commit: {summary.get('verdict', 'UNKNOWN')} ("
+          + ", ".join(f"{o.get('outcome')} after {(o.get('bitwise') or {}).get('steps_seen')} deterministic steps"
+                      for o in outcomes) + f") in {after:.0f} s from the approval to the end; the full verification "
+          f"of main took {full_s:.0f} s ({after / max(full_s, 1):.2f} of it)")
+    print(f"  its report in the Airflow UI: {view}")
+    return summary.get("verdict") == "PASS" and {o.get("outcome") for o in outcomes} == {"PASS (bitwise)"}
 
 
 def _wall(rig: Rig, run_id: str) -> dict[str, float]:

@@ -364,3 +364,24 @@ def test_a_probe_the_live_check_stopped_early_says_so_in_its_row_and_the_page_co
                          {"sha": GOOD, "node": "n1", "runs": 1, "outcome": "opd PASS", "run_id": "g", "report": "/r"}]}
     text = bisect_report.markdown(result)
     assert "(opd aborted early at step 10 of 25)" in text and "1 of 1 probe(s) that read bad were aborted early" in text
+
+
+def test_commits_whose_diff_from_the_good_end_cannot_move_a_number_are_good_without_a_probe(monkeypatch):
+    from rl_verify.engines import load_suite
+    from rl_verify.node import ops as node_ops
+    from rl_verify.orchestration import bisection as orchestration_bisection
+
+    diffs = {"c1": ["CHANGELOG.md", "docs/en/rl/grpo.md"], "c2": ["CHANGELOG.md", "xtuner/v1/rl/loss.py"],
+             "c3": None, "c4": ["tests/test_x.py"]}
+
+    def changed(client, checkout, base, head):
+        assert base == "good"
+        if head == "c5":
+            raise node_ops.NodeError("git failed")
+        return diffs[head]
+
+    monkeypatch.setattr(node_ops, "changed_files", changed)
+    shas = ["good", "c1", "c2", "c3", "c4", "c5", "bad"]
+    specs = [load_suite("grpo"), load_suite("opd")]
+    # c2 touches code, c3's base is not in the checkout, c5's diff cannot be read: probed as usual.
+    assert orchestration_bisection.unmoved_commits(object(), "/ckpt", shas, specs) == ["c1", "c4"]

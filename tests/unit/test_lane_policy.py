@@ -72,9 +72,9 @@ def test_a_bisection_uses_the_lane_only_when_the_regression_shows_within_its_ste
     assert lane.for_bisection(0, [3, 3])[0] == "auto"
     assert lane.for_bisection(2, [3])[0] == "auto"
     skip, why = lane.for_bisection(10, [3, 3])
-    assert skip == "skip" and "step 10, not within the lane's 3 steps" in why and "blind spot" in why
-    assert lane.for_bisection(None, [3])[0] == "skip"  # a bisection started by hand: onset unknown
-    assert lane.for_bisection(0, []) == ("skip", "no suite of the bisection declares a bitwise lane")
+    assert skip == "full" and "step 10, not within the lane's 3 steps" in why and "blind spot" in why
+    assert lane.for_bisection(None, [3])[0] == "full"  # a bisection started by hand: onset unknown
+    assert lane.for_bisection(0, []) == ("full", "no suite of the bisection declares a bitwise lane")
 
 
 def test_lane_skip_keeps_the_path_aware_skip_and_turns_the_bitwise_lane_off():

@@ -84,19 +84,18 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
 
 
 def for_bisection(onset: int | None, lane_steps: Sequence[int]) -> tuple[str, str]:
-    """The ``lane`` param of a bisection's probes and why (issue 33, item 3). The path-aware skip always applies
-    (a commit whose diff from a verified PASS touches no affecting path computes what it computed). The bitwise
-    lane only when the regression first showed (``onset``: the bad end's first breached step) within the lane's
-    steps: before its onset a regressed commit's bits are a good commit's, so a later onset would read the culprit
-    as good."""
+    """The ``lane`` param of a bisection's probes and why (issue 33, item 3): ``auto`` (the bitwise lane first) only
+    when the regression first showed (``onset``: the bad end's first breached step) within the lane's steps: before
+    its onset a regressed commit's bits are a good commit's, so a later onset would read the culprit as good; else
+    ``full``. (The path-aware part is the plan's: commits whose diff from the good end cannot move a number.)"""
     if not lane_steps:
-        return "skip", "no suite of the bisection declares a bitwise lane"
+        return "full", "no suite of the bisection declares a bitwise lane"
     k = min(lane_steps)
     if onset is None:
-        return "skip", ("where the regression first showed is not known (no first breached step in the bad end's "
+        return "full", ("where the regression first showed is not known (no first breached step in the bad end's "
                         "record): a bitwise lane could read the culprit as good")
     if onset >= k:
-        return "skip", (f"the regression first showed at step {onset}, not within the lane's {k} steps (0..{k - 1}): "
+        return "full", (f"the regression first showed at step {onset}, not within the lane's {k} steps (0..{k - 1}): "
                         "before it a regressed commit has a good commit's bits (the lane's blind spot)")
     return "auto", (f"the regression first showed at step {onset}, within the lane's {k} steps: a probe whose "
                     "deterministic steps are the bits of a verified PASS is good")

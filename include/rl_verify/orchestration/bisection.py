@@ -16,7 +16,7 @@ import re
 from typing import Any, Iterable, Mapping
 
 from rl_verify import engines, settings
-from rl_verify.core import bisect, bisect_report, lane
+from rl_verify.core import bisect, bisect_report, lane, paths
 from rl_verify.core.names import short_sha
 from rl_verify.node import ops as node
 from rl_verify.node import remote
@@ -143,15 +143,25 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
                 f"max_commits (at most {settings.BISECT_MAX_COMMITS})")
         shas = [c["sha"] for c in commits]
         bisect.check_range(shas, p["max_commits"])
-    fingerprint = p["source"].get("fingerprint") or fingerprint_of(shas[-1], p["suites"])
-    recorded = recorded_readings(shas, p["suites"], fingerprint, p["source"].get("baselines"))
+        fingerprint = p["source"].get("fingerprint") or fingerprint_of(shas[-1], p["suites"])
+        recorded = recorded_readings(shas, p["suites"], fingerprint, p["source"].get("baselines"))
+        unmoved: list[str] = []
+        if recorded.get(shas[0]) == bisect.Reading.GOOD:  # only a good end the record decided vouches for them
+            with ssh_client(conn) as client:
+                unmoved = unmoved_commits(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], shas, specs)
+    for sha in unmoved:  # as good as the good end: nothing that can move a number changed since it
+        recorded[sha] = bisect.Reading.GOOD
     free = len(p["nodes"])
     scale = run_scale(specs)
     worst = promised_worst(len(shas) - 1, free, shas[0] in recorded, shas[-1] in recorded, 1 + p["repeats"], scale)
     probe_lane, lane_why = lane.for_bisection(p["source"].get("onset"),
                                               [s.bitwise.steps for s in specs if s.bitwise is not None])
     plan = {**p, "commits": commits, "fingerprint": fingerprint, "recorded": {c: r.value for c, r in recorded.items()},
-            "scale": scale, "worst": worst, "dag_run_id": dag_run_id, "lane": probe_lane, "lane_why": lane_why}
+            "scale": scale, "worst": worst, "dag_run_id": dag_run_id, "lane": probe_lane, "lane_why": lane_why,
+            "unmoved": unmoved}
+    if unmoved:
+        log.info("%d commit(s) of the range are good without a probe: their diff from the good end touches no path "
+                 "that can move the suites' numbers: %s", len(unmoved), ", ".join(short_sha(s) for s in unmoved))
     log.info("Probes run with lane = %s: %s", probe_lane, lane_why)
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
     log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s) on %d node(s); "
@@ -176,6 +186,22 @@ def promised_worst(n_commits: int, free: int, good_known: bool, bad_known: bool,
             "probes_no_skip": clean.probes, "skips": 1,
             "gpu_hours": round(worst.probes * runs_per_probe * gpu_minutes / 60, 1),
             "wall_hours": round(worst.rounds * runs_per_probe * minutes / 60, 1)}
+
+
+def unmoved_commits(client: Any, checkout: str, shas: list[str], specs: list[SuiteSpec]) -> list[str]:
+    """The commits of the range (ends excluded) whose diff from the good end ``shas[0]`` touches no path that can
+    move any of the suites' numbers (``core.paths``, each suite's ``affects``/``unaffecting``): as good as the good
+    end (issue 33, item 3). A diff git cannot give counts as touching everything."""
+    out = []
+    for sha in shas[1:-1]:
+        try:
+            changed = node.changed_files(client, checkout, shas[0], sha)
+        except node.NodeError as err:
+            log.info("The diff %s..%s could not be read (%s): probed as usual", short_sha(shas[0]), short_sha(sha), err)
+            continue
+        if changed is not None and not any(paths.affecting(changed, s.affects, s.unaffecting) for s in specs):
+            out.append(sha)
+    return out
 
 
 def run_scale(specs: Iterable[SuiteSpec]) -> dict[str, dict[str, float]]:
@@ -218,9 +244,10 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
                   f"{'good' if i == 0 else 'bad'} {short_sha(commits[i]['sha'])}: "
                   + (f"taken from the record ({recorded[commits[i]['sha']]})" if commits[i]["sha"] in recorded
                      else "re-checked") for i in (0, len(commits) - 1)),
-              "", f"Probes verify with lane = {plan.get('lane', 'skip')}: a commit whose diff from a verified PASS "
-              "touches no path that can move a suite's numbers is good without training"
-              + (", and a probe whose first deterministic steps are a verified PASS's bits is good in those steps"
+              "", f"Good without a probe (their diff from the good end touches no path that can move a suite's "
+              f"numbers): {', '.join(short_sha(s) for s in plan.get('unmoved') or []) or 'none'}. Probes verify with "
+              f"lane = {plan.get('lane', 'full')}"
+              + (": a probe whose first deterministic steps are a verified PASS's bits is good in those steps"
                  if plan.get("lane") == "auto" else "") + f" ({plan.get('lane_why') or 'no bitwise lane'}).",
               "", "Approving starts every probe of this bisection without asking again: each probe's card is "
               "pre-approved by this approval (checked against Airflow's record of it). A standing approval of the "

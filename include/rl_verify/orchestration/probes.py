@@ -32,10 +32,10 @@ def probe_run_id(dag_run_id: str, sha: str, attempt: int) -> str:
 
 def probe_conf(plan: Mapping[str, Any], sha: str, conn: str) -> dict[str, Any]:
     """The verification params of one probe: the commit, the bisection's suites on one node, early abort on, and
-    the plan's ``lane`` (``core.lane.for_bisection``): the path-aware skip always, the bitwise lane when the
-    regression shows within its steps."""
+    the plan's ``lane`` (``core.lane.for_bisection``): ``auto`` (the bitwise lane first) when the regression shows
+    within the lane's steps, else ``full``."""
     return {"commit": sha, "suites": list(plan["suites"]), "node": conn, "early_abort": True,
-            "repeats": plan["repeats"], "bisection": plan["dag_run_id"], "lane": plan.get("lane", "skip")}
+            "repeats": plan["repeats"], "bisection": plan["dag_run_id"], "lane": plan.get("lane", "full")}
 
 
 def trigger_probe(plan: Mapping[str, Any], sha: str, conn: str, attempt: int, why: str) -> str:

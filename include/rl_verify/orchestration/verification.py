@@ -104,7 +104,10 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     with no_retry_on(InputError):
         versions, fingerprints = _baselines_in_use(specs, p["baseline_pins"], dag_run_id)
     # The path-aware skip's bases: read from the record before any node is touched.
-    bases = unchanged.bases(specs, fingerprints, versions) if p["lane"] != "full" else {}  # full: nothing to skip
+    # full: nothing to skip; a bisection's probe neither: its plan already took the commits whose diff from the good
+    # end cannot move a number as good, and a probe must not rest on an earlier probe's PASS (its confirmation).
+    skips = p["lane"] != "full" and not params.get("bisection")
+    bases = unchanged.bases(specs, fingerprints, versions) if skips else {}
     key = run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, Any]] = {}
