@@ -95,6 +95,7 @@ bench: venv ensure-sshd
 	$(PY) -m scripts.bench_bisect --positions 20
 	$(PY) -m scripts.bench_bisect_dag
 	$(PY) -m scripts.bench_unchanged
+	$(PY) -m scripts.bench_lane
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests
