@@ -209,6 +209,7 @@ def test_a_diff_touching_code_the_deterministic_mode_bypasses_turns_the_lane_off
                         lambda conn, spec, base, head: ["xtuner/v1/ray/rollout/lmdeploy/worker.py"])
     entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]
     assert entry["choice"] == "full" and "bypasses: xtuner/v1/ray/rollout/lmdeploy/worker.py" in entry["why"]
+    assert entry["make_reference"]  # its full PASS makes the next reference: the lane is off for this commit only
 
 
 def test_a_scheduled_run_verifies_in_full_when_the_last_full_verification_is_too_old(store):

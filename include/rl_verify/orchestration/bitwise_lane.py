@@ -70,7 +70,8 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
            now: float | None = None) -> dict[str, dict[str, Any]]:
     """Per trained suite with a lane in a ``lane = auto`` run: ``choice`` and ``why`` (``core.lane.choose``), the
     reference ``key``, the ``environment`` fingerprint, the kept ``reference`` (commit, run, report, state; None
-    when absent), and ``make_reference`` (whether a full PASS of this run makes one)."""
+    when absent), and ``make_reference`` (whether a full PASS of this run makes one: the lane's job when it ran and
+    differed, the full training's otherwise)."""
     if resolved.get("lane", "auto") != "auto":  # full: no lane; skip: the path-aware skip only
         return {}
     out: dict[str, dict[str, Any]] = {}
@@ -100,7 +101,9 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
                                                                     "self_check")}
         out[suite] = {"choice": chosen.choice, "why": chosen.why, "key": key, "environment": environment,
                       "steps": spec.bitwise.steps, "reference": meta,
-                      "make_reference": state == "absent" or chosen.choice == "bitwise"}
+                      # A full PASS makes a reference at its commit, unless the environment does not reproduce: so that
+                      # a diff touching bypassed code turns the lane off for that commit only, not for every later one.
+                      "make_reference": state != "not reproducible"}
         log.info("%s: %s: %s", suite, "bitwise lane" if chosen.choice == "bitwise" else "full verification",
                  chosen.why)
     return out
