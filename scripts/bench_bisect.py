@@ -101,7 +101,7 @@ def bisection(n: int, culprit: int, free: int, base: str, scenario: str, record:
     probed: dict[str, int] = {}
     running: dict[str, tuple[float, float, bisect.Reading, int]] = {}  # commit -> (start, end, reading, runs)
     now = probes = used = waves = stopped = 0
-    gpu = 0.0
+    gpu = bad_gpu = 0.0  # bad_gpu: what probes that read BAD used (no shortcut to GOOD can save it)
     reference = lane.bits(0, culprit) if lane else None
     while True:
         step = bisect.plan(commits, readings, running.keys(), free - len(running), record=record)
@@ -115,7 +115,7 @@ def bisection(n: int, culprit: int, free: int, base: str, scenario: str, record:
             right = answer.kind == bisect.CULPRIT and answer.culprit.first <= culprit <= answer.culprit.last
             return Result(right=right and answer.culprit.exact, exact=bool(answer.culprit and answer.culprit.exact),
                           probes=probes, runs=used, waves=waves, wall_min=now, gpu_min=gpu, stopped=stopped,
-                          answer=answer.kind)
+                          answer=answer.kind, extra={"bad_gpu_min": bad_gpu})
         if step.probe:
             waves += 1
             wanted, lane_min = [], {}
@@ -145,6 +145,8 @@ def bisection(n: int, culprit: int, free: int, base: str, scenario: str, record:
             start, end, reading, n_runs = running.pop(c)
             readings.setdefault(c, []).append(reading)
             gpu += (end - start) * GPUS
+            if reading != bisect.Reading.GOOD:
+                bad_gpu += (end - start) * GPUS
 
 
 def person(n: int, culprit: int, base: str, scenario: str, runs: bc.Runs) -> Generator[list[tuple], dict, Result]:
