@@ -58,7 +58,7 @@ ensure-services:
 # Three test processes on two cores: the end-to-end tests spend part of their time waiting on the simulated
 # node (a cron tick, an sshd outage, an approval timeout); a third process keeps the cores busy meanwhile.
 test: venv ensure-sshd ensure-chromium ensure-services lint
-	@rc=0; $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests $(PYTEST_ARGS) || rc=$$?; \
+	@rc=0; $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
 

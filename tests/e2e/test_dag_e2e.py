@@ -13,8 +13,9 @@ import pytest
 
 from e2e_rigs import require_sshd
 from harness.rig import DAG_ID
-from rl_verify.core.names import run_key
+from rl_verify.core.names import run_key, short_sha
 from simulator import node as sim
+from simulator.noise import DEFAULT_ENVIRONMENT
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -256,6 +257,29 @@ def test_the_bitwise_lane_passes_a_neutral_commit_in_k_steps_and_sends_a_numeric
     lane = json.loads((Path(regressed.summary["record"]) / "grpo" / "lane.json").read_text())
     assert not lane["identical"] and outcome_of(regressed)["outcome"] == "FAIL"
     assert not kept(commits["regress-mismatch"])  # no reference from a FAIL
+    _assert_node_clean(node_state)
+
+    # 5. A driver upgrade on a node whose deterministic mode does not reproduce: the lane is not applicable (no
+    # reference for this environment; the report names what changed), the full verification PASSes, and the
+    # self-check's two runs differ: that environment's reference is "not reproducible" and the lane is off on it.
+    sim.set_determinism(node_state, reproducible=False,
+                        environment={**DEFAULT_ENVIRONMENT, "driver": "580.200.01"})
+    try:
+        upgraded = rig.run({**conf, "commit": "sim/neutral-followup"})
+    finally:
+        sim.set_determinism(node_state, reproducible=True, environment=DEFAULT_ENVIRONMENT)
+    assert upgraded.state == "success" and upgraded.summary["verdict"] == "PASS", json.dumps(upgraded.tasks)
+    assert outcome_of(upgraded)["outcome"] == "PASS"
+    report_md = Path(upgraded.summary["report"]["md"]).read_text()
+    assert ("grpo: bitwise lane not applicable: the environment changed since the reference of "
+            f"{short_sha(commits['numerics-reorder'])} (driver 580.159.04 -> 580.200.01): no bitwise reference "
+            "for this environment yet") in report_md, report_md
+    assert f"grpo: bitwise reference not reproducible at {short_sha(commits['neutral-followup'])}" in report_md
+    assert "the bitwise lane is off on this environment" in report_md
+    (off,) = kept(commits["neutral-followup"])
+    assert off["state"] == "not reproducible" and off["facts"]["driver"] == "580.200.01"
+    assert sorted(p.name for p in (run_dir / run_key(upgraded.run_id) / "jobs").iterdir()) == [
+        "grpo", "grpo-ref1", "grpo-ref2"]  # no lane job: nothing to compare with on this environment
     _assert_node_clean(node_state)
 
 

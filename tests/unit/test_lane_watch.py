@@ -190,6 +190,39 @@ def test_a_changed_environment_finds_no_reference_and_the_lane_is_not_applicable
     assert lanes["grpo"]["choice"] == "full" and "no bitwise reference for this environment" in lanes["grpo"]["why"]
 
 
+BEFORE = {"gpu": "NVIDIA H200", "gpu_count": 8, "driver": "580.159.04", "cuda": "13.0",
+          "packages": {"torch": "2.8.0", "sglang": "0.5.3", "ray": None}}
+
+
+def _environments(facts: dict) -> dict:
+    return {"n1": {**facts, "fingerprint": bitwise.fingerprint(facts)}}
+
+
+def test_a_changed_environment_names_what_changed_since_the_last_reference(store):
+    # A full PASS on the old environment kept its reference through candidate and promote, as the DAG does.
+    entry = bitwise_lane.decide(_resolved(suites=["grpo"]), _environments(BEFORE))["grpo"]
+    made = bitwise_lane.candidate({"steps": 3, "rows": [{"step": 0, "x": 1.0}]}, {"identical": True}, entry)
+    references.put(entry["key"], {**made, "suite": "grpo", "sha": "a" * 40, "made_at": "2026-12-01T00:00:00+00:00"})
+    assert bitwise_lane.decide(_resolved(suites=["grpo"]), _environments(BEFORE))["grpo"]["choice"] == "bitwise"
+
+    after = {**BEFORE, "driver": "580.200.01", "packages": {**BEFORE["packages"], "sglang": "0.5.4"}}
+    moved = bitwise_lane.decide(_resolved(suites=["grpo"]), _environments(after))["grpo"]
+    assert moved["choice"] == "full" and moved["make_reference"]
+    assert moved["why"].startswith("the environment changed since the reference of aaaaaaaaaaaa (driver 580.159.04 "
+                                   "-> 580.200.01; sglang 0.5.3 -> 0.5.4): no bitwise reference for this environment")
+    # Another experiment (a new baseline) has no reference of its own to compare with: no environment named.
+    fresh = bitwise_lane.decide(_resolved(suites=["grpo"], suite_fingerprints={"grpo": "other"}),
+                                _environments(after))["grpo"]
+    assert fresh["why"].startswith("no bitwise reference for this environment yet")
+
+
+def test_environment_changes_names_each_fact_and_package_that_differs():
+    after = {**BEFORE, "gpu_count": 4, "packages": {"torch": "2.9.0", "sglang": "0.5.3", "triton": "3.4.0"}}
+    assert bitwise.environment_changes(BEFORE, after) == ["gpu_count 8 -> 4", "torch 2.8.0 -> 2.9.0",
+                                                          "triton (none) -> 3.4.0"]
+    assert bitwise.environment_changes(BEFORE, {**BEFORE, "fingerprint": "x"}) == []
+
+
 def test_a_failed_self_check_turns_the_lane_off_for_its_key_and_makes_no_new_reference(store):
     _keep("grpo", "not reproducible")
     entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]

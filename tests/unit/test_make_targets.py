@@ -155,7 +155,7 @@ def test_make_dry_run_with_variables_unset_and_empty(target):
             pytest_line = next(line for line in lines if " -m pytest " in line)
             words = shlex.split(pytest_line.split("||")[0].split(";", 1)[1])
             assert words == [".venv/bin/python", "-m", "pytest", "-q", "-n", "3", "--dist", "loadfile",
-                                 "--no-loadscope-reorder", "tests"], mode
+                                 "--no-loadscope-reorder", "--durations=25", "tests"], mode
         else:
             assert all("=''" not in line and '=""' not in line for line in scripted), (target, mode)
 

@@ -151,6 +151,23 @@ def fingerprint(facts: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def environment_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """What differs between two environments' facts (``check_prerequisites``'s: gpu, gpu_count, driver, cuda,
+    packages), one "name before -> after" per fact, packages by name; "(none)" for what one side could not say. The
+    fingerprint itself is not a fact."""
+    def flat(facts: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in facts.items() if k not in ("packages", "fingerprint")}
+        out.update({str(name): version for name, version in (facts.get("packages") or {}).items()})
+        return out
+
+    def shown(value: Any) -> str:
+        return "(none)" if value is None else str(value)
+
+    old, new = flat(before), flat(after)
+    return [f"{name} {shown(old.get(name))} -> {shown(new.get(name))}"
+            for name in sorted(old.keys() | new.keys()) if old.get(name) != new.get(name)]
+
+
 def reference_key(suite: str, experiment: str, environment: str, lane: Mapping[str, Any]) -> str:
     """The key a reference is kept and found under: the suite, its experiment fingerprint, the environment's
     fingerprint and the lane's config (env, args, steps, exclude); any of them changing means no reference."""

@@ -45,13 +45,15 @@ def _files(changed: Sequence[str], most: int = 5) -> str:
 
 def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affecting: Sequence[str],
            has_lane: bool, lane_disabling: Sequence[str], reference: ReferenceState,
-           last_full_at: datetime | None, now: datetime, full_every_days: float) -> LaneChoice:
+           last_full_at: datetime | None, now: datetime, full_every_days: float,
+           environment_change: str = "") -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
     baseline version (None: none, so no skip). ``affecting``: the diff's files since it that can affect the
     suite (``core.paths.affecting``). ``lane_disabling``: the diff's files that turn the lane off.
-    ``last_full_at``: when the suite's last full verification ended (None: never).
+    ``last_full_at``: when the suite's last full verification ended (None: never). ``environment_change``: when
+    no reference exists for this environment but one does for another, what changed since it (named in the why).
     """
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
@@ -75,7 +77,9 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if lane_disabling:
         return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}")
     if reference == "absent":
-        return LaneChoice("full", "no bitwise reference for this environment yet (one is made after a full PASS)")
+        changed = f"the environment changed {environment_change}: " if environment_change else ""
+        return LaneChoice("full", f"{changed}no bitwise reference for this environment yet (one is made after a full "
+                                  "PASS)")
     if reference == "not reproducible":
         return LaneChoice("full", "the bitwise lane is off: not reproducible on this environment (the reference's "
                                   "self-check runs differed)")

@@ -84,10 +84,13 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         environment = (environments.get(conn) or {}).get("fingerprint")
         if spec.bitwise is None or not environment:
             continue
-        key = bitwise.reference_key(suite, (resolved.get("suite_fingerprints") or {}).get(suite, ""), environment,
-                                    lane_config(spec))
+        experiment = (resolved.get("suite_fingerprints") or {}).get(suite, "")
+        config = bitwise.fingerprint(lane_config(spec))
+        key = bitwise.reference_key(suite, experiment, environment, lane_config(spec))
         kept = references.get(key)
         state = references.state(kept)
+        facts = {k: v for k, v in (environments.get(conn) or {}).items() if k != "fingerprint"}
+        changed = _environment_change(suite, experiment, config, key, facts) if state == "absent" else ""
         disabling: list[str] = []
         if state == "trusted":
             disabling = _lane_disabling(conn, spec, kept["sha"], resolved["sha"])
@@ -96,10 +99,11 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
                              verified_pass=None, affecting=[], has_lane=True, lane_disabling=disabling,
                              reference=state,  # type: ignore[arg-type]
                              last_full_at=datetime.fromtimestamp(float(last_full), timezone.utc) if last_full else None,
-                             now=now_at, full_every_days=settings.FULL_EVERY_DAYS)
+                             now=now_at, full_every_days=settings.FULL_EVERY_DAYS, environment_change=changed)
         meta = None if kept is None else {k: kept.get(k) for k in ("sha", "run_id", "report", "state", "made_at",
                                                                     "self_check")}
         out[suite] = {"choice": chosen.choice, "why": chosen.why, "key": key, "environment": environment,
+                      "facts": facts, "experiment": experiment, "lane_config": config,
                       "steps": spec.bitwise.steps, "reference": meta,
                       # A full PASS makes a reference at its commit, unless the environment does not reproduce: so that
                       # a diff touching bypassed code turns the lane off for that commit only, not for every later one.
@@ -107,6 +111,16 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         log.info("%s: %s: %s", suite, "bitwise lane" if chosen.choice == "bitwise" else "full verification",
                  chosen.why)
     return out
+
+
+def _environment_change(suite: str, experiment: str, config: str, key: str, facts: Mapping[str, Any]) -> str:
+    """When the suite's newest reference for the same experiment and lane config was made on another environment:
+    "since the reference of <sha> (driver 580.159.04 -> 580.200.01)"; else ""."""
+    for other in references.others(suite, experiment, config, key):
+        changes = bitwise.environment_changes(other["facts"], facts)
+        if changes:
+            return f"since the reference of {short_sha(other.get('sha') or '')} ({'; '.join(changes)})"
+    return ""
 
 
 def _lane_disabling(conn: str, spec: SuiteSpec, base: str, head: str) -> list[str]:
@@ -177,6 +191,9 @@ def candidate(first: Mapping[str, Any], second: Mapping[str, Any], entry: Mappin
     parted."""
     same = bool(second.get("identical"))
     return {"key": entry["key"], "environment": entry["environment"], "steps": first.get("steps"),
+            # What finds this reference's successor on a changed environment (``references.others``).
+            "facts": entry.get("facts") or {}, "experiment": entry.get("experiment"),
+            "lane": entry.get("lane_config"),
             "state": references.TRUSTED if same else references.NOT_REPRODUCIBLE,
             "rows": list(first.get("rows") or []) if same else [],
             "self_check": "2 deterministic runs agreed bit for bit" if same else
@@ -213,6 +230,9 @@ def promote(dag_run_id: str, suites: Mapping[str, Mapping[str, Any]], sha: str, 
         kept = {**found, "suite": suite, "sha": sha, "run_id": dag_run_id, "report": report,
                 "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         references.put(found["key"], kept)
-        lines.append(f"{suite}: bitwise reference {found['state']} at {short_sha(sha)} ({found['self_check']})")
+        lines.append(f"{suite}: bitwise reference {found['state']} at {short_sha(sha)} ({found['self_check']})"
+                     + ("" if found["state"] == references.TRUSTED else
+                        f"; the bitwise lane is off on this environment: every later run verifies in full (to try "
+                        f"again, remove {references.FOLDER}/{found['key']}.json from the record store)"))
         log.info("%s", lines[-1])
     return lines

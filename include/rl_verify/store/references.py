@@ -45,6 +45,29 @@ def put(key: str, reference: dict[str, Any], root: str | None = None) -> str:
     return str(path)
 
 
+def others(suite: str, experiment: str, lane: str, key: str, root: str | None = None) -> list[dict[str, Any]]:
+    """The references kept for ``suite`` with the same experiment fingerprint and lane config (``lane``: its
+    fingerprint) under other keys, i.e. other environments, newest first. Only references that record those
+    fields (and the environment's facts) are found; one that cannot be read is passed over."""
+    folder = record.store_root(root) / FOLDER
+    try:
+        items = list(folder.iterdir()) if folder.exists() else []
+    except OSError:
+        return []
+    found = []
+    for item in items:
+        if not item.name.endswith(".json") or item.name == f"{key}.json":
+            continue
+        try:
+            kept = json.loads(item.read_bytes())
+        except (OSError, ValueError):
+            continue
+        if (kept.get("suite"), kept.get("experiment"), kept.get("lane")) == (suite, experiment, lane) and \
+                kept.get("facts"):
+            found.append(kept)
+    return sorted(found, key=lambda r: str(r.get("made_at") or ""), reverse=True)
+
+
 def state(reference: dict[str, Any] | None) -> str:
     """``core.lane.ReferenceState`` of a kept reference: trusted, not reproducible, or absent."""
     if reference is None:
