@@ -283,3 +283,16 @@ def test_a_step_whose_summary_row_was_read_counts_without_waiting_for_the_next_s
     assert watch.reading().steps_seen == 1  # step 1's mini-batch row only: not yet
     watch.take(_poll("/w/x/t.jsonl", watch.offset, _jsonl(rows[2:])))
     assert watch.reading().identical and watch.summary()["rows"][1]["loss"] == 0.25
+
+
+def test_a_pass_message_says_which_suites_had_no_full_training_and_what_their_pass_rests_on():
+    from rl_verify.orchestration import notify
+
+    reason = ("its first 3 deterministic steps are the same bits as the reference of the verified commit "
+              "aaaaaaaaaaaa on this environment (75d428d93aefbbc2)")
+    summary = {"verdict": "PASS", "suites": [
+        {"suite": "grpo", "verdict": "PASS", "outcome": "PASS (bitwise)", "runs": 0, "outcome_reason": reason},
+        {"suite": "opd", "verdict": "PASS", "outcome": "PASS", "runs": 1, "outcome_reason": ""}]}
+    _, body = notify.verdict(summary, "main (abc)", "manual__1", None)
+    assert f"grpo PASS (bitwise), no full training: {reason}" in body.splitlines()
+    assert not any(line.startswith("opd") for line in body.splitlines())

@@ -52,7 +52,8 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
         head = (f"Every suite of {suites} passes." if summary["verdict"] == "PASS" else
                 "At least one suite is INCONCLUSIVE: its FAIL was neither reproduced nor cleared within the budget.")
         return (f"rl-verify {summary['verdict']}: {commit}",
-                "\n".join([head, *confirmed, *_drift_lines(summary), *_gpu_lines(summary), f"Report: {report}"]))
+                "\n".join([head, *_shortcut_lines(summary), *confirmed, *_drift_lines(summary), *_gpu_lines(summary),
+                           f"Report: {report}"]))
     classes = " + ".join(summary.get("failure_classes") or ["unknown"])
     lines = [suite_line(s) + f" ({s.get('failure_class')})" for s in summary.get("suites") or []
              if s.get("outcome", s["verdict"]) in ("FAIL", "FAIL (reproduced)")]
@@ -62,6 +63,13 @@ def verdict(summary: dict[str, Any], commit: str, dag_run_id: str, next_step: st
     lines += _drift_lines(summary) + _gpu_lines(summary)
     lines.append(f"Report: {report}")
     return f"rl-verify FAIL ({classes}): {commit}", "\n".join(lines)
+
+
+def _shortcut_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per suite a shortcut decided (no full training), with what it rests on: "grpo PASS (bitwise), no
+    full training: its first 3 deterministic steps are the same bits as the reference of the verified commit ..."."""
+    return [f"{s['suite']} {s['outcome']}, no full training: {s.get('outcome_reason') or 'see the report'}"
+            for s in summary.get("suites") or [] if s.get("outcome") in SHORTCUTS]
 
 
 def _drift_lines(summary: dict[str, Any]) -> list[str]:
