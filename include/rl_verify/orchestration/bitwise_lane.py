@@ -85,8 +85,9 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         if spec.bitwise is None or not environment:
             continue
         experiment = (resolved.get("suite_fingerprints") or {}).get(suite, "")
-        config = bitwise.fingerprint(lane_config(spec))
-        key = bitwise.reference_key(suite, experiment, environment, lane_config(spec))
+        config_facts = lane_config(spec)
+        config = bitwise.fingerprint(config_facts)
+        key = bitwise.reference_key(suite, experiment, environment, config_facts)
         kept = references.get(key)
         state = references.state(kept)
         facts = {k: v for k, v in (environments.get(conn) or {}).items() if k != "fingerprint"}

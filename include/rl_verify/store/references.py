@@ -56,14 +56,12 @@ def others(suite: str, experiment: str, lane: str, key: str, root: str | None = 
         return []
     found = []
     for item in items:
-        if not item.name.endswith(".json") or item.name == f"{key}.json":
+        name = item.name.removesuffix(".json")
+        if name == item.name or name == key or not name.isalnum():
             continue
-        try:
-            kept = json.loads(item.read_bytes())
-        except (OSError, ValueError):
-            continue
-        if (kept.get("suite"), kept.get("experiment"), kept.get("lane")) == (suite, experiment, lane) and \
-                kept.get("facts"):
+        kept = get(name, root)
+        if kept and (kept.get("suite"), kept.get("experiment"), kept.get("lane")) == (suite, experiment, lane) \
+                and kept.get("facts"):
             found.append(kept)
     return sorted(found, key=lambda r: str(r.get("made_at") or ""), reverse=True)
 
