@@ -46,7 +46,7 @@ from scripts import bench_bisect as bb
 from scripts import bench_confirmation as bc
 
 ROOT = Path(__file__).resolve().parents[1]
-SLOWDOWN = 1.3  # simulator/xtuner_checkout/xtuner_sim/train.py: sim.json deterministic_slowdown's default
+SLOWDOWN = 1.3  # simulator/xtuner_checkout/xtuner/rlsim/train.py: sim.json deterministic_slowdown's default
 PROD_POLL_S = 5.0
 ASSUMED_STARTUP_MIN = 3.0
 SUITES = ("grpo", "opd")

@@ -159,6 +159,12 @@ def _source_files() -> dict[str, Path]:
     return files
 
 
+def checkout_files() -> list[str]:
+    """The files of the simulated checkout's first commit (checkout-relative paths, sorted): what its tree holds
+    before any branch adds or renames one."""
+    return sorted(_source_files())
+
+
 def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
     h = hashlib.sha256(b"rlsim-checkout-v4")  # v4: the docs-only, neutral (two) and numerics branches
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
@@ -180,7 +186,7 @@ def build_checkout(root: Path) -> dict[str, str]:
     """Create (or rebuild when the simulator's sources changed) ROOT/xtuner; return name -> SHA.
 
     Commits on main: "initial", then "feature" (the healthy tip, key "good"); one branch per
-    regression, each a single commit on top of main changing xtuner_sim/behaviour.json; and the linear
+    regression, each a single commit on top of main changing xtuner/rlsim/behaviour.json; and the linear
     bisection history after main (:func:`_build_bisect_history`, layout from sim.json ``"bisect"``).
     The checker double under simulator/xtuner_checkout/autotest/ is included whenever present;
     a later change of any source file changes the fingerprint and rebuilds the checkout.
@@ -204,7 +210,7 @@ def build_checkout(root: Path) -> dict[str, str]:
         dst = repo / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst)
-    behaviour = repo / "xtuner_sim" / "behaviour.json"
+    behaviour = repo / "xtuner" / "rlsim" / "behaviour.json"
 
     def set_behaviour(regression: str | None, note: str, **shape: Any) -> None:
         behaviour.write_text(json.dumps({"regression": regression, **shape, "note": note}, indent=2) + "\n")
@@ -232,7 +238,7 @@ def build_checkout(root: Path) -> dict[str, str]:
     _git(repo, "commit", "-q", "-m", "docs: how to run the RL recipes (simulated docs-only commit)")
     commits["docs-only"] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "-b", NEUTRAL_CODE_BRANCH, "main")
-    helper = repo / "xtuner_sim" / "logging_util.py"
+    helper = repo / "xtuner" / "rlsim" / "logging_util.py"
     helper.write_text('"""Log formatting helpers (SIMULATED refactor: no effect on the numbers)."""\n')
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "refactor: move log formatting into a helper (simulated, numerics-neutral)")

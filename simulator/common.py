@@ -40,7 +40,7 @@ REGRESSION_BRANCHES = {
     "regress-rewards": ("sim/regress-rewards", "rewards",
                         "Change judger answer extraction (simulated OPD rewards-only regression)"),
 }
-#: The regression kinds of the replay trainer (xtuner_sim/curves.py REGRESSIONS).
+#: The regression kinds of the replay trainer (xtuner/rlsim/curves.py REGRESSIONS).
 REGRESSION_KINDS = ("init", "divergence", "mismatch", "teacher", "rewards")
 #: A commit on top of main that touches documentation only (the path-aware skip's case, issue 33).
 DOCS_ONLY_BRANCH = "sim/docs-only"
@@ -69,7 +69,7 @@ class BisectLayout:
     """Where things are in the simulated bisection history (positions 1..``commits`` after the good commit).
 
     * ``culprit``: the commit that introduces the regression; it and every later commit carry it (their
-      ``xtuner_sim/behaviour.json``: ``regression``, ``scale``, ``from_step``), every earlier one is healthy.
+      ``xtuner/rlsim/behaviour.json``: ``regression``, ``scale``, ``from_step``), every earlier one is healthy.
     * ``regression`` / ``scale`` / ``from_step``: the regression's kind (curves.REGRESSIONS), its size as a
       fraction of that kind's shifts, and the first training step it shows at. Default: the OPD teacher
       path at 1/3 of ``sim/regress-teacher``'s shifts - distillation KL +0.030 and abs loss +0.0267, one
@@ -183,7 +183,7 @@ def _node_python() -> str:
 
 def load_curves() -> ModuleType:
     """The checkout's curves.py, loaded by path: baselines and the replay trainer share one model."""
-    spec = importlib.util.spec_from_file_location("rlsim_curves", CHECKOUT_SRC / "xtuner_sim" / "curves.py")
+    spec = importlib.util.spec_from_file_location("rlsim_curves", CHECKOUT_SRC / "xtuner" / "rlsim" / "curves.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

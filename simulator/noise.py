@@ -1,7 +1,7 @@
 """The simulated node's noise mode (``sim.json`` keys ``noise`` and ``baseline_error_seed``).
 
 The mode decides how runs scatter around the node's true curve and what the share's baseline
-trackers hold (see ``xtuner_checkout/xtuner_sim/curves.py``): ``bounded`` (default, a healthy run
+trackers hold (see ``xtuner_checkout/xtuner/rlsim/curves.py``): ``bounded`` (default, a healthy run
 always passes), ``realistic`` (unbounded normal noise with the runbook's measured spread and the
 baseline's own error) or ``realistic-t`` (the same, heavier-tailed). Switching it here rewrites the
 share's baselines with it, so runs and baselines always agree. Standard library only.

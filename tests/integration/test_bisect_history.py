@@ -28,7 +28,7 @@ def test_node_json_names_the_history_and_every_commit_checks_out(sim_node: Node)
     assert rc == 0 and out.split() == b["commits"][1:], err
     for pos, sha in enumerate(b["commits"]):
         wt = sim_node.worktree(sha, f"bisect-{pos}")
-        rc, out, err = sim_node.run(f"git -C {shlex.quote(wt)} rev-parse HEAD && cat {shlex.quote(wt)}/xtuner_sim/"
+        rc, out, err = sim_node.run(f"git -C {shlex.quote(wt)} rev-parse HEAD && cat {shlex.quote(wt)}/xtuner/rlsim/"
                                     "behaviour.json")
         head, behaviour = out.split("\n", 1)
         assert rc == 0 and head == sha, err

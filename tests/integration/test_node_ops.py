@@ -234,7 +234,7 @@ def test_the_files_changed_between_two_commits_are_listed_from_the_node_checkout
     good, first, culprit = history["commits"][0], history["commits"][1], history["culprit"]
     # An ordinary commit of the history touches the changelog only; the culprit also the trainer's behaviour.
     assert node.changed_files(sim_node.client, sim_node.checkout, good, first) == ["CHANGELOG.md"]
-    assert "xtuner_sim/behaviour.json" in node.changed_files(sim_node.client, sim_node.checkout, good, culprit)
+    assert "xtuner/rlsim/behaviour.json" in node.changed_files(sim_node.client, sim_node.checkout, good, culprit)
     assert node.changed_files(sim_node.client, sim_node.checkout, good, good) == []
     # A verified commit the checkout does not have: nothing can be said (None), not an error.
     assert node.changed_files(sim_node.client, sim_node.checkout, "0" * 40, good) is None

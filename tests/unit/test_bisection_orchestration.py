@@ -13,8 +13,11 @@ from rl_verify.core import bisect, bisect_report
 from rl_verify.core.names import run_key
 from rl_verify.orchestration import airflow_api, approval, asset_events, bisection, probes, verification_history
 from rl_verify.orchestration.standing import ApprovalRecord
+from simulator.checkout import checkout_files
 
 GOOD, BAD = "a" * 40, "f" * 40
+#: A checkout's files that every shipped suite's path rule matches: the simulated checkout's.
+SHIPPED_RULES_TREE = checkout_files()
 MIDDLE = ["b" * 40, "c" * 40, "d" * 40]
 
 
@@ -380,8 +383,19 @@ def test_commits_whose_diff_from_the_good_end_cannot_move_a_number_are_good_with
             raise node_ops.NodeError("git failed")
         return diffs[head]
 
+    tree = list(SHIPPED_RULES_TREE)
     monkeypatch.setattr(node_ops, "changed_files", changed)
+    monkeypatch.setattr(node_ops, "tree_files", lambda client, checkout, sha: tree if sha == "bad" else None)
+    verdicts: list[dict] = []
+    monkeypatch.setattr(orchestration_bisection.verification_history, "suite_verdicts", lambda suites: verdicts)
     shas = ["good", "c1", "c2", "c3", "c4", "c5", "bad"]
     specs = [load_suite("grpo"), load_suite("opd")]
     # c2 touches code, c3's base is not in the checkout, c5's diff cannot be read: probed as usual.
     assert orchestration_bisection.unmoved_commits(object(), "/ckpt", shas, specs) == ["c1", "c4"]
+    # The record doubts c1 (a FAIL of it): probed, whatever its diff says (issue 42).
+    verdicts.append({"suite": "opd", "sha": "c1", "outcome": "FAIL (reproduced)", "failure_class": "accuracy",
+                     "run_id": "manual__x", "report": "/r", "written_at": 1.0, "doubting": True})
+    assert orchestration_bisection.unmoved_commits(object(), "/ckpt", shas, specs) == ["c4"]
+    # A rule naming a path the bad end does not have decides nothing: every commit is probed.
+    tree[:] = [f for f in SHIPPED_RULES_TREE if not f.startswith("recipe/")]
+    assert orchestration_bisection.unmoved_commits(object(), "/ckpt", shas, specs) == []

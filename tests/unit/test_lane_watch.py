@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -164,7 +165,7 @@ def store(tmp_path, monkeypatch):
     from rl_verify import settings
 
     monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path))
-    monkeypatch.setattr(bitwise_lane, "_lane_disabling", lambda conn, spec, base, head: [])  # the diff: SSH
+    monkeypatch.setattr(bitwise_lane, "_changed_since", lambda conn, base, head: ([], ""))  # the diff: SSH
     return tmp_path
 
 
@@ -181,7 +182,61 @@ def test_a_trusted_reference_of_this_environment_sends_the_suite_to_the_lane(sto
     lanes = bitwise_lane.decide(_resolved(), ENV)
     assert lanes["grpo"]["choice"] == "bitwise" and lanes["grpo"]["reference"]["sha"] == "a" * 40
     assert lanes["opd"]["choice"] == "full"  # its own key: no reference
-    assert "bitwise lane first: 3 deterministic steps" in bitwise_lane.card_notes({"lanes": lanes})[0]
+    line = bitwise_lane.card_notes({"lanes": lanes})[0]
+    assert line.startswith("grpo: bitwise lane first: 3 deterministic steps") and line.endswith(
+        "(a trusted reference exists for this environment and the diff touches no path that turns the lane off).")
+
+
+def test_no_card_line_about_the_lane_shows_a_placeholder(store):
+    """Issue 42: a string without its f showed the approver a raw "({entry['why']})"."""
+    _keep("grpo", "trusted")
+    lanes = bitwise_lane.decide(_resolved(), ENV)
+    read = bitwise_lane.decide(_resolved(contradicted={"grpo": "grpo ended FAIL (reproduced) at this commit"}), ENV)
+    for entries in (lanes, read):
+        for line in bitwise_lane.card_notes({"lanes": entries}):
+            assert not re.search(r"\{[^}]*\}", line), line
+
+
+def test_a_fail_of_this_commit_in_the_record_sends_the_suite_to_the_full_check_and_reads_its_bits(store):
+    _keep("grpo", "trusted")
+    why = "grpo ended FAIL (reproduced), accuracy at this commit in run manual__f (its report: /r)"
+    entry = bitwise_lane.decide(_resolved(contradicted={"grpo": why}), ENV)["grpo"]
+    assert entry["choice"] == "full" and entry["why"] == f"the record contradicts a shortcut: {why}"
+    assert entry["read_lane"]  # the lane job reads its bits (never a verdict): a FAIL then marks the reference blind
+    (line,) = [n for n in bitwise_lane.card_notes({"lanes": {"grpo": entry}})]
+    assert "the record contradicts a shortcut" in line and "never a verdict" in line
+    # Without a trusted reference there are no bits to read.
+    assert not bitwise_lane.decide(_resolved(suites=["opd"], contradicted={"opd": why}), ENV)["opd"]["read_lane"]
+
+
+def test_a_disabled_by_pattern_that_names_no_file_turns_the_lane_off_naming_it_and_the_fix(store):
+    _keep("grpo", "trusted")
+    stale = {"grpo": {"disabled_by": ["xtuner/v1/rl/rollout/lmdeploy.py"]}}
+    entry = bitwise_lane.decide(_resolved(stale=stale), ENV)["grpo"]
+    assert entry["choice"] == "full" and "'xtuner/v1/rl/rollout/lmdeploy.py' match no file of the checkout" in \
+        entry["why"] and "fix: name the checkout's current paths" in entry["why"]
+
+
+def test_a_reference_a_failing_commit_shared_bits_with_is_blind_until_a_new_full_pass(store):
+    from rl_verify.store import record
+
+    _keep("grpo", "trusted")
+    entry = bitwise_lane.decide(_resolved(suites=["grpo"]), ENV)["grpo"]
+    kept = references.get(entry["key"])
+    run_id = "manual__fail-again"
+    record.put_json(run_id, "grpo/lane.json", {"key": entry["key"], "identical": True, "steps": 3,
+                                               "reference": {"sha": "a" * 40, "made_at": kept.get("made_at")}})
+    outcome = {"outcome": "FAIL (reproduced)", "runs": [{"failure_class": "accuracy"}]}
+    # An infrastructure FAIL says nothing of the numbers; a PASS marks nothing.
+    assert bitwise_lane.mark_blind(run_id, {"grpo": {**outcome, "runs": [{"failure_class": "infrastructure"}]}},
+                                   "b" * 40, "/r") == []
+    assert bitwise_lane.mark_blind(run_id, {"grpo": {"outcome": "PASS", "runs": [{}]}}, "b" * 40, "/r") == []
+    (line,) = bitwise_lane.mark_blind(run_id, {"grpo": outcome}, "b" * 40, "/r")
+    assert "blind to this regression" in line
+    later = bitwise_lane.decide(_resolved(suites=["grpo"], sha="c" * 40), ENV)["grpo"]
+    assert later["choice"] == "full" and "blind to a regression the record knows (bbbbbbbbb has its first 3 " \
+        "steps' bits and ended FAIL (reproduced)" in later["why"]
+    assert later["make_reference"]  # a new full PASS makes a new, seeing reference
 
 
 def test_a_changed_environment_finds_no_reference_and_the_lane_is_not_applicable(store):
@@ -238,10 +293,10 @@ def test_lane_full_and_unchanged_suites_get_no_lane(store):
 
 def test_a_diff_touching_code_the_deterministic_mode_bypasses_turns_the_lane_off(store, monkeypatch):
     _keep("grpo", "trusted")
-    monkeypatch.setattr(bitwise_lane, "_lane_disabling",
-                        lambda conn, spec, base, head: ["xtuner/v1/ray/rollout/lmdeploy/worker.py"])
+    monkeypatch.setattr(bitwise_lane, "_changed_since",
+                        lambda conn, base, head: (["docs/a.md", "xtuner/v1/rl/rollout/lmdeploy.py"], ""))
     entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]
-    assert entry["choice"] == "full" and "bypasses: xtuner/v1/ray/rollout/lmdeploy/worker.py" in entry["why"]
+    assert entry["choice"] == "full" and "bypasses: xtuner/v1/rl/rollout/lmdeploy.py" in entry["why"]
     assert entry["make_reference"]  # its full PASS makes the next reference: the lane is off for this commit only
 
 

@@ -112,6 +112,7 @@ BUILDERS = {
         dict(checkout=GOOD["abs"], good="main", bad="v1.2", limit=64), {"checkout": "abs"}),
     "changed_files_script": (
         dict(checkout=GOOD["abs"], base="a" * 40, head="b" * 40), {"checkout": "abs"}),
+    "tree_files_script": (dict(checkout=GOOD["abs"], sha="a" * 40), {"checkout": "abs"}),
     "reap_script": (
         dict(runs_root=GOOD["abs"], checkout=GOOD["abs"], keep_key=GOOD["key"], max_age_days=7),
         {"runs_root": "abs", "checkout": "abs", "keep_key": "key"}),

@@ -81,7 +81,7 @@ def test_commits_have_real_subjects_authors_and_increasing_dates(default: tuple[
 def test_behaviour_and_launch_scripts_per_commit(default: tuple[Path, dict]) -> None:
     repo, b = default
     for pos, sha in enumerate(b["commits"]):
-        behaviour = json.loads(git(repo, "show", f"{sha}:xtuner_sim/behaviour.json"))
+        behaviour = json.loads(git(repo, "show", f"{sha}:xtuner/rlsim/behaviour.json"))
         if pos < 11:
             assert behaviour["regression"] is None, pos
         else:
@@ -113,9 +113,9 @@ def test_a_configured_layout(tmp_path: Path) -> None:
     repo, b = build(tmp_path, {"commits": 8, "culprit": 3, "launch_fails": 6, "from_step": 5, "scale": 0.5})
     assert len(b["commits"]) == 9 and (b["culprit_at"], b["launch_fails_at"], b["from_step"]) == (3, 6, 5)
     assert git(repo, "rev-list", "--count", f"{BISECT_GOOD_TAG}..{BISECT_BAD_TAG}") == "8"
-    behaviour = json.loads(git(repo, "show", f"{b['commits'][8]}:xtuner_sim/behaviour.json"))
+    behaviour = json.loads(git(repo, "show", f"{b['commits'][8]}:xtuner/rlsim/behaviour.json"))
     assert (behaviour["scale"], behaviour["from_step"]) == (0.5, 5)
-    assert json.loads(git(repo, "show", f"{b['commits'][2]}:xtuner_sim/behaviour.json"))["regression"] is None
+    assert json.loads(git(repo, "show", f"{b['commits'][2]}:xtuner/rlsim/behaviour.json"))["regression"] is None
     # no launch failure at all
     _, none = build(tmp_path / "none", {"launch_fails": 0})
     assert none["launch_fails"] is None and len(none["commits"]) == 17

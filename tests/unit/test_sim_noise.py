@@ -1,4 +1,4 @@
-"""The simulator's noise modes, measured (simulator/xtuner_checkout/xtuner_sim/curves.py).
+"""The simulator's noise modes, measured (simulator/xtuner_checkout/xtuner/rlsim/curves.py).
 
 Pins: the sigmas follow from the runbook as curves.py's docstring derives them; the generator
 produces them (over many seeds, with tolerances of several standard errors); realistic noise is

@@ -24,7 +24,8 @@ def _opd(**change):
 
 def test_a_spec_without_path_rules_or_lane_gets_the_conservative_defaults_and_no_lane():
     raw = json.loads((SUITES / "opd.json").read_text())
-    raw.pop("bitwise")
+    for field in ("bitwise", "affects", "unaffecting", "affects_source"):
+        raw.pop(field)
     spec = spec_from_dict(raw, "/x/opd.json")
     assert (spec.affects, spec.unaffecting, spec.bitwise) == (paths.DEFAULT_AFFECTS, paths.DEFAULT_UNAFFECTING, None)
 

@@ -18,8 +18,11 @@ from rl_verify.core.report import ReportMeta, build_report, render_html, render_
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.orchestration import links, unchanged, verification_history
 from rl_verify.suites.spec import data_file
+from simulator.checkout import checkout_files
 
 BASE, HEAD, OTHER = "a" * 40, "b" * 40, "c" * 40
+#: A checkout's files that every shipped suite's path rule matches: the simulated checkout's.
+TREE = checkout_files()
 
 
 @pytest.fixture
@@ -90,10 +93,11 @@ def test_a_scheduled_run_trains_a_suite_whose_base_is_older_than_full_every_days
     now = time.time()
     old = {"sha": BASE, "run_id": "r", "report": "", "written_at": now - 8 * 86400}
     spec = [load_suite("opd")]
-    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, now=now)) == ["opd"]  # manual
-    assert unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, scheduled=True, now=now) == {}
+    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, now=now, tree=TREE)) == ["opd"]  # manual
+    assert unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": old}, scheduled=True, now=now, tree=TREE) == {}
     recent = {**old, "written_at": now - 6 * 86400}
-    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": recent}, scheduled=True, now=now)) == [
+    assert list(unchanged.unchanged_on_node(None, "/c", HEAD, spec, {"opd": recent}, scheduled=True, now=now,
+                                                tree=TREE)) == [
         "opd"]
 
 
@@ -112,7 +116,7 @@ def test_a_diff_touching_only_docs_ends_unchanged_and_one_touching_code_trains(m
     specs = [load_suite("grpo"), load_suite("opd")]
     base = {"sha": BASE, "run_id": "r1", "report": "/r1"}
     found = {"grpo": {**base, "sha": OTHER}, "opd": base}
-    out = unchanged.unchanged_on_node(None, "/ckpt", HEAD, specs, found)
+    out = unchanged.unchanged_on_node(None, "/ckpt", HEAD, specs, found, tree=TREE)
     assert list(out) == ["opd"] and out["opd"]["files"] == ["docs/rl.md", "README.md"]
     assert out["opd"]["why"] == ("the diff since the verified PASS at aaaaaaaaaaaa touches no path that can affect "
                                  "this suite (2 file(s) changed)")
@@ -124,10 +128,11 @@ def test_suites_resting_on_one_commit_share_one_diff_and_a_base_the_node_lacks_s
     monkeypatch.setattr(unchanged.node, "changed_files", fake)
     base = {"sha": BASE, "run_id": "r1", "report": "/r1"}
     specs = [load_suite("grpo"), load_suite("opd")]
-    assert set(unchanged.unchanged_on_node(None, "/c", HEAD, specs, {"grpo": base, "opd": base})) == {"grpo", "opd"}
+    assert set(unchanged.unchanged_on_node(None, "/c", HEAD, specs, {"grpo": base, "opd": base},
+                                                tree=TREE)) == {"grpo", "opd"}
     assert calls == [(BASE, HEAD)]
     missing = {**base, "sha": OTHER}  # _changed answers None: not in the checkout
-    assert unchanged.unchanged_on_node(None, "/c", HEAD, specs, {"opd": missing}) == {}
+    assert unchanged.unchanged_on_node(None, "/c", HEAD, specs, {"opd": missing}, tree=TREE) == {}
 
 
 def test_a_diff_git_cannot_read_skips_nothing_and_fails_nothing(monkeypatch):
@@ -135,14 +140,15 @@ def test_a_diff_git_cannot_read_skips_nothing_and_fails_nothing(monkeypatch):
         raise unchanged.node.NodeError("git: fatal: bad object")
     monkeypatch.setattr(unchanged.node, "changed_files", broken)
     base = {"sha": BASE, "run_id": "r", "report": ""}
-    assert unchanged.unchanged_on_node(None, "/c", HEAD, [load_suite("opd")], {"opd": base}) == {}
+    assert unchanged.unchanged_on_node(None, "/c", HEAD, [load_suite("opd")], {"opd": base}, tree=TREE) == {}
 
 
 def test_a_suite_whose_spec_narrows_what_affects_it_skips_a_diff_outside(monkeypatch):
     fake, _ = _changed({BASE: ["xtuner/v1/model/moe.py"]})
     monkeypatch.setattr(unchanged.node, "changed_files", fake)
     spec = load_suite("opd").model_copy(update={"affects": ("xtuner/v1/rl/**", "recipe/**")})
-    out = unchanged.unchanged_on_node(None, "/c", HEAD, [spec], {"opd": {"sha": BASE, "run_id": "r", "report": ""}})
+    out = unchanged.unchanged_on_node(None, "/c", HEAD, [spec], {"opd": {"sha": BASE, "run_id": "r", "report": ""}},
+                                      tree=TREE)
     assert list(out) == ["opd"]
 
 

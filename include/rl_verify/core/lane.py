@@ -5,28 +5,37 @@ The order is the runbook's trust order: a cheaper answer is only taken when noth
 1. ``full`` when the run asks for it (param ``lane`` = ``full``) or a scheduled run finds the suite's last full
    verification older than ``RL_VERIFY_FULL_EVERY_DAYS`` (or none): what no diff shows (the environment) is
    verified at least that often.
-2. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
-   version) touches no path that can affect it. No training.
-3. ``full`` when the suite has no lane, the diff touches a path that turns the lane off, or no trusted reference
-   exists for this environment.
-4. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
+2. ``full`` when the record contradicts a shortcut (issue 42): a FAIL of this very commit, or of a commit the
+   shortcut would rest on as equal (the same affecting files as the verified PASS, the same lane bits as the
+   reference). A shortcut never says PASS where the project already knows better.
+3. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
+   version) touches no path that can affect it, and every ``affects`` pattern matches a file of the checkout at
+   this commit (a rule naming paths the tree no longer has decides nothing). No training.
+4. ``full`` when the suite has no lane, a ``bitwise.disabled_by`` pattern matches no file of the checkout, the
+   diff touches a path that turns the lane off, or no trusted reference exists for this environment (or the one
+   that exists is blind to a regression the record knows).
+5. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
    ``full`` under the same approval (decided later, by the comparison, not here).
+
+``judge`` is the one decision path: the DAG (``orchestration.unchanged``, ``orchestration.bitwise_lane``), the
+bisection's plan, ``rl-verify shortcut`` and ``scripts/bench_shortcuts.py`` call it with the facts they have.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Literal
 
 from rl_verify import settings
+from rl_verify.core import paths
 from rl_verify.core.names import short_sha
 
 #: The values of the run param ``lane``.
 REQUESTS = settings.LANES
 #: A reference's state for this suite, experiment, environment and lane config.
-ReferenceState = Literal["trusted", "absent", "not reproducible"]
+ReferenceState = Literal["trusted", "absent", "not reproducible", "blind"]
 Choice = Literal["unchanged", "bitwise", "full"]
 
 
@@ -43,10 +52,22 @@ def _files(changed: Sequence[str], most: int = 5) -> str:
     return shown + (f" and {len(changed) - most} more" if len(changed) > most else "")
 
 
+#: The fix a stale path rule's line names.
+STALE_FIX = ("name the checkout's current paths in the suite spec (XTuner moves code: `git log --follow` on the old "
+             "path finds the new one), or remove the pattern")
+
+
+def stale_words(field: str, patterns: Sequence[str]) -> str:
+    """One sentence naming a suite's path rules that match no file of the checkout, and the fix."""
+    shown = ", ".join(f"'{p}'" for p in patterns)
+    return f"{field} pattern(s) {shown} match no file of the checkout at this commit; fix: {STALE_FIX}"
+
+
 def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affecting: Sequence[str],
            has_lane: bool, lane_disabling: Sequence[str], reference: ReferenceState,
            last_full_at: datetime | None, now: datetime, full_every_days: float,
-           environment_change: str = "") -> LaneChoice:
+           environment_change: str = "", stale_affects: Sequence[str] = (), stale_lane: Sequence[str] = (),
+           contradicted: str = "", blind: str = "") -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
@@ -54,6 +75,10 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     suite (``core.paths.affecting``). ``lane_disabling``: the diff's files that turn the lane off.
     ``last_full_at``: when the suite's last full verification ended (None: never). ``environment_change``: when
     no reference exists for this environment but one does for another, what changed since it (named in the why).
+    ``stale_affects`` / ``stale_lane``: the suite's ``affects`` / ``bitwise.disabled_by`` patterns that match no
+    file of the checkout at this commit. ``contradicted``: what the record knows against a shortcut (a FAIL of
+    this commit, ...), one phrase; "" when nothing. ``blind``: with ``reference`` "blind", the regression the
+    reference's bits did not show.
     """
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
@@ -67,13 +92,21 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
                 f"the last one was {(now - last_full_at).total_seconds() / 86400:.1f} days ago"
             return LaneChoice("full", f"a scheduled run verifies in full every {full_every_days:g} days and {age} "
                                       "(RL_VERIFY_FULL_EVERY_DAYS)")
+    if contradicted:
+        return LaneChoice("full", f"the record contradicts a shortcut: {contradicted}")
+    skip_off = ""  # why the path-aware skip, which the diff alone would allow, is off
     if verified_pass and not affecting:
-        return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches no "
-                                       "path that can affect this suite")
+        if not stale_affects:
+            return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches "
+                                           "no path that can affect this suite")
+        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
     if requested == "skip":
-        return LaneChoice("full", "the run asked for the path-aware skip only (lane = skip)")
+        return LaneChoice("full", skip_off or "the run asked for the path-aware skip only (lane = skip)")
     if not has_lane:
-        return LaneChoice("full", "the suite declares no bitwise lane")
+        return LaneChoice("full", skip_off or "the suite declares no bitwise lane")
+    if stale_lane:
+        return LaneChoice("full", "the lane's rule cannot be trusted: "
+                                  + stale_words("bitwise.disabled_by", stale_lane))
     if lane_disabling:
         return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}")
     if reference == "absent":
@@ -83,8 +116,11 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if reference == "not reproducible":
         return LaneChoice("full", "the bitwise lane is off: not reproducible on this environment (the reference's "
                                   "self-check runs differed)")
+    if reference == "blind":
+        return LaneChoice("full", f"the bitwise reference is blind to a regression the record knows ({blind}): the "
+                                  "lane is off for it until a full PASS makes a new reference")
     return LaneChoice("bitwise", "a trusted reference exists for this environment and the diff touches no path "
-                                 "that turns the lane off")
+                                 "that turns the lane off" + (f" ({skip_off})" if skip_off else ""))
 
 
 def for_bisection(onset: int | None, lane_steps: Sequence[int]) -> tuple[str, str]:
@@ -103,3 +139,96 @@ def for_bisection(onset: int | None, lane_steps: Sequence[int]) -> tuple[str, st
                         "before it a regressed commit has a good commit's bits (the lane's blind spot)")
     return "auto", (f"the regression first showed at step {onset}, within the lane's {k} steps: a probe whose "
                     "deterministic steps are the bits of a verified PASS is good")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """A suite's path rules (its spec's data): what can move its numbers, and what turns its lane off (None: the
+    suite declares no lane, or the caller does not decide the lane)."""
+
+    affects: Sequence[str] = paths.DEFAULT_AFFECTS
+    unaffecting: Sequence[str] = paths.DEFAULT_UNAFFECTING
+    disabled_by: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is known when a suite's verification is chosen. ``changed_since_pass``: the files changed between the
+    verified PASS and the commit under test (None: unknown, so no skip); ``changed_since_reference``: the same
+    since the bitwise reference's commit (None: unknown, so no lane; [] for the reference's own commit);
+    ``tree``: the checkout's files at the commit under test (None: not read, so every rule counts as unchecked and
+    no shortcut is taken). The rest as :func:`choose` takes them."""
+
+    requested: str = "auto"
+    scheduled: bool = False
+    verified_pass: str | None = None
+    changed_since_pass: Sequence[str] | None = None
+    changed_since_reference: Sequence[str] | None = None
+    tree: Sequence[str] | None = None
+    #: The rules' stale patterns when the tree was checked earlier (``{"affects": [...], "disabled_by": [...]}``,
+    #: as ``stale_rules`` found them; used instead of ``tree``).
+    stale: Mapping[str, Sequence[str]] | None = None
+    reference: ReferenceState = "absent"
+    #: Why ``changed_since_reference`` is None (shown as the lane's reason to stay off).
+    reference_diff_problem: str = ""
+    contradicted: str = ""
+    blind: str = ""
+    last_full_at: datetime | None = None
+    now: datetime | None = None
+    #: None: ``settings.FULL_EVERY_DAYS`` as it is when judged.
+    full_every_days: float | None = None
+    environment_change: str = ""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """:func:`judge`'s answer: the choice and why, and the facts that decided it (for the card, the report and
+    ``rl-verify shortcut``)."""
+
+    choice: Choice
+    why: str
+    affecting: tuple[str, ...] = ()
+    disabling: tuple[str, ...] = ()
+    stale_affects: tuple[str, ...] = ()
+    stale_lane: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"choice": self.choice, "why": self.why, "affecting": list(self.affecting),
+                "disabling": list(self.disabling), "stale_affects": list(self.stale_affects),
+                "stale_lane": list(self.stale_lane)}
+
+
+def stale_rules(rules: Rules, tree: Sequence[str] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``affects`` and ``disabled_by`` patterns of ``rules`` that match no file of ``tree`` (every one when the
+    tree is unknown: an unchecked rule is no rule)."""
+    if tree is None:
+        return tuple(rules.affects), tuple(rules.disabled_by or ())
+    return tuple(paths.stale(rules.affects, tree)), tuple(paths.stale(rules.disabled_by or (), tree))
+
+
+def judge(rules: Rules, facts: Facts) -> Judgement:
+    """The verification a suite gets from its rules and what is known (:func:`choose` over the diffs read through
+    the rules): the one decision path of the DAG, the bisection's plan, ``rl-verify shortcut`` and the bench."""
+    if facts.stale is not None:
+        stale_affects, stale_lane = tuple(facts.stale.get("affects") or ()), tuple(facts.stale.get("disabled_by") or ())
+    else:
+        stale_affects, stale_lane = stale_rules(rules, facts.tree)
+    since_pass = facts.changed_since_pass
+    verified = facts.verified_pass if since_pass is not None else None
+    affecting = tuple(paths.affecting(since_pass or (), rules.affects, rules.unaffecting))
+    has_lane = rules.disabled_by is not None
+    since_ref = facts.changed_since_reference
+    disabling: tuple[str, ...] = ()
+    reference = facts.reference
+    if has_lane and reference == "trusted" and since_ref is None:  # without the diff nothing clears the lane
+        disabling = (facts.reference_diff_problem or "(the diff since the reference's commit is not known)",)
+    elif has_lane and since_ref:
+        disabling = tuple(paths.affecting(since_ref, rules.disabled_by or (), ()))
+    chosen = choose(requested=facts.requested, scheduled=facts.scheduled, verified_pass=verified, affecting=affecting,
+                    has_lane=has_lane, lane_disabling=disabling, reference=reference,
+                    last_full_at=facts.last_full_at, now=facts.now or datetime.now(timezone.utc),
+                    full_every_days=settings.FULL_EVERY_DAYS if facts.full_every_days is None else
+                    facts.full_every_days, environment_change=facts.environment_change,
+                    stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
+                    blind=facts.blind)
+    return Judgement(chosen.choice, chosen.why, affecting, disabling, stale_affects, stale_lane)

@@ -87,3 +87,10 @@ def affecting(changed: Iterable[str], affects: Sequence[str] = DEFAULT_AFFECTS,
         if matches(path, affects) and not matches(path, unaffecting):
             out.append(path)
     return out
+
+
+def stale(patterns: Iterable[str], tree: Iterable[str]) -> list[str]:
+    """The ``patterns`` that match no path of ``tree`` (a checkout's files at one commit), in the order given: a
+    rule naming paths the checkout does not have (code moved, a recipe not merged) decides nothing (issue 42)."""
+    files = list(tree)
+    return [p for p in dict.fromkeys(patterns) if not any(_regex(p).fullmatch(f) for f in files)]

@@ -9,6 +9,7 @@ built by :mod:`rl_verify.node.remote` from validated, quoted values.
 from __future__ import annotations
 
 import base64
+import gzip
 import posixpath
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
@@ -65,7 +66,9 @@ def _kv(text: str) -> dict[str, str]:
 
 def resolve_commit(client: "paramiko.SSHClient", checkout: str, runs_root: str, key: str,
                    commit: str) -> dict[str, Any]:
-    """Create (or re-use) the run's clean worktree at ``commit``; return SHA, paths and state."""
+    """Create (or re-use) the run's clean worktree at ``commit``; return SHA, paths and state, and ``tree``: the
+    commit's tracked files (what the suites' path rules are checked against; too large for an XCom: the caller
+    keeps what it concludes, not the list)."""
     script = remote.resolve_commit_script(checkout, runs_root, key, commit)
     status, out, err = run_script(client, script)
     if status != 0:
@@ -79,6 +82,7 @@ def resolve_commit(client: "paramiko.SSHClient", checkout: str, runs_root: str, 
         "run_dir": kv["RUN_DIR"],
         "worktree": kv["WORKTREE"],
         "dirty_stat": dirty,
+        "tree": gzip.decompress(base64.b64decode(kv["TREE_GZ_B64"])).decode("utf-8", errors="replace").splitlines(),
         "warnings": [line for line in err.splitlines() if line.strip()],
     }
 
@@ -127,6 +131,17 @@ def changed_files(client: "paramiko.SSHClient", checkout: str, base: str, head: 
         return None
     if status != 0:
         raise NodeError(f"listing the files changed since {short_sha(base)} failed (exit {status}): {err.strip()}")
+    return [line for line in out.splitlines() if line]
+
+
+def tree_files(client: "paramiko.SSHClient", checkout: str, sha: str) -> list[str] | None:
+    """The tracked files of commit ``sha`` of the node checkout (what the suites' path rules are checked against),
+    or None when the commit is not in it. Raises NodeError when git fails otherwise."""
+    status, out, err = run_script(client, remote.tree_files_script(checkout, sha))
+    if status == 3:
+        return None
+    if status != 0:
+        raise NodeError(f"listing the files of {short_sha(sha)} failed (exit {status}): {err.strip()}")
     return [line for line in out.splitlines() if line]
 
 

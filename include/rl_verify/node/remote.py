@@ -207,6 +207,12 @@ def changed_files_script(checkout: str, base: str, head: str) -> str:
                   base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
 
 
+def tree_files_script(checkout: str, sha: str) -> str:
+    """Script: the tracked files of one commit of the node checkout (``sh/tree_files.sh``), one per line. Exit 3:
+    the commit is not in the checkout; 4: no checkout."""
+    return render("tree_files", checkout=validate_path(checkout, "node checkout"), sha=validate_sha(sha, "commit"))
+
+
 def _check_field(value: str, what: str) -> str:
     """A suite or input kind placed in a tab-separated line: non-empty, no tab or line break."""
     if not isinstance(value, str) or not value or re.search(r"[\t\r\n]", value):

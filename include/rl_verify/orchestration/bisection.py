@@ -16,11 +16,11 @@ import re
 from typing import Any, Iterable, Mapping
 
 from rl_verify import engines, settings
-from rl_verify.core import bisect, bisect_report, lane, paths
+from rl_verify.core import bisect, bisect_report, lane
 from rl_verify.core.names import short_sha
 from rl_verify.node import ops as node
 from rl_verify.node import remote
-from rl_verify.orchestration import airflow_api, links, notify
+from rl_verify.orchestration import airflow_api, links, notify, verification_history
 from rl_verify.orchestration.nodes import no_retry_on, node_problems, node_settings, ssh_client
 from rl_verify.orchestration.verification_history import fingerprint_of, recorded_readings
 from rl_verify.store import record
@@ -190,8 +190,15 @@ def promised_worst(n_commits: int, free: int, good_known: bool, bad_known: bool,
 
 def unmoved_commits(client: Any, checkout: str, shas: list[str], specs: list[SuiteSpec]) -> list[str]:
     """The commits of the range (ends excluded) whose diff from the good end ``shas[0]`` touches no path that can
-    move any of the suites' numbers (``core.paths``, each suite's ``affects``/``unaffecting``): as good as the good
-    end (issue 33, item 3). A diff git cannot give counts as touching everything."""
+    move any of the suites' numbers: as good as the good end (issue 33, item 3), as ``core.lane.judge`` decides
+    the path-aware skip (issue 42: the suites' ``affects`` rules checked against the bad end's tree, and a commit
+    whose full verdict in the record doubts it is probed). A diff git cannot give counts as touching everything."""
+    try:
+        tree = node.tree_files(client, checkout, shas[-1])
+    except node.NodeError as err:
+        log.info("The files of the bad end could not be listed (%s): every commit is probed", err)
+        return []
+    verdicts = verification_history.suite_verdicts([s.name for s in specs])
     out = []
     for sha in shas[1:-1]:
         try:
@@ -199,9 +206,22 @@ def unmoved_commits(client: Any, checkout: str, shas: list[str], specs: list[Sui
         except node.NodeError as err:
             log.info("The diff %s..%s could not be read (%s): probed as usual", short_sha(shas[0]), short_sha(sha), err)
             continue
-        if changed is not None and not any(paths.affecting(changed, s.affects, s.unaffecting) for s in specs):
+        if changed is None:
+            continue
+        choices = [lane.judge(lane.Rules(s.affects, s.unaffecting, None), lane.Facts(
+            requested="skip", verified_pass=shas[0], changed_since_pass=changed, tree=tree,
+            contradicted=_doubt(verdicts, s.name, sha))) for s in specs]
+        if all(c.choice == "unchanged" for c in choices):
             out.append(sha)
+        elif not any(c.affecting for c in choices):
+            log.info("%s touches no path that can move a number but is probed: %s", short_sha(sha),
+                     "; ".join(c.why for c in choices if c.choice != "unchanged"))
     return out
+
+
+def _doubt(verdicts: list[dict[str, Any]], suite: str, sha: str) -> str:
+    doubt = verification_history.doubted(verdicts, suite, sha)
+    return verification_history.doubt_words(doubt) if doubt else ""
 
 
 def run_scale(specs: Iterable[SuiteSpec]) -> dict[str, dict[str, float]]:

@@ -22,11 +22,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from rl_verify import settings
-from rl_verify.core import bitwise, lane, paths
+from rl_verify.core import bitwise, lane
 from rl_verify.core.model import BITWISE, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import load_suite
 from rl_verify.node import ops as node
+from rl_verify.orchestration import verification_history
 from rl_verify.orchestration.nodes import node_settings, ssh_client, suite_node
 from rl_verify.store import record, references
 from rl_verify.suites.spec import SuiteSpec
@@ -92,15 +93,22 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         state = references.state(kept)
         facts = {k: v for k, v in (environments.get(conn) or {}).items() if k != "fingerprint"}
         changed = _environment_change(suite, experiment, config, key, facts) if state == "absent" else ""
-        disabling: list[str] = []
+        since: list[str] | None = None
+        problem = ""
         if state == "trusted":
-            disabling = _lane_disabling(conn, spec, kept["sha"], resolved["sha"])
+            since, problem = _changed_since(conn, kept["sha"], resolved["sha"])
+        stale = (resolved.get("stale") or {}).get(suite) or {}
+        contradicted = (resolved.get("contradicted") or {}).get(suite, "")
         last_full = (resolved.get("last_full") or {}).get(suite)
-        chosen = lane.choose(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
-                             verified_pass=None, affecting=[], has_lane=True, lane_disabling=disabling,
-                             reference=state,  # type: ignore[arg-type]
-                             last_full_at=datetime.fromtimestamp(float(last_full), timezone.utc) if last_full else None,
-                             now=now_at, full_every_days=settings.FULL_EVERY_DAYS, environment_change=changed)
+        chosen = lane.judge(
+            lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by),
+            lane.Facts(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
+                       changed_since_reference=since, reference_diff_problem=problem,
+                       stale=stale,  # resolve_commit checked the rules against the tree
+                       reference=state,  # type: ignore[arg-type]
+                       contradicted=contradicted, blind=references.blind_words(kept),
+                       last_full_at=datetime.fromtimestamp(float(last_full), timezone.utc) if last_full else None,
+                       now=now_at, environment_change=changed))
         meta = None if kept is None else {k: kept.get(k) for k in ("sha", "run_id", "report", "state", "made_at",
                                                                     "self_check")}
         out[suite] = {"choice": chosen.choice, "why": chosen.why, "key": key, "environment": environment,
@@ -108,7 +116,10 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
                       "steps": spec.bitwise.steps, "reference": meta,
                       # A full PASS makes a reference at its commit, unless the environment does not reproduce: so that
                       # a diff touching bypassed code turns the lane off for that commit only, not for every later one.
-                      "make_reference": state != "not reproducible"}
+                      "make_reference": state != "not reproducible",
+                      # The record doubts this commit: the lane job still reads its bits (never a verdict), so that a
+                      # FAIL with the reference's bits marks the reference blind to it (``mark_blind``).
+                      "read_lane": bool(contradicted) and state == "trusted" and chosen.choice == "full"}
         log.info("%s: %s: %s", suite, "bitwise lane" if chosen.choice == "bitwise" else "full verification",
                  chosen.why)
     return out
@@ -124,20 +135,19 @@ def _environment_change(suite: str, experiment: str, config: str, key: str, fact
     return ""
 
 
-def _lane_disabling(conn: str, spec: SuiteSpec, base: str, head: str) -> list[str]:
-    """The files changed since the reference's commit that turn the lane off; a diff that cannot be read turns
-    it off too (listed as one line saying so)."""
+def _changed_since(conn: str, base: str, head: str) -> tuple[list[str] | None, str]:
+    """The files changed since the reference's commit on the node's checkout, or None with why they are not known
+    (a diff that cannot be read keeps the lane off)."""
     if base == head:
-        return []
+        return [], ""
     try:
         with ssh_client(conn) as client:
             changed = node.changed_files(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], base, head)
     except node.NodeError as err:
-        return [f"(the diff since {short_sha(base)} could not be read: {err})"]
+        return None, f"(the diff since {short_sha(base)} could not be read: {err})"
     if changed is None:
-        return [f"(the reference's commit {short_sha(base)} is not in the node's checkout)"]
-    assert spec.bitwise is not None
-    return paths.affecting(changed, spec.bitwise.disabled_by, ()) if spec.bitwise.disabled_by else []
+        return None, f"(the reference's commit {short_sha(base)} is not in the node's checkout)"
+    return changed, ""
 
 
 def card_notes(prereq: Mapping[str, Any]) -> list[str]:
@@ -148,9 +158,12 @@ def card_notes(prereq: Mapping[str, Any]) -> list[str]:
             ref = entry["reference"] or {}
             lines.append(f"{suite}: bitwise lane first: {entry['steps']} deterministic steps compared with the "
                          f"reference of {short_sha(ref.get('sha') or '')}; the same bits end it {BITWISE}, a "
-                         "difference goes on to the full verification under this approval ({entry['why']}).")
+                         f"difference goes on to the full verification under this approval ({entry['why']}).")
         else:
             lines.append(f"{suite}: full verification ({entry['why']})."
+                         + (f" The lane job still reads its first {entry['steps']} deterministic steps for the record "
+                            "(never a verdict): a FAIL with the reference's bits marks that reference blind to it."
+                            if entry.get("read_lane") else "")
                          + (" A bitwise reference is made after its PASS (2 deterministic runs of "
                             f"{entry['steps']} steps)." if entry["make_reference"] else ""))
     return lines
@@ -216,7 +229,37 @@ def report_notes(run_dir: Any, suites: list[str]) -> list[str]:
                          f"{short_sha((read.get('reference') or {}).get('sha'))}: {where}; verified in full instead "
                          "(a difference is never a FAIL).")
         elif entry and entry["choice"] == "full":
-            lines.append(f"{suite}: bitwise lane not applicable: {entry['why']}.")
+            lines.append(f"{suite}: bitwise lane not applicable: {entry['why']}."
+                         + (f" Its lane job read the same bits as the reference of "
+                            f"{short_sha((read.get('reference') or {}).get('sha'))} (for the record only)."
+                            if read and read.get("identical") else ""))
+    return lines
+
+
+def mark_blind(dag_run_id: str, suites: Mapping[str, Mapping[str, Any]], sha: str, report: str | None) -> list[str]:
+    """Mark blind every reference whose bits a suite of this run had while its outcome doubts the commit (issue
+    42): the lane reading of this run (read for the record when the record already doubted the commit) and the
+    record's identical readings of the same commit (an earlier PASS (bitwise) of it). Returns one line per
+    reference marked."""
+    lines = []
+    for suite, outcome in suites.items():
+        runs = outcome.get("runs") or [{}]
+        if outcome.get("outcome") not in verification_history.DOUBTING or \
+                runs[0].get("failure_class") == "infrastructure":
+            continue
+        readings = verification_history.identical_readings(suite, sha)
+        mine = record.get_json(dag_run_id, f"{suite}/{LANE_FILE}")
+        if mine and mine.get("identical"):
+            readings.insert(0, mine)
+        failed = {"sha": sha, "outcome": outcome["outcome"], "run_id": dag_run_id, "report": report}
+        for reading in readings:
+            ref = reading.get("reference") or {}
+            if reading.get("key") and references.mark_blind(reading["key"], ref.get("made_at"),
+                                                            {**failed, "steps": reading.get("steps")}):
+                lines.append(f"{suite}: the bitwise reference of {short_sha(ref.get('sha') or '')} is blind to this "
+                             f"regression ({short_sha(sha)} has its first {reading.get('steps')} steps' bits and "
+                             f"ended {outcome['outcome']}): the lane is off for it until a full PASS makes a new one.")
+                log.warning("%s", lines[-1])
     return lines
 
 

@@ -106,6 +106,7 @@ def plan(params: Mapping[str, Any], dag_run_id: str) -> list[dict[str, Any]]:
                 with no_retry_on(node.NodeError):
                     found = node.resolve_commit(client, values[settings.NODE_CHECKOUT_KEY],
                                                 values[settings.REMOTE_RUNS_DIR_KEY], training_key, p["commit"])
+                found.pop("tree")  # a calibration trains whatever the diff: no path rule to check
                 resolved = {**found, "run_key": training_key, "suites": [suite], "node": conn,
                             "suite_nodes": {suite: conn},
                             "nodes": {conn: {"run_dir": found["run_dir"], "worktree": found["worktree"]}},

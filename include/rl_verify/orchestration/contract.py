@@ -58,6 +58,11 @@ class Resolved(TypedDict):
     #: verification ended (epoch seconds; suites with a verified PASS of the same experiment only).
     scheduled: NotRequired[bool]
     last_full: NotRequired[dict[str, float]]
+    #: suite -> its ``affects`` / ``disabled_by`` patterns that match no file of the checkout at this commit
+    #: (issue 42): each turns its shortcut off for the suite.
+    stale: NotRequired[dict[str, dict[str, list[str]]]]
+    #: suite -> what the record knows against a shortcut at this commit (its newest full verdict doubts it).
+    contradicted: NotRequired[dict[str, str]]
 
 
 class PrerequisiteItem(TypedDict):

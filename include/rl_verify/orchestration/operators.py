@@ -73,10 +73,11 @@ class SuiteTrainingOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         with _worker_time(context):
             entry = self._lane_entry(context)
-            if entry is not None and entry["choice"] == "bitwise":
+            if entry is not None and (entry["choice"] == "bitwise" or entry.get("read_lane")):
                 read = record.get_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}",
                                        dag_id=context["dag_run"].dag_id)
-                if read is not None and read.get("identical"):  # an earlier try of this task decided it
+                if read is not None and read.get("identical") and entry["choice"] == "bitwise":
+                    # an earlier try of this task decided it
                     self.log.info("%s: %s in an earlier try of this task; nothing to train", self.suite, BITWISE)
                     return
                 reference = references.get(entry["key"]) or {}
@@ -95,10 +96,12 @@ class SuiteTrainingOperator(BaseOperator):
 
     # --- the bitwise lane (issue 33: orchestration.bitwise_lane) ---------------------------------------------
 
-    def _lane_entry(self, context: Any) -> dict[str, Any] | None:
+    def _lane_entry(self, context: Any, repeats_too: bool = False) -> dict[str, Any] | None:
         """The lane's decision for this suite (``check_prerequisites``' ``lanes``): only a verification's first
-        run has one (a repeat, a calibration run or a lane = full run: None)."""
-        if self.attempt != 0 or self.spec.bitwise is None or self.suite not in (self.resolved.get("suites") or []):
+        run has one (a calibration run or a lane = full run: None), and its repeats when ``repeats_too`` (the one
+        that runs to its end may make the reference the first run could not)."""
+        if (self.attempt != 0 and not repeats_too) or self.spec.bitwise is None \
+                or self.suite not in (self.resolved.get("suites") or []):
             return None
         prereq = context["ti"].xcom_pull(task_ids="check_prerequisites") or {}
         return (prereq.get("lanes") or {}).get(self.suite)
@@ -154,13 +157,21 @@ class SuiteTrainingOperator(BaseOperator):
             started = context["ti"].xcom_pull(task_ids=self.task_id, key="lane_started")
             found = bitwise_lane.evidence(entry, reading, time.time() - started if started else None)
             dag_id = context["dag_run"].dag_id
+            decides = entry.get("choice") == "bitwise"  # else the record doubts this commit: bits read, no verdict
             try:
                 record.put_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}", found, dag_id=dag_id)
-                if found["identical"]:
+                if found["identical"] and decides:
                     bitwise_lane.pass_bitwise(context["run_id"], dag_id, self.suite, found)
             except Exception as err:  # the lane never fails a run: without its record, verify in full
                 self.log.warning("%s: the lane's reading could not be kept (%s: %s): full verification", self.suite,
                                  type(err).__name__, err)
+                self._defer_full(context)
+            if not decides:
+                self.log.warning("%s: the record doubts this commit (%s), so the lane decides nothing: its %d of %d "
+                                 "steps are %s the reference of %s (a FAIL now marks that reference blind to it). "
+                                 "The full verification runs now", self.suite, entry.get("why"), found["steps_seen"],
+                                 found["steps"], "the same bits as" if found["identical"] else "not the same bits as",
+                                 short_sha((entry.get("reference") or {}).get("sha") or ""))
                 self._defer_full(context)
             if found["identical"]:
                 self.log.info("%s: %s: %d of %d deterministic steps are the same bits as the reference of %s; no "
@@ -193,7 +204,7 @@ class SuiteTrainingOperator(BaseOperator):
             second = self._lane_reading(context, "ref2", event)
             first = record.get_json(context["run_id"], f"{self.suite}/reference-run-1.json",
                                     dag_id=context["dag_run"].dag_id) or {}
-            made = bitwise_lane.candidate(first, second, self._lane_entry(context) or {})
+            made = bitwise_lane.candidate(first, second, self._lane_entry(context, repeats_too=True) or {})
             record.put_json(context["run_id"], f"{self.suite}/{bitwise_lane.CANDIDATE_FILE}", made,
                             dag_id=context["dag_run"].dag_id)
             self.log.info("%s: bitwise reference candidate: %s (%s); kept if the suite PASSes", self.suite,
@@ -220,14 +231,27 @@ class SuiteTrainingOperator(BaseOperator):
                 self.log.info("[remote] %s", line)
             if failure is not None:
                 raise failure
-            entry = self._lane_entry(context)
+            entry = self._lane_entry(context, repeats_too=True)
             made = record.get_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}",
                                    dag_id=context["dag_run"].dag_id) if entry else None
             if entry and event.get("exit_code") == 0 and entry.get("make_reference") and \
-                    (entry["choice"] != "bitwise" or made is not None):
-                self.log.info("%s: making the bitwise reference of this environment: 2 deterministic runs of %d "
-                              "steps (kept if the suite PASSes)", self.suite, entry["steps"])
+                    (entry["choice"] != "bitwise" or made is not None) and not self._reference_begun(context):
+                # A repeat makes it when the first run did not run to its end (stopped early on a noise breach):
+                # a PASS (not reproduced) keeps a reference as a first-run PASS does (issue 42).
+                self.log.info("%s: making the bitwise reference of this environment after %s: 2 deterministic runs "
+                              "of %d steps (kept if the suite PASSes)", self.suite,
+                              "its run" if self.attempt == 0 else f"repeat {self.attempt}, the run that ran to its "
+                              "end", entry["steps"])
                 self._defer_lane(context, "ref1", None, "reference_first")
+
+    def _reference_begun(self, context: Any) -> bool:
+        """Whether an earlier training of this suite in this run already began its reference (a repeat's question:
+        the first run's own reference, made when it ran to its end, is the one)."""
+        if self.attempt == 0:
+            return False
+        dag_id = context["dag_run"].dag_id
+        return any(record.get_json(context["run_id"], f"{self.suite}/{name}", dag_id=dag_id) is not None
+                   for name in (bitwise_lane.CANDIDATE_FILE, "reference-run-1.json"))
 
     def on_kill(self) -> None:
         # Killed while launching (the worker phase lasts seconds); a deferred job is the trigger's.

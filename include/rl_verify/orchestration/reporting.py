@@ -21,7 +21,7 @@ from rl_verify.orchestration import airflow_api, bitwise_lane, links, notify
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
 from rl_verify.orchestration.contract import Decision, ReportSummary
 from rl_verify.orchestration.notify import suite_line, suite_summary, verdict_message
-from rl_verify.orchestration.verification import CLEANUP_FILE, ENVIRONMENT_FILE
+from rl_verify.orchestration.verification import CLEANUP_FILE, ENVIRONMENT_FILE, shortcut_notes
 from rl_verify.store import record
 
 log = logging.getLogger(__name__)
@@ -73,13 +73,17 @@ def _report_in(run_dir: Path, dag_run_id: str, params: Mapping[str, Any], decisi
             outcomes[suite] = _with_run_reports(run_dir, dag_run_id, outcome)
     if not resolved:
         notes.append("The commit could not be resolved on the node (see resolve_commit's log).")
-    notes += bitwise_lane.report_notes(run_dir, suites)
+    notes += shortcut_notes(resolved) + bitwise_lane.report_notes(run_dir, suites)
     if resolved.get("sha") and overall is None:
+        link = links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id)
         try:
-            notes += bitwise_lane.promote(dag_run_id, outcomes, resolved["sha"],
-                                          links.report_view_path(settings.verification_dag_of(dag_run_id), dag_run_id))
+            notes += bitwise_lane.promote(dag_run_id, outcomes, resolved["sha"], link)
         except Exception as err:  # a reference not kept only costs the next run its lane
             log.warning("Could not keep the bitwise reference(s): %s: %s", type(err).__name__, err)
+        try:
+            notes += bitwise_lane.mark_blind(dag_run_id, outcomes, resolved["sha"], link)
+        except Exception as err:  # a later run still reads the FAIL of this commit from the record
+            log.warning("Could not mark the bitwise reference(s) blind: %s: %s", type(err).__name__, err)
     paths = {s: _paths(run_dir / s, run_dir) for s in suites}
     nodes = resolved.get("suite_nodes")
     meta = ReportMeta(commit=resolved.get("sha"), commit_ref=resolved.get("commit_ref") or params.get("commit"),

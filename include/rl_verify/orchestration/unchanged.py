@@ -14,18 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rl_verify import settings
 from rl_verify.core import lane, paths
 from rl_verify.core.model import UNCHANGED, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
+from rl_verify.orchestration import verification_history
 from rl_verify.orchestration.verification_history import verified_passes
 from rl_verify.store import record
 from rl_verify.suites import card
@@ -54,42 +54,70 @@ def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
 
 
 def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec], found: Mapping[str, dict[str, Any]],
-                      scheduled: bool = False, now: float | None = None) -> dict[str, dict[str, Any]]:
+                      scheduled: bool = False, now: float | None = None, tree: Sequence[str] | None = None,
+                      verdicts: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
     """The suites of one node that need no training: for each with a base in ``found``, the files changed
-    between the base and ``sha`` in the node's checkout, none of them affecting the suite, as ``core.lane.choose``
-    decides (a scheduled run also trains a suite whose base is older than ``settings.FULL_EVERY_DAYS``). Entry:
-    the base (``sha``, ``run_id``, ``report``), ``files`` (every changed file) and ``why`` (one sentence)."""
+    between the base and ``sha`` in the node's checkout, as ``core.lane.judge`` decides with the suite's rules
+    checked against ``tree`` (the checkout's files at ``sha``) and what the record says (``verdicts``:
+    ``verification_history.suite_verdicts``): a FAIL of this commit, or of a later commit whose affecting files are
+    the base's, turns the skip off. A scheduled run also trains a suite whose base is older than
+    ``settings.FULL_EVERY_DAYS``. Entry: the base (``sha``, ``run_id``, ``report``), ``files`` (every changed file)
+    and ``why`` (one sentence)."""
     out: dict[str, dict[str, Any]] = {}
     diffs: dict[str, list[str] | str] = {}  # base commit -> its changed files, or why they are unknown
     now_at = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
+
+    def diff(base: str, head: str) -> list[str] | str:
+        if (base, head) not in diffs:  # suites resting on the same commit share one diff
+            try:
+                changed = node.changed_files(client, checkout, base, head)
+                diffs[(base, head)] = "it is not in the node's checkout" if changed is None else changed
+            except node.NodeError as err:  # the skip only ever saves a training: without a diff, train
+                diffs[(base, head)] = f"its diff could not be read ({err})"
+        return diffs[(base, head)]
+
     for spec in specs:
         base = found.get(spec.name)
         if not base:
             continue
-        if base["sha"] not in diffs:  # suites resting on the same commit share one diff
-            try:
-                changed = node.changed_files(client, checkout, base["sha"], sha)
-                diffs[base["sha"]] = "it is not in the node's checkout" if changed is None else changed
-            except node.NodeError as err:  # the skip only ever saves a training: without a diff, train
-                diffs[base["sha"]] = f"its diff could not be read ({err})"
-        changed = diffs[base["sha"]]
+        changed = diff(base["sha"], sha)
         if isinstance(changed, str):
             log.info("%s: verified PASS %s: %s: trained as usual", spec.name, short_sha(base["sha"]), changed)
             continue
-        moving = paths.affecting(changed, spec.affects, spec.unaffecting)
-        decided = lane.choose(requested="auto", scheduled=scheduled, verified_pass=base["sha"], affecting=moving,
-                              has_lane=False, lane_disabling=[], reference="absent",
-                              last_full_at=datetime.fromtimestamp(float(base.get("written_at") or 0), timezone.utc),
-                              now=now_at, full_every_days=settings.FULL_EVERY_DAYS)
+        rules = lane.Rules(spec.affects, spec.unaffecting, None)
+        decided = lane.judge(rules, lane.Facts(
+            requested="auto", scheduled=scheduled, verified_pass=base["sha"], changed_since_pass=changed, tree=tree,
+            contradicted=_contradiction(spec, rules, sha, base, verdicts, diff),
+            last_full_at=datetime.fromtimestamp(float(base.get("written_at") or 0), timezone.utc), now=now_at))
         if decided.choice != "unchanged":
             log.info("%s: %d of %d file(s) changed since its verified PASS %s can affect it%s: trained (%s)",
-                     spec.name, len(moving), len(changed), short_sha(base["sha"]),
-                     f" ({', '.join(moving[:5])})" if moving else "", decided.why)
+                     spec.name, len(decided.affecting), len(changed), short_sha(base["sha"]),
+                     f" ({', '.join(decided.affecting[:5])})" if decided.affecting else "", decided.why)
             continue
         why = f"{decided.why} ({len(changed)} file(s) changed)"
         out[spec.name] = {**base, "files": changed, "why": why}
         log.info("%s: %s (%s)", spec.name, UNCHANGED, why)
     return out
+
+
+def _contradiction(spec: SuiteSpec, rules: lane.Rules, sha: str, base: Mapping[str, Any],
+                   verdicts: Sequence[Mapping[str, Any]], diff: Any) -> str:
+    """What the record knows against skipping ``spec`` at ``sha`` on ``base`` (issue 42), or "": the newest full
+    verdict of this very commit doubts it, or a commit verified after the base doubts it while none of its files
+    that can affect the suite differ from the base's (the same code FAILed since: the environment, or a regression
+    the base's PASS missed)."""
+    same = verification_history.doubted(verdicts, spec.name, sha)
+    if same:
+        return verification_history.doubt_words(same)
+    later = [v for v in verdicts if v["suite"] == spec.name and v["doubting"] and v["sha"] != sha
+             and float(v.get("written_at") or 0) > float(base.get("written_at") or 0)]
+    for verdict in later:
+        changed = diff(base["sha"], verdict["sha"])
+        if not isinstance(changed, str) and not paths.affecting(changed, rules.affects, rules.unaffecting):
+            return verification_history.doubt_words(
+                verdict, f"{short_sha(verdict['sha'])}, whose files that can affect {spec.name} are the verified "
+                         f"PASS's, after that PASS")
+    return ""
 
 
 def write_outcomes(run_dir: Path, unchanged: Mapping[str, Mapping[str, Any]]) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException
 
 from rl_verify import engines, settings
-from rl_verify.core import bitwise
+from rl_verify.core import bitwise, lane
 from rl_verify.core.errors import InputError
 from rl_verify.core.model import UNCHANGED
 from rl_verify.core.names import run_key, short_sha
@@ -29,7 +29,7 @@ from rl_verify.core.report import environment_line
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged
+from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged, verification_history
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
 from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
                                            pool_problems, ssh_client, suite_node, suites_by_node, version_files)
@@ -108,9 +108,12 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     # end cannot move a number as good, and a probe must not rest on an earlier probe's PASS (its confirmation).
     skips = p["lane"] != "full" and not params.get("bisection")
     bases = unchanged.bases(specs, fingerprints, versions) if skips else {}
+    # What the record knows of these suites (issue 42): a shortcut never says PASS against it.
+    verdicts = verification_history.suite_verdicts(p["suites"]) if p["lane"] != "full" else []
     key = run_key(dag_run_id)
     found: dict[str, dict[str, Any]] = {}
     skipped: dict[str, dict[str, Any]] = {}
+    trees: dict[str, list[str]] = {}
     for conn in nodes:
         values = node_settings(conn)
         with ssh_client(conn) as client:
@@ -121,11 +124,13 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
             with no_retry_on(node.NodeError):
                 found[conn] = node.resolve_commit(client, values[settings.NODE_CHECKOUT_KEY],
                                                   values[settings.REMOTE_RUNS_DIR_KEY], key, p["commit"])
+                trees[conn] = found[conn].pop("tree")  # too large for the XCom: its conclusions travel instead
                 on_node = [s for s in specs if p["suite_nodes"][s.name] == conn]
                 if bases and not found[conn]["dirty_stat"]:
                     skipped.update(unchanged.unchanged_on_node(client, values[settings.NODE_CHECKOUT_KEY],
                                                                found[conn]["sha"], on_node, bases,
-                                                               scheduled=run_type == "scheduled"))
+                                                               scheduled=run_type == "scheduled", tree=trees[conn],
+                                                               verdicts=verdicts))
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("
@@ -137,6 +142,9 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                           "early_abort": p["early_abort"], "record": where, "baselines": versions,
                           "repeats": p["repeats"], "suite_fingerprints": fingerprints, "lane": p["lane"],
                           "unchanged": skipped, "scheduled": run_type == "scheduled",
+                          # the suites' path rules that match no file at this commit, and what the record doubts
+                          "stale": stale_rules(specs, trees[nodes[0]]),
+                          "contradicted": contradictions(p["suites"], found[nodes[0]]["sha"], verdicts),
                           # when each suite's last full verification (a trained PASS) ended: the lane's policy
                           "last_full": {s: b.get("written_at") for s, b in bases.items()}}
     record.put_json(dag_run_id, "commit.json", resolved)
@@ -146,11 +154,50 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     log.info("Commit under test: %s (%s); %s", resolved["sha"], p["commit"],
              "; ".join(f"worktree {r['worktree']} on {c}" for c, r in found.items()))
     log.info("Where the suites train: %s; record: %s", placement.describe(p["suite_nodes"]), where)
+    for line in shortcut_notes(resolved):
+        log.warning("%s", line)
     for suite, version in versions.items():
         log.info("Baseline of %s: %s%s", suite, version["label"], "" if version["current"] else " (pinned)")
     if resolved["dirty_stat"]:
         log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
     return resolved
+
+
+def stale_rules(specs: list[SuiteSpec], tree: list[str]) -> dict[str, dict[str, list[str]]]:
+    """Per suite, its ``affects`` and ``bitwise.disabled_by`` patterns that match no file of ``tree`` (the checkout
+    at the commit under test; issue 42), for the suites that have any."""
+    out = {}
+    for spec in specs:
+        rules = lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by if spec.bitwise else None)
+        affects, disabled_by = lane.stale_rules(rules, tree)
+        found = {k: list(v) for k, v in (("affects", affects), ("disabled_by", disabled_by)) if v}
+        if found:
+            out[spec.name] = found
+    return out
+
+
+def contradictions(suites: list[str], sha: str, verdicts: list[dict[str, Any]]) -> dict[str, str]:
+    """Per suite whose newest full verdict at ``sha`` in the record doubts it (issue 42), one phrase saying so."""
+    out = {}
+    for suite in suites:
+        doubt = verification_history.doubted(verdicts, suite, sha)
+        if doubt:
+            out[suite] = verification_history.doubt_words(doubt)
+    return out
+
+
+def shortcut_notes(resolved: Mapping[str, Any]) -> list[str]:
+    """The card's and the report's lines about what turned a suite's shortcuts off before any diff was read: its
+    path rules that name nothing at this commit (with the fix), and a FAIL of this commit in the record."""
+    lines = []
+    for suite, found in (resolved.get("stale") or {}).items():
+        for field, shortcut in (("affects", f"no {UNCHANGED}"), ("disabled_by", "no bitwise lane")):
+            if found.get(field):
+                name = "affects" if field == "affects" else "bitwise.disabled_by"
+                lines.append(f"{suite}: {shortcut} ({lane.stale_words(name, found[field])}).")
+    for suite, why in (resolved.get("contradicted") or {}).items():
+        lines.append(f"{suite}: no shortcut, full verification: the record contradicts one: {why}.")
+    return lines
 
 
 def _baselines_in_use(specs: list[SuiteSpec], pins: Mapping[str, int],
@@ -206,7 +253,7 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
     specs.sort(key=lambda spec: resolved["suites"].index(spec.name))
     versions = resolved.get("baselines") or {}
     gaps = list(notes or [])
-    notes = unchanged.card_notes(resolved) + bitwise_lane.card_notes(prereq) + gaps
+    notes = shortcut_notes(resolved) + unchanged.card_notes(resolved) + bitwise_lane.card_notes(prereq) + gaps
     with record.workspace(dag_run_id, parts=[f"{s}/{baselines.RECORD_FOLDER}" for s in versions]) as run_dir:
         def data_path(spec: SuiteSpec) -> Path:
             return engine_of(spec).data_in_use(spec, version_files(run_dir / spec.name))

@@ -18,6 +18,9 @@ from rl_verify.store import record
 DECIDED = ("PASS", "PASS (not reproduced)", "PASS (unchanged)", "PASS (bitwise)", "FAIL (reproduced)")
 #: A suite's outcomes that verified its commit by a full run (a base the path-aware skip may rest on).
 FULL_PASSES = ("PASS", "PASS (not reproduced)")
+#: A suite's outcomes that say its commit's numbers are not known good (issue 42): a shortcut must never say PASS
+#: against them. A FAIL classed infrastructure says nothing of the numbers (the node, the launch) and is left out.
+DOUBTING = ("FAIL (reproduced)", "FAIL", "INCONCLUSIVE")
 
 
 def verification_reports() -> Iterable[tuple[str, dict[str, Any], Any]]:
@@ -131,3 +134,61 @@ def _written_at(path: Any) -> float:
         return float(path.stat().st_mtime)
     except (OSError, AttributeError, TypeError, ValueError):
         return 0.0
+
+
+def suite_verdicts(suites: Iterable[str]) -> list[dict[str, Any]]:
+    """Every full verdict the record holds of ``suites`` (the verification's and the probes' runs), newest first:
+    ``suite``, ``sha``, ``outcome``, ``failure_class`` (the first run's), ``run_id``, ``report`` (the link),
+    ``written_at`` and ``doubting`` (the outcome doubts the commit's numbers: ``DOUBTING``, not infrastructure).
+    A shortcut's PASS is no verdict of its own and is left out. One pass over the record."""
+    wanted, out = set(suites), []
+    for _, report, folder in verification_reports():
+        sha = report.get("commit")
+        if not sha:
+            continue
+        run_id = str(report.get("dag_run_id") or folder.name)
+        when = _written_at(folder / "report.json")
+        for row in report.get("suites") or []:
+            outcome = suite_outcome(row)
+            if row.get("suite") not in wanted or outcome not in DOUBTING + FULL_PASSES:
+                continue
+            failure = row.get("failure_class")
+            out.append({"suite": row["suite"], "sha": sha, "outcome": outcome, "failure_class": failure,
+                        "run_id": run_id, "written_at": when,
+                        "report": links.report_view_path(settings.verification_dag_of(run_id), run_id),
+                        "doubting": outcome in DOUBTING and failure != "infrastructure"})
+    return sorted(out, key=lambda v: v["written_at"], reverse=True)
+
+
+def doubted(verdicts: Iterable[Mapping[str, Any]], suite: str, sha: str) -> dict[str, Any] | None:
+    """The record's newest full verdict of ``suite`` at ``sha`` when it doubts the commit (a later full PASS of the
+    same commit clears an earlier FAIL), else None."""
+    for verdict in verdicts:  # newest first
+        if verdict["suite"] == suite and verdict["sha"] == sha:
+            return dict(verdict) if verdict["doubting"] else None
+    return None
+
+
+def doubt_words(verdict: Mapping[str, Any], of: str = "this commit") -> str:
+    """One phrase naming a doubting verdict for the card and the report: "<suite> ended FAIL (reproduced) at this
+    commit in run R (its report: link)"."""
+    klass = f", {verdict['failure_class']}" if verdict.get("failure_class") and verdict["outcome"] != "INCONCLUSIVE" \
+        else ""
+    return (f"{verdict['suite']} ended {verdict['outcome']}{klass} at {of} in run {verdict['run_id']} (its report: "
+            f"{verdict['report']})")
+
+
+def identical_readings(suite: str, sha: str) -> list[dict[str, Any]]:
+    """The lane readings (``<suite>/lane.json``) of the record's runs at ``sha`` whose bits were the reference's:
+    what says that commit's first steps equal a reference (issue 42: a FAIL of it makes that reference blind)."""
+    out = []
+    for _, report, folder in verification_reports():
+        if report.get("commit") != sha:
+            continue
+        try:
+            reading = json.loads((folder / suite / "lane.json").read_bytes())
+        except (OSError, ValueError):
+            continue
+        if reading.get("identical"):
+            out.append(reading)
+    return out

@@ -6,6 +6,9 @@ A reference is written only after the verification of its commit PASSed in full 
 deterministic runs of that commit) ran: ``state`` is ``trusted`` when they agreed bit for bit, else ``not
 reproducible`` (the lane is then off for that key, and the reports say why). A later PASS with other bits (a
 healthy numerics change) replaces it.
+
+A reference whose bits a FAILing commit also had is ``blind`` to that regression (issue 42): the FAIL's record is
+kept in it (``blind``) and the lane is off for its key until a full PASS makes a new reference.
 """
 
 from __future__ import annotations
@@ -67,7 +70,31 @@ def others(suite: str, experiment: str, lane: str, key: str, root: str | None = 
 
 
 def state(reference: dict[str, Any] | None) -> str:
-    """``core.lane.ReferenceState`` of a kept reference: trusted, not reproducible, or absent."""
+    """``core.lane.ReferenceState`` of a kept reference: trusted, not reproducible, blind (trusted, but a FAILing
+    commit had its bits), or absent."""
     if reference is None:
         return "absent"
+    if reference.get("state") == TRUSTED and reference.get("blind"):
+        return "blind"
     return reference["state"] if reference.get("state") in (TRUSTED, NOT_REPRODUCIBLE) else "absent"
+
+
+def blind_words(reference: dict[str, Any] | None) -> str:
+    """What a blind reference did not see, in one phrase ("" when it is not blind)."""
+    blind = (reference or {}).get("blind") or {}
+    if not blind:
+        return ""
+    steps = blind.get("steps") or (reference or {}).get("steps") or "k"
+    return (f"{str(blind.get('sha') or '?')[:9]} has its first {steps} steps' bits and ended {blind.get('outcome')} in "
+            f"run {blind.get('run_id')} (its report: {blind.get('report')})")
+
+
+def mark_blind(key: str, made_at: str | None, failed: dict[str, Any], root: str | None = None) -> bool:
+    """Mark the reference kept under ``key`` blind to the regression of ``failed`` (``sha``, ``outcome``, ``run_id``,
+    ``report``): only the reference made at ``made_at`` (the one the lane compared with; a newer one was made from
+    a later PASS and is left as it is). Returns whether it was marked."""
+    kept = get(key, root)
+    if kept is None or kept.get("state") != TRUSTED or kept.get("made_at") != made_at:
+        return False
+    put(key, {**kept, "blind": dict(failed)}, root)
+    return True

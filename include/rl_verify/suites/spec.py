@@ -186,8 +186,12 @@ class SuiteSpec(_Spec):
     node: NodeNeeds = NodeNeeds()
     #: The checkout's paths that can move this suite's numbers, and those that cannot (core.paths patterns):
     #: a diff since the suite's last verified PASS that touches no affecting path needs no training.
+    #: Each ``affects`` pattern must match a file of the checkout at the commit under test, or the skip is off for
+    #: the suite (issue 42: a rule naming a path the tree no longer has decides nothing).
     affects: tuple[str, ...] = paths.DEFAULT_AFFECTS
     unaffecting: tuple[str, ...] = paths.DEFAULT_UNAFFECTING
+    #: Where ``affects``/``unaffecting`` come from (shown, not used): the facts of the checkout they rest on.
+    affects_source: str = ""
     #: The bitwise-first lane, when the suite has a deterministic mode (None: every verification is full).
     bitwise: BitwiseLane | None = None
     #: The spec file as written (the experiment fingerprint hashes it).

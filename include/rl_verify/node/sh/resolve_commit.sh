@@ -3,8 +3,9 @@
 # Inputs (assigned by remote.render before this text, validated in Python):
 #   checkout  the node's xtuner checkout      runs  the remote runs root
 #   key       the run key (folder name)       ref   the branch, tag or SHA to resolve
-# Prints KEY=value lines: SHA, RUN_DIR, WORKTREE, SUBJECT_B64 and, when the worktree is not
-# clean, DIRTY_STAT_B64. Exit 3: the ref does not exist; 4: no checkout; 5: worktree elsewhere.
+# Prints KEY=value lines: SHA, RUN_DIR, WORKTREE, SUBJECT_B64, TREE_GZ_B64 (the commit's tracked files, one path a
+# line as git quotes them, gzip then base64: what the suites' path rules are checked against) and, when the
+# worktree is not clean, DIRTY_STAT_B64. Exit 3: the ref does not exist; 4: no checkout; 5: worktree elsewhere.
 # The inputs are assigned by the prelude render() prepends, which shellcheck cannot see:
 # shellcheck disable=SC2154
 set -eu
@@ -36,6 +37,7 @@ echo "SHA=$sha"
 echo "RUN_DIR=$run_dir"
 echo "WORKTREE=$wt"
 echo "SUBJECT_B64=$(git -C "$wt" log -1 --format=%s "$sha" | base64 -w0)"
+echo "TREE_GZ_B64=$(git -C "$wt" -c core.quotePath=true ls-tree -r --name-only "$sha" | gzip -c | base64 -w0)"
 if [ -n "$(git -C "$wt" status --porcelain)" ]; then
   echo "DIRTY_STAT_B64=$( (git -C "$wt" diff --stat HEAD; git -C "$wt" status --porcelain) | base64 -w0)"
 fi

@@ -1,4 +1,4 @@
-"""SIMULATED placeholder of XTuner's GRPO autotest config (rl-verify simulator): read by xtuner_sim/train.py.
+"""SIMULATED placeholder of XTuner's GRPO autotest config (rl-verify simulator): read by xtuner/rlsim/train.py.
 
 GRPO, Qwen3-8B, gsm8k: 3 epochs over 1000 prompts, global batch 64 -> 45 RL steps; eval every 15 steps.
 """

@@ -67,7 +67,7 @@ trap cleanup EXIT
 
 start_teacher() {  # NAME MODEL DEVICES
   rm -f "$WORK_DIR/teacher_$1.port" "$WORK_DIR/teacher_$1.pid"
-  CUDA_VISIBLE_DEVICES=$3 setsid nohup "$PYTHON" "$REPO_DIR/xtuner_sim/teacher_server.py" --rlsim-teacher "$1" \
+  CUDA_VISIBLE_DEVICES=$3 setsid nohup "$PYTHON" "$REPO_DIR/xtuner/rlsim/teacher_server.py" --rlsim-teacher "$1" \
     --model "$2" --port-file "$WORK_DIR/teacher_$1.port" --pid-file "$WORK_DIR/teacher_$1.pid" \
     > "$WORK_DIR/teacher_$1_${current_time}.log" 2>&1 < /dev/null &
   echo $! > "$WORK_DIR/teacher_$1.pid"
@@ -100,7 +100,7 @@ for _ in $(seq 1 60); do
   sleep 1
 done
 
-CUDA_VISIBLE_DEVICES=$STUDENT_CUDA_VISIBLE_DEVICES "$PYTHON" "$REPO_DIR/xtuner_sim/train.py" --rlsim-train opd \
+CUDA_VISIBLE_DEVICES=$STUDENT_CUDA_VISIBLE_DEVICES "$PYTHON" "$REPO_DIR/xtuner/rlsim/train.py" --rlsim-train opd \
   --config "$OPD_CONFIG_PATH" --model "$STUDENT_MODEL_PATH" --data "$DATA_PATH" --eval-data "$EVAL_DATA_PATH" \
   --work-dir "$WORK_DIR" --batch-hint "$TRAIN_BATCH_SIZE" \
   2>&1 | tee "$WORK_DIR/training_log_${current_time}.txt"

@@ -10,7 +10,7 @@ Inputs it honours (all optional outside a simulated node):
 - ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed, and the noise
   mode ``noise`` with its ``baseline_error_seed``, see curves.py) and ``faults.json`` (per-suite
   fault: crash | hang | truncated | nan | slow, with ``at_step``);
-- ``xtuner_sim/behaviour.json`` of the checkout it runs from: the regression the commit carries
+- ``xtuner/rlsim/behaviour.json`` of the checkout it runs from: the regression the commit carries
   (``regression``: a kind of curves.REGRESSIONS or null; optional ``scale`` and ``from_step``: its size and
   the first step it shows at, see curves.regression_applier);
 - ``RLSIM_SEED``, else ``RL_VERIFY_SEED`` (a calibration run's seed, as a launch config would read it):
