@@ -96,6 +96,7 @@ bench: venv ensure-sshd
 	$(PY) -m scripts.bench_bisect_dag
 	$(PY) -m scripts.bench_unchanged
 	$(PY) -m scripts.bench_lane
+	$(PY) -m scripts.bench_shortcuts
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -25,6 +25,12 @@ from simulator.common import (
     NEUTRAL_CODE_BRANCH,
     NEUTRAL_FOLLOWUP_BRANCH,
     NUMERICS_BRANCH,
+    LATE_BRANCH,
+    LATE_FOLLOWUP_BRANCH,
+    LATE_FROM_STEP,
+    RENAME_BRANCH,
+    RENAMED_FROM,
+    RENAMED_TO,
     BISECT_AUTHORS,
     BISECT_BAD_TAG,
     BISECT_BRANCH,
@@ -166,7 +172,8 @@ def checkout_files() -> list[str]:
 
 
 def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
-    h = hashlib.sha256(b"rlsim-checkout-v4")  # v4: the docs-only, neutral (two) and numerics branches
+    # v5: the late regression (and its neutral follow-up) and the LMDeploy rename branches (issue 42)
+    h = hashlib.sha256(b"rlsim-checkout-v5")
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
     h.update(json.dumps(asdict(layout), sort_keys=True).encode())
     for rel, p in sorted(files.items()):
@@ -251,6 +258,23 @@ def build_checkout(root: Path) -> dict[str, str]:
     set_behaviour(None, "healthy: reordered reduction, other bits, same statistics", numerics="reordered-reduction")
     _git(repo, "commit", "-q", "-am", "perf: fuse the advantage reduction (simulated, numerics change, healthy)")
     commits["numerics-reorder"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", LATE_BRANCH, "main")
+    set_behaviour("init", f"late regression: {load_curves().REGRESSIONS['init']}; from step {LATE_FROM_STEP}",
+                  from_step=LATE_FROM_STEP)
+    _git(repo, "commit", "-q", "-am", "Warm-up end: switch the LR schedule (simulated regression from step "
+         f"{LATE_FROM_STEP}, both suites)")
+    commits["regress-late"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", LATE_FOLLOWUP_BRANCH)
+    helper.write_text('"""Log formatting helpers (SIMULATED refactor: no effect on the numbers)."""\n')
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "refactor: move log formatting into a helper (simulated, numerics-neutral, on "
+         "top of the late regression)")
+    commits["regress-late-followup"] = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "checkout", "-q", "-b", RENAME_BRANCH, "main")
+    (repo / RENAMED_TO).parent.mkdir(parents=True, exist_ok=True)
+    _git(repo, "mv", RENAMED_FROM, RENAMED_TO)
+    _git(repo, "commit", "-q", "-m", "rollout: rename the LMDeploy backend module (simulated move, as XTuner's #1544)")
+    commits["rename-lmdeploy"] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "main")
     bisect = _build_bisect_history(repo, commits["good"], layout, set_behaviour)
     stamp.parent.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,16 @@ NUMERICS_BRANCH = "sim/numerics-reorder"
 #: A second numerics-neutral code commit, on top of ``NEUTRAL_CODE_BRANCH`` (whose tip stays the first one): the
 #: bitwise lane's case once a reference exists at its parent.
 NEUTRAL_FOLLOWUP_BRANCH = "sim/neutral-followup"
+#: A gross regression of both suites whose code first runs at step ``LATE_FROM_STEP`` (the bitwise lane's blind
+#: spot: its first steps are main's bits), and a numerics-neutral commit on top of it (the same bits, still
+#: regressed): what the record must teach the lane (issue 42).
+LATE_BRANCH = "sim/regress-late"
+LATE_FOLLOWUP_BRANCH = "sim/regress-late-followup"
+LATE_FROM_STEP = 10
+#: The LMDeploy rollout moved to a path no ``bitwise.disabled_by`` pattern names (a rename as XTuner's #1544 did):
+#: the lane's rule matches nothing at that commit.
+RENAME_BRANCH = "sim/rename-lmdeploy"
+RENAMED_FROM, RENAMED_TO = "xtuner/v1/rl/rollout/lmdeploy.py", "xtuner/v1/rl/rollout/turbomind_backend.py"
 
 # ----------------------------------------------------------------------------------------------------
 # The linear history for bisection (issue 22): ``sim/bisect-good`` (= main, the known-good commit) and

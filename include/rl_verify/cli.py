@@ -5,10 +5,12 @@
     rl-verify compare opd  --current CUR.jsonl --out DIR [--golden FILE] [--baseline BASE.jsonl] [--commit SHA]
     rl-verify baselines list [--suite S] | show [--suite S] VERSION | promote [--suite S] VERSION [--by NAME]
                         | import-shipped [--suite S]          (each also takes --root ROOT)
+    rl-verify shortcut --checkout DIR --base SHA --head SHA [--suite S] [--json]
 
 Exit status: 0 PASS, 1 FAIL, 2 cannot evaluate (bad or missing input, crashed or hung checker; the
 message names the file, the line where it applies, and what to do). ``baselines`` exits 0, or 2 on
-bad input (a missing or broken version, an unknown suite: nothing is promoted).
+bad input (a missing or broken version, an unknown suite: nothing is promoted). ``shortcut`` exits 0, or 2 when
+the checkout or a commit cannot be read.
 
 Subcommands are registered by small ``register_*`` functions on the parser returned by
 ``build_parser()``; another module adds one with ``register_<name>(subparsers)`` and a handler
@@ -18,6 +20,7 @@ stored as ``func`` (handler(args) -> exit status).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -267,7 +270,81 @@ def register_baselines(subparsers: Subparsers) -> None:
                         ).set_defaults(func=_baselines_guard(_baselines_import))
 
 
-REGISTRARS: list[Registrar] = [register_compare, register_baselines]
+def _git(checkout: Path, *args: str) -> list[str]:
+    """The lines git prints in ``checkout`` (names quoted as the node's scripts quote them); InputError when it
+    fails. No shell: the arguments reach git as they are."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(checkout), "-c", "core.quotePath=true", *args], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise InputError(f"git {' '.join(args[:2])} failed: {done.stderr.strip() or f'exit {done.returncode}'}",
+                         checkout, None, "give a clone of XTuner (--checkout) and commits it has (--base, --head)")
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def _commit(checkout: Path, rev: str, flag: str) -> str:
+    if rev.startswith("-"):
+        raise InputError(f"{flag} {rev!r} is not a commit", checkout, None, f"give a SHA, branch or tag as {flag}")
+    try:
+        return _git(checkout, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")[0]
+    except (InputError, IndexError):
+        raise InputError(f"{flag} {rev!r} is not a commit of this checkout", checkout, None,
+                         f"give a SHA, branch or tag the checkout has as {flag} (git fetch first)") from None
+
+
+def _run_shortcut(args: argparse.Namespace) -> int:
+    """What a verification would do with the diff ``--base``..``--head`` per suite (``core.lane.judge``, the DAG's own
+    decision): unchanged, bitwise or full, the rule and the files that decided, and every stale pattern."""
+    from rl_verify.core import lane
+
+    checkout = Path(args.checkout).expanduser()
+    if not (checkout / ".git").exists() and not _git(checkout, "rev-parse", "--git-dir"):
+        raise InputError("not a git checkout", checkout, None, "give a clone of XTuner as --checkout")
+    base, head = _commit(checkout, args.base, "--base"), _commit(checkout, args.head, "--head")
+    changed = _git(checkout, "diff", "--name-only", "--no-renames", base, head, "--")
+    tree = _git(checkout, "ls-tree", "-r", "--name-only", head)
+    suites = [args.suite] if args.suite else known_suites()
+    out: dict[str, Any] = {}
+    for name in suites:
+        spec = load_suite(name)
+        rules = lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by if spec.bitwise else None)
+        out[name] = lane.judge(rules, lane.Facts(verified_pass=base, changed_since_pass=changed,
+                                                 changed_since_reference=changed, tree=tree,
+                                                 reference="trusted")).to_dict()
+    assumes = ("--base stands for each suite's last verified PASS and its trusted bitwise reference on the node's "
+               "environment; the record (a FAIL of --head) and the environment are the DAG's to read")
+    if args.json:
+        print(json.dumps({"checkout": str(checkout), "base": base, "head": head, "files": changed,
+                          "suites": out, "assumes": assumes}, indent=1))
+        return EXIT_PASS
+    print(f"{base[:9]}..{head[:9]} in {checkout}: {len(changed)} file(s) changed")
+    for name, found in out.items():
+        print(f"{name}: {found['choice']} (rule: {found['rule']}): {found['why']}")
+        deciding = found["disabling"] if found["rule"] == "bitwise.disabled_by" else found["affecting"]
+        if deciding:
+            print(f"  files: {', '.join(deciding[:10])}" + (f" and {len(deciding) - 10} more" if len(deciding) > 10
+                                                             else ""))
+        for field, stale in (("affects", found["stale_affects"]), ("bitwise.disabled_by", found["stale_lane"])):
+            if stale:
+                print(f"  stale: {field} {', '.join(stale)} (matches no file at {head[:9]})")
+    print(f"Assumes: {assumes}.")
+    return EXIT_PASS
+
+
+def register_shortcut(subparsers: Subparsers) -> None:
+    """Add ``shortcut``: the shortcut a verification would take for a diff, per suite, on a local clone."""
+    parser = subparsers.add_parser(
+        "shortcut", help="what a verification would do with a diff, per suite (unchanged, bitwise or full) and why")
+    parser.add_argument("--checkout", required=True, help="a clone of XTuner")
+    parser.add_argument("--base", required=True, help="the verified commit (a suite's last verified PASS)")
+    parser.add_argument("--head", required=True, help="the commit to verify")
+    parser.add_argument("--suite", choices=known_suites(), help="one suite (default: every suite)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(func=_run_shortcut)
+
+
+REGISTRARS: list[Registrar] = [register_compare, register_baselines, register_shortcut]
 
 
 def build_parser(registrars: Sequence[Registrar] | None = None) -> argparse.ArgumentParser:

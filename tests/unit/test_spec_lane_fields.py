@@ -65,3 +65,23 @@ def test_a_bad_path_rule_or_lane_is_refused_naming_the_file_and_the_field(change
     with pytest.raises(SpecError, match=r"/x/opd\.json") as err:
         _opd(**change)
     assert re.search(re.escape(said), str(err.value)), str(err.value)
+
+
+#: What XTuner's own deterministic recipe exports (examples/v1/scripts/run_rl_deterministic.sh, InternLM/xtuner main
+#: at b934f46, 2026-08-21; xtuner-contract.md "Deterministic mode"): the facts the shipped lanes must follow.
+XTUNER_DETERMINISTIC_RECIPE = {
+    "XTUNER_USE_SGLANG": "1",  # the only rollout with a deterministic mode
+    "XTUNER_USE_LMDEPLOY": "0",
+    "XTUNER_USE_VLLM": "0",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "0",
+    "XTUNER_DETERMINISTIC": "true",
+    "XTUNER_USE_FA3": "0",  # FA3 kernels are not batch-invariant
+}
+
+
+def test_the_shipped_lanes_set_every_switch_of_xtuners_deterministic_recipe():
+    for name in ("grpo", "opd"):
+        lane = spec_from_dict(json.loads((SUITES / f"{name}.json").read_text()), f"/x/{name}.json").bitwise
+        side_by_side = {k: (v, lane.env.get(k)) for k, v in XTUNER_DETERMINISTIC_RECIPE.items()}
+        assert {k: pair for k, pair in side_by_side.items() if pair[0] != pair[1]} == {}, name
+        assert "run_rl_deterministic.sh" in lane.source

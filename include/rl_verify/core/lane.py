@@ -11,9 +11,10 @@ The order is the runbook's trust order: a cheaper answer is only taken when noth
 3. ``unchanged``: the diff since the suite's last verified PASS (same experiment fingerprint and baseline
    version) touches no path that can affect it, and every ``affects`` pattern matches a file of the checkout at
    this commit (a rule naming paths the tree no longer has decides nothing). No training.
-4. ``full`` when the suite has no lane, a ``bitwise.disabled_by`` pattern matches no file of the checkout, the
-   diff touches a path that turns the lane off, or no trusted reference exists for this environment (or the one
-   that exists is blind to a regression the record knows).
+4. ``full`` when the suite has no lane, an ``affects`` or ``bitwise.disabled_by`` pattern matches no file of the
+   checkout (the suite's account of its code is out of date: nothing vouches for the lane either), the diff
+   touches a path that turns the lane off, or no trusted reference exists for this environment (or the one that
+   exists is blind to a regression the record knows).
 5. ``bitwise`` otherwise: k deterministic steps compared with the reference; a difference falls back to
    ``full`` under the same approval (decided later, by the comparison, not here).
 
@@ -45,6 +46,9 @@ class LaneChoice:
 
     choice: Choice
     why: str
+    #: The rule that decided (``rl-verify shortcut`` names it): lane = full, full-every, record, affects,
+    #: lane = skip, no lane, bitwise.disabled_by, reference.
+    rule: str = ""
 
 
 def _files(changed: Sequence[str], most: int = 5) -> str:
@@ -84,43 +88,49 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
                          "verification")
     if requested == "full":
-        return LaneChoice("full", "the run asked for a full verification (lane = full)")
+        return LaneChoice("full", "the run asked for a full verification (lane = full)", "lane = full")
     if scheduled:
         due = last_full_at is None or now - last_full_at >= timedelta(days=full_every_days)
         if due:
             age = "there was none" if last_full_at is None else \
                 f"the last one was {(now - last_full_at).total_seconds() / 86400:.1f} days ago"
             return LaneChoice("full", f"a scheduled run verifies in full every {full_every_days:g} days and {age} "
-                                      "(RL_VERIFY_FULL_EVERY_DAYS)")
+                                      "(RL_VERIFY_FULL_EVERY_DAYS)", "full-every")
     if contradicted:
-        return LaneChoice("full", f"the record contradicts a shortcut: {contradicted}")
+        return LaneChoice("full", f"the record contradicts a shortcut: {contradicted}", "record")
     skip_off = ""  # why the path-aware skip, which the diff alone would allow, is off
     if verified_pass and not affecting:
         if not stale_affects:
             return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches "
-                                           "no path that can affect this suite")
+                                           "no path that can affect this suite", "affects")
         skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
     if requested == "skip":
-        return LaneChoice("full", skip_off or "the run asked for the path-aware skip only (lane = skip)")
+        return LaneChoice("full", skip_off or "the run asked for the path-aware skip only (lane = skip)",
+                          "affects" if skip_off else "lane = skip")
     if not has_lane:
-        return LaneChoice("full", skip_off or "the suite declares no bitwise lane")
+        return LaneChoice("full", skip_off or "the suite declares no bitwise lane",
+                          "affects" if skip_off else "no lane")
+    if stale_affects:  # the suite's account of its own code is out of date: nothing vouches for the lane either
+        return LaneChoice("full", "the suite's path rules are out of date: "
+                          + stale_words("affects", stale_affects), "affects")
     if stale_lane:
         return LaneChoice("full", "the lane's rule cannot be trusted: "
-                                  + stale_words("bitwise.disabled_by", stale_lane))
+                                  + stale_words("bitwise.disabled_by", stale_lane), "bitwise.disabled_by")
     if lane_disabling:
-        return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}")
+        return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}",
+                          "bitwise.disabled_by")
     if reference == "absent":
         changed = f"the environment changed {environment_change}: " if environment_change else ""
         return LaneChoice("full", f"{changed}no bitwise reference for this environment yet (one is made after a full "
-                                  "PASS)")
+                                  "PASS)", "reference")
     if reference == "not reproducible":
         return LaneChoice("full", "the bitwise lane is off: not reproducible on this environment (the reference's "
-                                  "self-check runs differed)")
+                                  "self-check runs differed)", "reference")
     if reference == "blind":
         return LaneChoice("full", f"the bitwise reference is blind to a regression the record knows ({blind}): the "
-                                  "lane is off for it until a full PASS makes a new reference")
+                                  "lane is off for it until a full PASS makes a new reference", "reference")
     return LaneChoice("bitwise", "a trusted reference exists for this environment and the diff touches no path "
-                                 "that turns the lane off" + (f" ({skip_off})" if skip_off else ""))
+                                 "that turns the lane off", "bitwise.disabled_by")
 
 
 def for_bisection(onset: int | None, lane_steps: Sequence[int]) -> tuple[str, str]:
@@ -187,13 +197,14 @@ class Judgement:
 
     choice: Choice
     why: str
+    rule: str = ""
     affecting: tuple[str, ...] = ()
     disabling: tuple[str, ...] = ()
     stale_affects: tuple[str, ...] = ()
     stale_lane: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        return {"choice": self.choice, "why": self.why, "affecting": list(self.affecting),
+        return {"choice": self.choice, "rule": self.rule, "why": self.why, "affecting": list(self.affecting),
                 "disabling": list(self.disabling), "stale_affects": list(self.stale_affects),
                 "stale_lane": list(self.stale_lane)}
 
@@ -231,4 +242,4 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
                     facts.full_every_days, environment_change=facts.environment_change,
                     stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
                     blind=facts.blind)
-    return Judgement(chosen.choice, chosen.why, affecting, disabling, stale_affects, stale_lane)
+    return Judgement(chosen.choice, chosen.why, chosen.rule, affecting, disabling, stale_affects, stale_lane)

@@ -92,5 +92,12 @@ def affecting(changed: Iterable[str], affects: Sequence[str] = DEFAULT_AFFECTS,
 def stale(patterns: Iterable[str], tree: Iterable[str]) -> list[str]:
     """The ``patterns`` that match no path of ``tree`` (a checkout's files at one commit), in the order given: a
     rule naming paths the checkout does not have (code moved, a recipe not merged) decides nothing (issue 42)."""
-    files = list(tree)
-    return [p for p in dict.fromkeys(patterns) if not any(_regex(p).fullmatch(f) for f in files)]
+    files = tree if isinstance(tree, (set, frozenset)) else set(tree)
+    out = []
+    for pattern in dict.fromkeys(patterns):
+        if not any(c in pattern for c in "*?["):  # a plain path: one lookup
+            if pattern not in files:
+                out.append(pattern)
+        elif not any(_regex(pattern).fullmatch(f) for f in files):
+            out.append(pattern)
+    return out
