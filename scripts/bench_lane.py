@@ -11,10 +11,8 @@
    deterministic slowdown (sim.json ``deterministic_slowdown``, 1.3: the anchors' middle), plus one 5 s poll. A
    launch's own start-up (Ray, model load, teachers) is inside the runbook's minutes of a full run; the lane pays
    it again: shown as 0 and as an assumed 3 min.
-2. **GPU-hours per verification** over XTuner's commit mix (issue 33: 24% touch nothing a suite runs, 6% none of the
-   RL/model/training code, 70% other code) with 0%, 30% and 70% of the code commits changing numerics, the
-   environment changing every 30 verifications (a new reference then). Today: every verification in full
-   (GRPO 1 run, OPD 1.53 runs: the confirmation's measured mean).
+2. **GPU-hours per verification**: on XTuner's real stream of commits, ``scripts.bench_shortcuts`` (issue 42; it
+   uses this module's ``lane_minutes``, ``MEAN_RUNS`` and ``ENV_EVERY``).
 3. **Bisections** of 16 and 32 commits, 0/30/70% of them changing numerics, with and without the lane, through
    ``scripts.bench_bisect``'s replay (the real planner, realistic noise, the confirmation rule; OPD). The lane in a
    probe: ``bench_bisect.LaneModel``. The regression shows from step 0 (the lane sees it) and from step 10 (the
@@ -52,7 +50,6 @@ ASSUMED_STARTUP_MIN = 3.0
 SUITES = ("grpo", "opd")
 #: The confirmation's measured mean runs of a healthy verification (issue 33's figures: OPD 1.53, GRPO 1).
 MEAN_RUNS = {"grpo": 1.0, "opd": 1.53}
-MIX = {"unaffecting": 0.24, "non-rl code": 0.06, "other code": 0.70}
 ENV_EVERY = 30
 
 
@@ -129,33 +126,6 @@ def lane_minutes(suite: str, steps_read: int | None = None) -> float:
     spec = load_suite(suite)
     steps = (steps_read if steps_read is not None else spec.bitwise.steps + 1)
     return steps * step_minutes(suite) * SLOWDOWN + PROD_POLL_S / 60
-
-
-def mix_gpu_hours(numerics: float, verifications: int = 20000, seed: int = 0) -> dict[str, float]:
-    """Mean GPU-hours per verification (both suites, 8 GPUs) over the mix: today, with the skip, with skip + lane."""
-    rng = random.Random(seed)
-    gpus = settings.GPUS_PER_RUN
-    today = skip = both = 0.0
-    cost = {suite: (load_suite(suite).run_minutes * MEAN_RUNS[suite], 2 * lane_minutes(suite), lane_minutes(suite, 1),
-                    lane_minutes(suite)) for suite in SUITES}
-    for i in range(verifications):
-        kind = rng.choices(list(MIX), weights=list(MIX.values()))[0]
-        new_env = i % ENV_EVERY == 0
-        changes = kind == "other code" and rng.random() < numerics
-        for suite in SUITES:
-            full, reference, parted, identical = cost[suite]
-            today += full
-            if kind == "unaffecting" and not new_env:
-                continue
-            skip += full
-            if new_env:  # no reference for the new environment: full, then the reference
-                both += full + reference
-            elif changes:  # the lane parts at step 0: ~1 step, then full, then a new reference
-                both += parted + full + reference
-            else:
-                both += identical
-    scale = gpus / 60 / verifications
-    return {"today": today * scale, "skip": skip * scale, "skip+lane": both * scale}
 
 
 # --- 3. bisections ----------------------------------------------------------------------------------------------
@@ -277,14 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     if not args.no_dag:
         lines += dag_times(args.step_seconds)
-    lines += ["", "## 2. Mean GPU-hours per verification (GRPO + OPD, 8 GPUs), XTuner's commit mix", "",
-              "| code commits changing numerics | today (full every time) | path-aware skip | skip + lane | "
-              "skip + lane / today |", "|---|---|---|---|---|"]
-    for share in (0.0, 0.3, 0.7):
-        got = mix_gpu_hours(share, seed=args.seed)
-        lines.append(f"| {share:.0%} | {got['today']:.2f} | {got['skip']:.2f} | {got['skip+lane']:.2f} | "
-                     f"{got['skip+lane'] / got['today']:.2f} |")
-    print("\n".join(lines[-5:]), flush=True)
+    lines += ["", "## 2. Mean GPU-hours per verification: on XTuner's real commits, "
+              "`python -m scripts.bench_shortcuts`"]
     lines += ["", "## 3. Bisections (OPD, P = 1 node, realistic noise, the regression 1 threshold)", ""]
     print("\n".join(lines[-2:]), flush=True)
     lines += bisections(args.positions, args.seed)

@@ -1,19 +1,19 @@
 """The path-aware skip (PASS (unchanged), issue 33) over many seeded commit histories: how many verifications
 it answers without a training, the GPU-hours that saves, its false PASS rate and its blind spot.
 
-Each history is a stream of commits drawn with the mix measured on InternLM/xtuner's last 400 first-parent
-commits (issue 33): 24% touch only docs, CI or tests, 6% touch no RL, model or training code (other Python under
-``xtuner/``, tools), 70% RL, model or training code. Their file lists are drawn from paths of those kinds. The
-skip decides with the package's own rule: the shipped specs' ``affects``/``unaffecting`` patterns
-(``core.paths.affecting``) over the union of the files changed since the suite's last trained PASS, as
-``resolve_commit`` reads them from ``git diff``. GPU-hours per training are the specs' own (runbook minutes x
-GPUs); OPD's trainings count the confirmation's measured mean of 1.53 runs (README: confirmation).
+Each history is a stream of commits drawn (with replacement) from XTuner's real last 400 first-parent commits on main
+(``tests/data/xtuner/history.json``, issue 42): their real file lists. The skip decides with the package's own rule:
+the shipped specs' ``affects``/``unaffecting`` patterns (``core.paths.affecting``) over the union of the files
+changed since the suite's last trained PASS, as ``resolve_commit`` reads them from ``git diff`` (every pattern
+matching, as at main's newest commit: ``scripts/bench_shortcuts.py`` replays each commit's own tree).
 
 Assumptions, stated because the answer depends on them:
-* a commit with code changes carries a regression with probability ``--regression-rate`` (default 3%);
-  a regression is verified (FAIL) at the first verification that includes it, and fixed by the next commit;
-* a fraction ``--hidden-rate`` (default 0.5%) of docs/CI/tests-only commits changes numbers anyway (a prompt
-  template kept as Markdown, a test helper imported by training): the rule's own false PASS;
+* a commit touching code a suite reads (``xtuner/``, a suite's launch script, config or checker, its recipe,
+  requirements, packaging, patches) carries a regression with probability ``--regression-rate`` (default 3%); a
+  regression is verified (FAIL) at the first verification that includes it, and fixed by the next commit;
+* a commit touching other code only (another recipe, CI scripts, tools, skills) moves a suite's numbers anyway with
+  probability ``--outside-rate`` (default 0.5%), and a docs/CI/tests-only one with ``--hidden-rate`` (default 0.5%:
+  a prompt template kept as Markdown): the rule's own false PASS;
 * the node's environment changes (driver, package upgrade) with probability ``--env-change-rate`` per
   verification (default 1/30): the skip does not look at it (its blind spot); reported as the share of
   skipped verifications whose base predates an environment change.
@@ -26,31 +26,45 @@ PASS (unchanged)). Prints one table; deterministic for given seeds.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import random
+import re
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rl_verify.core import paths
 from rl_verify.engines import load_suite
 
-DOCS = ["docs/en/rl/grpo.md", "docs/zh_cn/get_started/installation.md", "README.md", "README_zh-CN.md",
-        ".github/workflows/lint.yml", ".github/workflows/unit_test.yml", "tests/rl/test_grpo_loss.py",
-        "tests/model/test_qwen3.py", "docs/en/conf.py", "CONTRIBUTING.md"]
-OTHER_CODE = ["xtuner/v1/model/moe/deepseek_v3.py", "xtuner/v1/model/compose/intern_s1.py", "tools/convert_hf.py",
-              "xtuner/v1/utils/logger.py", "xtuner/v1/datasets/sft_tokenize_fn.py", "setup.py"]
-RL_CODE = ["xtuner/v1/rl/grpo/loss.py", "xtuner/v1/rl/base/worker.py", "xtuner/v1/ray/rollout/controller.py",
-           "xtuner/v1/ray/rollout/lmdeploy.py", "xtuner/v1/train/rl_trainer.py", "xtuner/v1/model/dense/qwen3.py",
-           "xtuner/v1/rl/utils.py", "examples/v1/config/rl_qwen3_8B_grpo.py",
-           "recipe/on_policy_distillation/config/rl_qwen3_vl_2b_sampled_token_mopd_rollout_teacher.py"]
-MIX = (("docs", 0.24, DOCS), ("other code", 0.06, OTHER_CODE), ("rl code", 0.70, RL_CODE))
+HISTORY = Path(__file__).resolve().parents[1] / "tests" / "data" / "xtuner" / "history.json"
+#: Code each suite reads (what a regression of its numbers can live in): facts of XTuner's tree, not the specs' rules.
+_INSTALL = r"requirements|pyproject\.toml$|setup\.cfg$|MANIFEST\.in$|patch/"
+READ = {"grpo": re.compile(r"^(xtuner/|examples/v1/scripts/run_rl\.sh$|autotest/config/rl_qwen3_gsm8k_grpo\.py$|"
+                           r"autotest/utils/(check_metric|metric_report)\.py$|" + _INSTALL + ")"),
+        "opd": re.compile(r"^(xtuner/|recipe/on_policy_distillation/|" + _INSTALL + ")")}
 OPD_MEAN_RUNS = 1.53
+
+
+def real_commits() -> list[list[str]]:
+    """The changed paths of each of XTuner's 400 real commits (``scripts/xtuner_history.py``'s data file)."""
+    data = json.loads(HISTORY.read_text(encoding="utf-8"))
+    return [[c.split("\t", 1)[1] for c in commit["changes"]] for commit in data["commits"] if commit["changes"]]
+
+
+def kind_of(files: list[str], suite: str) -> str:
+    if any(READ[suite].match(f) for f in files):
+        return "read code"
+    if all(paths.matches(f, paths.DEFAULT_UNAFFECTING) for f in files):
+        return "docs"
+    return "other code"
 
 
 @dataclass
 class Commit:
-    kind: str
     files: list[str]
-    regression: bool = False
+    #: suite -> whether this commit regresses its numbers
+    regression: dict[str, bool]
 
 
 @dataclass
@@ -64,17 +78,11 @@ class Tally:
     base_age: list[int] = field(default_factory=list)
 
 
-def draw_commit(rng: random.Random, regression_rate: float, hidden_rate: float) -> Commit:
-    kind, files = "rl code", RL_CODE
-    u, acc = rng.random(), 0.0
-    for name, share, pool in MIX:
-        acc += share
-        if u < acc:
-            kind, files = name, pool
-            break
-    chosen = rng.sample(files, k=min(len(files), 1 + int(rng.random() < 0.4) + int(rng.random() < 0.15)))
-    bad = rng.random() < (hidden_rate if kind == "docs" else regression_rate)
-    return Commit(kind, chosen, bad)
+def draw_commit(rng: random.Random, pool: list[list[str]], args: argparse.Namespace) -> Commit:
+    files = rng.choice(pool)
+    rates = {"read code": args.regression_rate, "other code": args.outside_rate, "docs": args.hidden_rate}
+    draw = rng.random()  # one draw: a commit regressing the code both suites read regresses both
+    return Commit(files, {suite: draw < rates[kind_of(files, suite)] for suite in READ})
 
 
 def poisson(rng: random.Random, mean: float) -> int:
@@ -87,7 +95,7 @@ def poisson(rng: random.Random, mean: float) -> int:
 
 
 def one_history(seed: int, args: argparse.Namespace, specs: list, cost: dict[str, float],
-                nightly: bool) -> dict[str, Tally]:
+                nightly: bool, pool: list[list[str]]) -> dict[str, Tally]:
     """Verifications of one seeded history, per suite: the skip's rule against a full training each time."""
     rng = random.Random(f"unchanged:{seed}:{nightly}")
     tallies = {spec.name: Tally() for spec in specs}
@@ -95,14 +103,14 @@ def one_history(seed: int, args: argparse.Namespace, specs: list, cost: dict[str
     # and whether the environment changed since that PASS; verification index of the base.
     since = {spec.name: {"files": set(), "regressed": False, "env_changed": False, "age": 0} for spec in specs}
     for _ in range(args.verifications):
-        batch = [draw_commit(rng, args.regression_rate, args.hidden_rate)
+        batch = [draw_commit(rng, pool, args)
                  for _ in range(max(1, poisson(rng, args.commits_per_night)) if nightly else 1)]
         env_changed = rng.random() < args.env_change_rate
         for spec in specs:
             state, t = since[spec.name], tallies[spec.name]
             for c in batch:
                 state["files"].update(c.files)
-                state["regressed"] |= c.regression
+                state["regressed"] |= c.regression[spec.name]
             state["env_changed"] |= env_changed
             state["age"] += 1
             t.verifications += 1
@@ -126,15 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commits-per-night", type=float, default=3.0)
     p.add_argument("--regression-rate", type=float, default=0.03)
     p.add_argument("--hidden-rate", type=float, default=0.005)
+    p.add_argument("--outside-rate", type=float, default=0.005)
     p.add_argument("--env-change-rate", type=float, default=1 / 30)
     args = p.parse_args(argv)
     specs = [load_suite("grpo"), load_suite("opd")]
     cost = {s.name: s.run_minutes / 60 * (s.node.gpus or 8) * (OPD_MEAN_RUNS if s.name == "opd" else 1.0)
             for s in specs}
-    print(f"# path-aware skip over {args.seeds} seeded histories of {args.verifications} verifications; commit mix "
-          f"24/6/70 % (docs-CI-tests / other code / RL code); regression rate {args.regression_rate:.1%} per code "
-          f"commit, hidden (numbers moved by an 'unaffecting' path) {args.hidden_rate:.1%} per docs commit; "
-          f"environment change {args.env_change_rate:.1%} per verification")
+    pool = real_commits()
+    kinds = Counter(kind_of(f, "grpo") for f in pool)
+    print(f"# path-aware skip over {args.seeds} seeded histories of {args.verifications} verifications drawn from "
+          f"XTuner's {len(pool)} real commits (for GRPO: {kinds['docs']} docs/CI/tests only, {kinds['other code']} "
+          f"other code, {kinds['read code']} code it reads); regression rate {args.regression_rate:.1%} per commit "
+          f"touching code the suite reads, {args.outside_rate:.1%} per other-code commit, hidden (numbers moved by an "
+          f"'unaffecting' path) {args.hidden_rate:.1%} per docs commit; environment change "
+          f"{args.env_change_rate:.1%} per verification")
     print("| cadence | suite | verifications answered PASS (unchanged) | GPU-h per verification, skip / always "
           "train | false PASS per skipped verification | skipped across an environment change (blind spot) | "
           "base age, median verifications |")
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     for nightly in (False, True):
         total = {s.name: Tally() for s in specs}
         for seed in range(args.seeds):
-            for name, t in one_history(seed, args, specs, cost, nightly).items():
+            for name, t in one_history(seed, args, specs, cost, nightly, pool).items():
                 agg = total[name]
                 agg.verifications += t.verifications
                 agg.skipped += t.skipped

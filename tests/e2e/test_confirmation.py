@@ -77,8 +77,10 @@ def _get(rig: Rig, path: str) -> httpx.Response:
     return httpx.get(rig.stack.base_url + path, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
-def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig, node_state):
-    out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node"}, run_id=RUN_ID)
+def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig, node_state, slow_steps):
+    # lane auto: no bitwise reference yet, so a full verification whose PASS makes one (issue 42: from the repeat
+    # that ran to its end when the first run was stopped on its noise breach).
+    out = rig.run({"commit": "main", "suites": ["opd"], "node": "rl_gpu_node", "lane": "auto"}, run_id=RUN_ID)
     assert out.state == "success", json.dumps(out.tasks)  # a FAIL that was not reproduced fails no DAG run
     assert out.tasks["compare_opd"] == "failed"  # the first run keeps its runbook verdict
     # The repeat ran to its judgement (its own runbook verdict may be a FAIL of other metrics: at this noise a
@@ -118,6 +120,16 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
             assert "rl-verify-staging" not in (Path(out.summary["record"]) / run["folder"] / name).read_text(), name
     note = rig.client.dag_run(DAG_ID, RUN_ID).get("note") or ""
     assert note.startswith("PASS: opd PASS (not reproduced) (2 runs)"), note
+    # The first run was stopped on its noise breach, so the repeat, which ran to its end, made the reference.
+    record_dir = Path(out.summary["record"])
+    assert json.loads((record_dir / "opd" / "abort.json").read_text())["applied"]
+    from rl_verify.store import references
+
+    kept = [json.loads(p.read_text()) for p in (Path(rig.record_root) / references.FOLDER).glob("*.json")]
+    (made,) = [r for r in kept if r["suite"] == "opd" and r["run_id"] == RUN_ID]
+    assert made["state"] == "trusted" and made["sha"] == rig.node["commits"]["good"]
+    assert "opd: bitwise reference trusted" in md
+    assert "after repeat 1, the run that ran to its end" in rig.client.task_log(DAG_ID, RUN_ID, "run_opd-r1")
     _assert_node_clean(node_state)
 
 

@@ -65,6 +65,25 @@ def test_resolve_commit_makes_a_clean_worktree_at_the_full_sha(sim_node):
     assert _resolve(sim_node, "it-resolve", "sim/regress-init")["worktree"] == resolved["worktree"]
 
 
+def test_resolve_commit_reads_the_commits_files_in_the_same_round_trip_and_tree_files_lists_any_commit(sim_node):
+    """Issue 42: the suites' path rules are checked against the tree they judge, read with the worktree."""
+    from rl_verify.core import lane
+    from rl_verify.engines import load_suite
+    from simulator.common import RENAMED_FROM, RENAMED_TO
+
+    main = _resolve(sim_node, "it-tree-main", "main")
+    renamed = _resolve(sim_node, "it-tree-rename", "sim/rename-lmdeploy")
+    assert RENAMED_FROM in main["tree"] and RENAMED_FROM not in renamed["tree"] and RENAMED_TO in renamed["tree"]
+    rc, out, _ = sim_node.run(f"git -C {main['worktree']} ls-files")
+    assert sorted(main["tree"]) == sorted(out.split())
+    grpo = load_suite("grpo")
+    rules = lane.Rules(grpo.affects, grpo.unaffecting, grpo.bitwise.disabled_by)
+    assert lane.stale_rules(rules, main["tree"]) == ((), ())  # every shipped rule names a file of the checkout
+    assert lane.stale_rules(rules, renamed["tree"]) == ((), (RENAMED_FROM,))
+    assert node.tree_files(sim_node.client, sim_node.checkout, renamed["sha"]) == renamed["tree"]
+    assert node.tree_files(sim_node.client, sim_node.checkout, "0" * 40) is None
+
+
 def test_unknown_ref_is_an_error_naming_the_ref(sim_node):
     with pytest.raises(node.NodeError, match="'no-such-branch' does not exist"):
         _resolve(sim_node, "it-badref", "no-such-branch")

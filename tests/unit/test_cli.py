@@ -6,6 +6,8 @@ import argparse
 import json
 import textwrap
 
+import pytest
+
 from conftest import dump_rows, grpo_rows, opd_rows
 from rl_verify.cli import build_parser, main, register_compare
 
@@ -91,3 +93,69 @@ def test_parser_accepts_additional_subcommands_through_registrars():
     assert isinstance(parser, argparse.ArgumentParser)
     assert parser.parse_args(["hello"]).func(None) == 0
     assert parser.parse_args(["compare", "opd", "--current", "c", "--out", "o"]).suite == "opd"
+
+
+# --- rl-verify shortcut (issue 42): the DAG's decision on a local clone ----------------------------------------
+
+def _git(repo, *args):
+    import subprocess
+
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+                    *args], check=True, capture_output=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """A clone with the simulated checkout's files (every shipped path rule matches them) and four commits."""
+    from simulator.checkout import checkout_files
+
+    repo = tmp_path_factory.mktemp("xtuner")
+    _git(repo, "init", "-q", "-b", "main")
+    for rel in checkout_files():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(f"{rel}\n")
+    shas = {"base": _git(repo, "add", "-A") and _git(repo, "commit", "-qm", "base")}
+    (repo / ".claude/skills/trace").mkdir(parents=True)
+    (repo / ".claude/skills/trace/helper.py").write_text("print('a skill')\n")
+    shas["skills"] = _git(repo, "add", "-A") and _git(repo, "commit", "-qm", "skills")
+    (repo / "xtuner/v1/rl/rollout/lmdeploy.py").write_text("# a change\n")
+    shas["lmdeploy"] = _git(repo, "commit", "-qam", "lmdeploy")
+    _git(repo, "mv", "xtuner/v1/rl/rollout/lmdeploy.py", "xtuner/v1/rl/rollout/turbomind.py")
+    shas["renamed"] = _git(repo, "commit", "-qm", "rename")
+    return repo, shas
+
+
+def _shortcut(capsys, repo, base, head, *extra):
+    status = main(["shortcut", "--checkout", str(repo), "--base", base, "--head", head, *extra])
+    return status, capsys.readouterr()
+
+
+def test_shortcut_says_unchanged_for_a_diff_no_rule_of_the_suite_names(clone, capsys):
+    repo, shas = clone
+    status, out = _shortcut(capsys, repo, shas["base"], shas["skills"], "--json")
+    found = json.loads(out.out)
+    assert status == 0 and found["files"] == [".claude/skills/trace/helper.py"]
+    assert {s: v["choice"] for s, v in found["suites"].items()} == {"grpo": "unchanged", "opd": "unchanged"}
+
+
+def test_shortcut_says_full_naming_the_rule_for_the_lmdeploy_rollout(clone, capsys):
+    repo, shas = clone
+    status, out = _shortcut(capsys, repo, shas["skills"], shas["lmdeploy"], "--suite", "grpo")
+    assert status == 0
+    assert "grpo: full (rule: bitwise.disabled_by): the diff touches code the deterministic mode bypasses: " \
+           "xtuner/v1/rl/rollout/lmdeploy.py" in out.out
+    assert "  files: xtuner/v1/rl/rollout/lmdeploy.py" in out.out
+
+
+def test_shortcut_names_a_pattern_the_head_does_not_have(clone, capsys):
+    repo, shas = clone
+    status, out = _shortcut(capsys, repo, shas["lmdeploy"], shas["renamed"], "--suite", "grpo")
+    assert status == 0 and "grpo: full (rule: bitwise.disabled_by): the lane's rule cannot be trusted" in out.out
+    assert "  stale: bitwise.disabled_by xtuner/v1/rl/rollout/lmdeploy.py" in out.out
+
+
+def test_shortcut_refuses_a_commit_the_clone_lacks_naming_the_flag(clone, capsys):
+    repo, _ = clone
+    status, out = _shortcut(capsys, repo, "main", "f" * 40)
+    assert status == 2 and "--head 'ffff" in out.err and "is not a commit of this checkout" in out.err
