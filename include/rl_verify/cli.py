@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
 
+from rl_verify.core import lane
 from rl_verify.core.errors import InputError
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.report import ReportMeta, text_table, write_report
@@ -296,8 +297,6 @@ def _commit(checkout: Path, rev: str, flag: str) -> str:
 def _run_shortcut(args: argparse.Namespace) -> int:
     """What a verification would do with the diff ``--base``..``--head`` per suite (``core.lane.judge``, the DAG's own
     decision): unchanged, bitwise or full, the rule and the files that decided, and every stale pattern."""
-    from rl_verify.core import lane
-
     checkout = Path(args.checkout).expanduser()
     if not (checkout / ".git").exists() and not _git(checkout, "rev-parse", "--git-dir"):
         raise InputError("not a git checkout", checkout, None, "give a clone of XTuner as --checkout")

@@ -170,11 +170,29 @@ def test_the_shipped_opd_golden_table_gives_the_spread_from_the_runbooks_measure
     assert "time/step" not in spread.sigma  # reference only: never judged
 
 
-def test_a_version_without_statistics_and_the_grpo_engine_give_no_spread():
+def test_a_version_without_statistics_gives_opd_no_spread():
     assert engines.get("opd").spread(load_suite("opd"), {"runs": 3, "statistics": {}}) is None
+
+
+def test_grpos_prior_reads_its_thresholds_as_the_runbooks_rule_on_n_minus_1_degrees_of_freedom():
+    """Issue 43: the runbook records no GRPO spread; its thresholds read backwards (1.5 x the expected max deviation
+    of the baseline's 5 runs in the statistic the check compares) are a prior the runs then move."""
     grpo = load_suite("grpo")
     provenance, _ = engines.get("grpo").shipped(grpo)
-    assert engines.get("grpo").spread(grpo, provenance.model_dump(mode="json")) is None
+    spread = engines.get("grpo").spread(grpo, provenance.model_dump(mode="json"))
+    assert spread is not None and spread.runs == 5 and spread.points_per_metric == 45
+    p80 = confirm.percentile_dev_factor(5, 45, 80.0)[0]
+    assert spread.sigma["response/rewards/mean"] == pytest.approx(0.1 / (1.5 * p80))
+    assert spread.sigma["response/response_len/mean"] == pytest.approx(0.12 / (1.5 * p80))
+    assert spread.sigma["mismatch/mismatch_k3_kl"] == pytest.approx(1e-4 / (1.5 * confirm.max_dev_factor(5, 45)))
+    assert spread.sigma["eval/accuracy"] == pytest.approx(0.05 / (1.5 * confirm.max_dev_factor(5, 1)))
+    assert set(spread.df.values()) == {4.0} and "time/step" not in spread.sigma
+    assert "the mismatch bound itself stays the runbook's absolute one" in spread.source
+    # A calibrated version's measured max deviation replaces the reading for an absolute metric.
+    measured = engines.get("grpo").spread(grpo, {"runs": 4, "statistics": {"max_dev": {
+        "response/rewards/mean": {"max_dev": 0.08}}}})
+    assert measured.sigma["response/rewards/mean"] == pytest.approx(0.08 / confirm.max_dev_factor(4, 45))
+    assert measured.df["response/rewards/mean"] == confirm.max_dev_df(4, 45)
 
 
 def test_the_simulated_rates_of_the_rule_at_the_runbooks_opd_noise():

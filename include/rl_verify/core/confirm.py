@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -82,6 +82,9 @@ class Spread:
     sources: tuple[str, ...] = ()
     prior_sigma: Mapping[str, float] = field(default_factory=dict)
     drift: tuple[str, ...] = ()
+    #: The most judged points of one metric when the engine's differs from :class:`Rule`'s default (GRPO: one
+    #: per training step); the single-point bound is Sidak over that many points per metric.
+    points_per_metric: int | None = None
 
     def df_of(self, metric: str) -> float:
         """The degrees of freedom of ``metric``'s sigma (infinity: taken as exact), rounded to 0.1 (the
@@ -194,6 +197,13 @@ def repeatable(first: RunPoints, spread: Spread | None, rule: Rule) -> list[str]
     return out
 
 
+def _rule_for(rule: Rule, spread: Spread | None) -> Rule:
+    """``rule`` with the spread's own count of points per metric, when it states one."""
+    if spread is None or not spread.points_per_metric or spread.points_per_metric == rule.points_per_metric:
+        return rule
+    return replace(rule, points_per_metric=int(spread.points_per_metric))
+
+
 def _tested(spread: Spread) -> list[str]:
     """The metrics the repeats are judged on: every judged metric whose spread is known (fixed in advance, so
     that the bound does not depend on where the first run happened to stop)."""
@@ -220,6 +230,7 @@ def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None
     """The outcome of a suite after its first run and ``repeats`` so far, or ``outcome=None`` when
     another repeat is needed (and allowed by ``budget``, default ``rule.budget``)."""
     budget = rule.budget if budget is None else budget
+    rule = _rule_for(rule, spread)
     text = rule.describe()
     if first.verdict == PASS:
         return Decision(PASS, "the first run passed: nothing to confirm", rule=text)
@@ -298,6 +309,7 @@ def stop_early(first: RunPoints, spread: Spread | None, rule: Rule = Rule()) -> 
     |z| reaches :meth:`Rule.z_point`; without: the same metric breaching the same way); anything less lets
     the repeat run on, so that its other points are measured."""
     if spread is not None and first.points and all(p.metric in spread.sigma for p in first.points if p.breached):
+        rule = _rule_for(rule, spread)
         metrics = _tested(spread)
         return {m: [0, rule.z_point(len(metrics), spread.df_of(m)) * spread.sigma[m] * math.sqrt(1 + 1 / spread.runs)]
                 for m in metrics}
@@ -324,13 +336,41 @@ def _decide_without_spread(first: RunPoints, repeats: Sequence[RunPoints], sprea
 
 # ----------------------------------------------------------------------------- what a report states
 
-def healthy_breach_rate(sigma: float, threshold: float, points: int, runs: int) -> float:
+def healthy_breach_rate(sigma: float, threshold: float, points: int, runs: int,
+                        percentile: float | None = None) -> float:
     """The chance that a healthy run breaches a metric at one of its ``points`` (normal, independent noise;
-    the reference an N-run mean, so a difference has variance sigma^2 (1 + 1/N))."""
+    the reference an N-run mean, so a difference has variance sigma^2 (1 + 1/N)); with ``percentile``, that the
+    q-th percentile of the |differences| over its points breaches (GRPO's checker: p80 over the steps), by
+    simulation."""
     if sigma <= 0:
         return 0.0
+    if percentile is not None:
+        return _percentile_breach_rate(sigma * math.sqrt(1 + 1 / runs), threshold, points, float(percentile))
     inside = 2 * _NORMAL.cdf(threshold / (sigma * math.sqrt(1 + 1 / runs))) - 1
     return float(1 - inside ** points)
+
+
+@lru_cache(maxsize=256)
+def _percentile_breach_rate(sd: float, threshold: float, points: int, q: float, samples: int = 20_000) -> float:
+    import numpy as np  # kept out of DAG parsing
+
+    rng = np.random.default_rng(20261206)
+    stat = np.percentile(np.abs(rng.normal(0, sd, (samples, points))), q, axis=1)
+    return float((stat >= threshold).mean())
+
+
+@lru_cache(maxsize=64)
+def percentile_dev_factor(runs: int, points: int, q: float, samples: int = 50_000) -> tuple[float, float]:
+    """(E, df) of the max over ``runs`` runs of the q-th percentile over ``points`` points of |x - mean of the
+    runs| for unit normal noise: the factor between such a deviation (what GRPO's checker compares) and sigma,
+    and the degrees of freedom a sigma read from one of them is worth (as :func:`max_dev_df`)."""
+    import numpy as np  # kept out of DAG parsing
+
+    rng = np.random.default_rng(20261206)
+    x = rng.standard_normal((samples, points, runs))
+    dev = np.percentile(np.abs(x - x.mean(axis=2, keepdims=True)), q, axis=1).max(axis=1)
+    cv = float(dev.std() / dev.mean())
+    return float(dev.mean()), round(1 / (2 * cv * cv), 1)
 
 
 @lru_cache(maxsize=64)
@@ -371,6 +411,9 @@ class Layout:
 
     thresholds: Mapping[str, float]
     steps: Mapping[str, tuple[int, ...]]
+    #: metric -> q when the run's verdict on it is the q-th percentile of its points' |differences| (GRPO's
+    #: checker: p80 over the steps); otherwise any one point breaching fails it.
+    percentiles: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, points: Iterable[Point]) -> "Layout":
@@ -403,7 +446,10 @@ def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping
 
         def run() -> RunPoints:
             d = rng.normal(0, sig) - reference_error + delta
-            pts = [Point(m, s, float(v), float(t), bool(abs(v) >= t)) for (m, s), v, t in zip(keys, d, thr)]
+            over = {m for m, q in layout.percentiles.items() if m in metrics
+                    and np.percentile(np.abs([v for (k, _), v in zip(keys, d) if k == m]), q) >= layout.thresholds[m]}
+            pts = [Point(m, s, float(v), float(t), bool(abs(v) >= t) and (m not in layout.percentiles or m in over))
+                   for (m, s), v, t in zip(keys, d, thr)]
             failed = any(p.breached for p in pts)
             return RunPoints(FAIL if failed else PASS, "accuracy" if failed else None, pts)
 

@@ -187,10 +187,22 @@ def confirming(certain: Iterable[Any], confirms: Mapping[str, Sequence[float]]) 
             if method == "relative":
                 diff = diff / abs(float(baseline)) if float(baseline) else math.inf
         except (TypeError, ValueError):
-            return True  # no number to weigh: the metric's certain FAIL itself decides
+            # A percentile's certain FAIL names no one value: weigh its worst breaching step (its error is the
+            # confirmation's |diff|), either way; with nothing to weigh, the certain FAIL itself decides.
+            worst = _worst_breach(c)
+            if worst is None or least <= 0 or sign != 0 or worst >= least:
+                return True
+            continue
         if (sign == 0 or (diff > 0) - (diff < 0) == sign) and abs(diff) >= least:
             return True
     return False
+
+
+def _worst_breach(certain: Any) -> float | None:
+    """The largest finite error among a certain FAIL's breaching compared points (None: none)."""
+    points = certain.get("points") if isinstance(certain, Mapping) else getattr(certain, "points", ())
+    errors = [float(p[2]) for p in points or () if p[3] and p[2] is not None and math.isfinite(float(p[2]))]
+    return max(errors) if errors else None
 
 
 def describe_hit(hit: dict[str, Any]) -> str:

@@ -174,7 +174,8 @@ def _estimates(run_dir: Path, spec: SuiteSpec, budget: int) -> dict[str, Any]:
     # Seeded simulations of the same inputs give the same figures: computed once per baseline spread, judged
     # points and budget (tens of seconds on a busy core), kept in the record store for every later run.
     key = {"code": _confirm_code(), "thresholds": layout.thresholds, "steps": layout.steps, "sigma": spread.sigma,
-           "df": spread.df, "runs": spread.runs, "source": spread.source, "budget": budget}
+           "df": spread.df, "runs": spread.runs, "source": spread.source, "budget": budget,
+           "percentiles": dict(layout.percentiles), "points_per_metric": spread.points_per_metric}
     return record.cached_json("estimates", key, lambda: estimate(layout, spread, budget))
 
 
@@ -190,7 +191,8 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
                 "sigma": spread.sigma[metric],
                 "threshold": layout.thresholds[metric],
                 "healthy_breach": confirm.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
-                                                              len(layout.steps[metric]), spread.runs),
+                                                              len(layout.steps[metric]), spread.runs,
+                                                              layout.percentiles.get(metric)),
                 "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300)}
     return {"spread": spread.source, "runs_in_baseline": spread.runs, "metrics": metrics,
             "single_run_false_alarm": 1 - healthy[confirm.PASS],

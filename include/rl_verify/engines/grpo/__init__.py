@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,11 @@ from typing import Any
 from rl_verify import settings
 from rl_verify.core.errors import InputError
 from rl_verify.core.livecheck import compact_tracker, tracker_from_text
-from rl_verify.core.model import SuiteResult
+from rl_verify.core.confirm import Layout, RunPoints, Spread, max_dev_df, max_dev_factor, percentile_dev_factor
+from rl_verify.core.confirm import Point as ConfirmPoint
+from rl_verify.core.confirm import sigma_from_max_dev
+from rl_verify.core.model import TIMING_METRICS, SuiteResult
+from rl_verify.core.tracker import MARKER, Tracker, read_tracker
 from rl_verify.core.provenance import Provenance
 from rl_verify.engines.base import TRACKER_FILE, Engine
 from rl_verify.engines.grpo.checker import (CHECKER_RUN_ID, CheckerOutcome, checker_reasons, failed_metrics,
@@ -58,6 +63,61 @@ def grpo_criteria(spec: SuiteSpec, data: GrpoThresholds) -> list[str]:
     rows.append(f"Decided by the checkout's own `check_rl_result` with the runbook's `assert_info`; "
                 f"source: {data.source.document}.")
     return rows
+
+
+def confirm_points(data: GrpoThresholds, base: Tracker, cur: Tracker, breached: set[str]) -> list[ConfirmPoint]:
+    """The confirmation rule's points of one run (``GrpoEngine.run_points``): per checked metric but time, the
+    signed difference at each step the run reached (paired by position), and the final eval's."""
+    points = []
+    for rule in data.rules:
+        if rule.metric in TIMING_METRICS:
+            continue
+        q = data.percentile_metrics.get(rule.metric)
+        for b, c in zip(base.series(rule.metric), cur.series(rule.metric)):
+            diff = c.value - b.value
+            if rule.method == "relative":
+                diff = diff / abs(b.value) if b.value else math.inf
+            error = rule.error(b.value, c.value)
+            over = not rule.holds(error) if q is not None else stepwise_breach(rule, error)
+            points.append(ConfirmPoint(rule.metric, c.step, diff, float(rule.threshold),
+                                       rule.metric in breached and over))
+    final = data.final_eval
+    bp, cp = base.last.get(final.metric), cur.last.get(final.metric)
+    if bp is not None and cp is not None:
+        points.append(ConfirmPoint(final.metric, cp.step, cp.value - bp.value, float(final.threshold),
+                                   final.metric in breached and not final.holds(final.error(bp.value, cp.value))))
+    return points
+
+
+def grpo_prior(spec: SuiteSpec, data: GrpoThresholds, runs: int, measured: Mapping[str, Any]) -> Spread:
+    """The prior spread of ``GrpoEngine.spread`` (its docstring): sigma and degrees of freedom per metric."""
+    steps = spec.expected_steps
+    sigma: dict[str, float] = {}
+    df: dict[str, float] = {}
+    for rule in [r for r in data.rules if r.metric not in TIMING_METRICS] + [data.final_eval]:
+        dev = (measured.get(rule.metric) or {}).get("max_dev")
+        if dev and rule.method == "absolute" and rule.metric != data.final_eval.metric:  # every step, N runs
+            sigma[rule.metric] = sigma_from_max_dev(float(dev), runs, steps)
+            df[rule.metric] = max_dev_df(runs, steps)
+            continue
+        q = data.percentile_metrics.get(rule.metric)
+        if rule.metric == data.final_eval.metric:
+            factor = max_dev_factor(runs, 1)
+        elif q is not None:
+            factor = percentile_dev_factor(runs, steps, float(q))[0]
+        else:
+            factor = max_dev_factor(runs, steps)
+        sigma[rule.metric] = float(rule.threshold) / (1.5 * factor)
+        # Nobody measured it: a spread is worth at most what the baseline's own N runs at one point give, N - 1
+        # degrees of freedom (not the many a measured max deviation over the steps would be).
+        df[rule.metric] = float(runs - 1)
+    source = (f"calibration baseline: measured max run-to-run deviation over N={runs} runs where recorded; the "
+              "thresholds elsewhere" if measured else f"shipped baseline (mean of {runs} runs, no spread recorded)")
+    return Spread(sigma, runs, source + ": each threshold read as 1.5 x the expected max deviation "
+                  "of the baseline's runs in the statistic the check compares (the runbook's rule for thresholds, "
+                  f"read backwards), on N - 1 = {runs - 1} degrees of freedom; the mismatch bound itself stays the "
+                  "runbook's absolute one", df,
+                  points_per_metric=steps)
 
 
 class GrpoEngine(Engine):
@@ -114,6 +174,52 @@ class GrpoEngine(Engine):
         self.load_data(path)  # refused here, in the worker, when it does not fit
         tracker = tracker_from_text(baseline.decode("utf-8", errors="replace"), "baseline")
         return GrpoLive(thresholds, compact_tracker(tracker), spec.expected_steps, spec.wall_time_budget_s)
+
+    # --- confirming a FAIL (core.confirm; issue 43) -------------------------------------------------
+    def run_points(self, spec: SuiteSpec, suite_dir: Path, result: SuiteResult,
+                   version: Mapping[str, Path]) -> RunPoints:
+        """Every judged (metric, step) the run reached against the baseline tracker, paired by position as the
+        checker pairs them: the signed difference (relative for a relative method) at each training step of
+        each checked metric but time, and of the final ``eval/accuracy``. A point is breached when the run's
+        verdict on its metric is a breach and the step's own error breaks the bound (the p80 metrics: one of
+        the steps that made the percentile breach; the mismatch bound: the runbook's absolute bound at that
+        step)."""
+        base = super().run_points(spec, suite_dir, result, version)
+        tracker = suite_dir / "tracker.jsonl"
+        baseline = version.get(TRACKER_FILE, suite_dir / settings.BASELINE_TRACKER_FILE)
+        if not tracker.is_file() or not Path(baseline).is_file():
+            return base
+        data = load_thresholds(data_file(spec.data))
+        points = confirm_points(data, read_tracker(baseline), read_tracker(tracker),
+                                {c.metric for c in result.checks if c.breached})
+        return RunPoints(result.verdict, result.failure_class, points, base.breached, base.not_repeatable,
+                         complete=len(read_tracker(tracker).series(MARKER)) >= spec.expected_steps)
+
+    def judged_layout(self, spec: SuiteSpec, version: Mapping[str, Path]) -> Layout | None:
+        """A complete run's judged points: every training step of each checked metric but time (the p80 metrics
+        judged by their percentile), and the final ``eval/accuracy``."""
+        data = load_thresholds(data_file(spec.data))
+        steps = tuple(range(1, spec.expected_steps + 1))
+        thresholds = {r.metric: float(r.threshold) for r in data.rules if r.metric not in TIMING_METRICS}
+        layout_steps = {m: steps for m in thresholds}
+        thresholds[data.final_eval.metric] = float(data.final_eval.threshold)
+        layout_steps[data.final_eval.metric] = (spec.expected_steps,)
+        return Layout(thresholds, layout_steps, {m: float(q) for m, q in data.percentile_metrics.items()
+                                                 if m in thresholds})
+
+    def spread(self, spec: SuiteSpec, version: Mapping[str, Any] | None) -> Spread | None:
+        """The prior spread of every judged metric's per-step difference. The runbook records none for GRPO
+        (its thresholds come from the GRPO e2e spec; the baseline is the mean of 5 runs): its thresholds are read
+        as the runbook's own rule for thresholds, 1.5 x the expected max deviation of the baseline's N runs in
+        the statistic the check compares (p80 over the steps, every step, the final point), on the degrees of
+        freedom such a reading is worth; a calibrated version's measured max deviations instead where it
+        records them for an absolute metric. The repeats and the node's healthy nights move it
+        (``core.spread``)."""
+        runs = int((version or {}).get("runs") or load_thresholds(data_file(spec.data)).source.runs or 0)
+        if runs < 2:
+            return None
+        return grpo_prior(spec, load_thresholds(data_file(spec.data)), runs,
+                          ((version or {}).get("statistics") or {}).get("max_dev") or {})
 
     def shipped(self, spec: SuiteSpec) -> tuple[Provenance, dict[str, bytes]]:
         if not spec.baseline:
