@@ -20,7 +20,8 @@ is read by ``rl_verify.node.ops``. The checks, one line each (PASS or FAIL):
 ``--capture DIR`` writes the raw outputs of the nvidia-smi queries the checks parse at each stage (idle, foreign,
 job, another-run, after-cleanup) into DIR, and the readiness script's whole output at another-run (the other
 run's point of view: ``another-run.prerequisites.out``), with a SOURCE file (GPU, driver, date):
-tests/data/nvidia_smi/ holds the H200's and the H100's another-run.
+tests/data/nvidia_smi/ holds the H200's, and an another-run stage constructed on a CPU machine under a stand-in
+nvidia-smi (its SOURCE says how; no GPU was lent for it).
 Only the pure modules of the package are imported (PYTHONPATH=include).
 """
 

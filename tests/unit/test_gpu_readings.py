@@ -1,7 +1,8 @@
 """The node's GPUs as nvidia-smi shows them (issue 32): the real outputs captured on an NVIDIA H200
 (tests/data/nvidia_smi/, SOURCE says where and when) parsed as the readiness check and cleanup parse them; the
 node script's gpu_state (sh/lib_gpu.sh) over a stand-in nvidia-smi that replays them; the simulated node's
-nvidia-smi answering in exactly their format."""
+nvidia-smi answering in exactly their format. Issue 43: each process attributed (this run's, another rl-verify
+run's live training, a leftover of an ended run, foreign), and another run's training never advised to be killed."""
 
 from __future__ import annotations
 
@@ -81,6 +82,38 @@ def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are(
     assert node_gpu.gpu_release_line(reading("job", "other")).startswith(
         f"GPUs free of this run's processes; in use by others (the next run is refused while they run): "
         f"pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB), on GPU 0: bob's python3 train.py")
+
+
+#: The readiness script's whole output from another run's point of view while a run's job trains, beside a leftover
+#: of a run whose job ended and a foreign process (scripts/gpu_node_check.py's stage another-run). SOURCE says which
+#: are captured on a GPU and which CONSTRUCTED (another-run.constructed.*: a stand-in nvidia-smi, real processes).
+ANOTHER_RUN = sorted(DATA.glob("another-run*.prerequisites.out"))
+
+
+@pytest.mark.parametrize("path", ANOTHER_RUN, ids=lambda p: p.name)
+def test_the_readiness_while_another_run_trains_names_that_run_for_each_of_its_processes_and_never_says_kill(path):
+    result = ops.parse_prerequisites(path.read_text())
+    (busy,) = result.busy
+    key = re.match(r"node busy: run (\S+), suite gpu, since ", busy).group(1)
+    reading = result.readiness["gpu"]
+    stage = path.name.removesuffix(".prerequisites.out")
+    apps, _ = node_gpu.parse_compute_apps(captured(stage, "compute-apps"))
+    assert sorted(a["pid"] for a in reading.apps) == sorted(a["pid"] for a in apps)  # the same moment
+    kinds = [node_gpu.attribution(a) for a in reading.apps]
+    assert sorted(kinds) == sorted([node_gpu.LIVE_RUN] * 2 + [node_gpu.ENDED_RUN, node_gpu.FOREIGN])
+    problems = ops.readiness_problems(NodeNeeds(gpus=1), result.readiness)
+    assert len(problems) == 4  # one line per process; the memory is theirs (nothing unexplained above the floor)
+    for app in reading.apps:
+        (line,) = [p for p in problems if f": pid {app['pid']} of user " in p]
+        kind = node_gpu.attribution(app)
+        if kind == node_gpu.LIVE_RUN:
+            assert f"is in use by the live training of rl-verify run {key}, suite gpu: " in line
+            assert "Fix: wait until that run's training ends" in line and "kill" not in line.lower()
+        elif kind == node_gpu.ENDED_RUN:
+            assert f"is in use by a leftover of rl-verify run {key}-ended, suite gpu, whose job has ended" in line
+            assert f"Fix: stop it (kill {app['pid']})" in line
+        else:
+            assert "is in use by a process that is not this run's" in line and f"kill {app['pid']}" in line
 
 
 def test_another_live_runs_processes_are_named_as_that_run_and_never_advised_to_be_killed():
