@@ -8,13 +8,20 @@ is read by ``rl_verify.node.ops``. The checks, one line each (PASS or FAIL):
    interpreter's torch) equal to what nvidia-smi and torch say (issue 33's fingerprint);
 2. readiness with a foreign CUDA process (no run marker): not ready, naming its pid and memory;
 3. a job submitted (a CUDA process, and a detached grandchild in its own session holding GPU memory too, as Ray
-   workers do): seen running, its processes on the GPUs carry the run marker, another run's check sees the node
-   busy and the GPUs held, the run's own check does not count its own processes;
-4. cleanup: the job's processes stopped, no GPU memory of the run held ("GPUs free"), how long it took;
-5. readiness again: ready.
+   workers do): seen running, its processes on the GPUs carry the run marker, the run's own check does not count
+   its own processes;
+4. another run's check while that job trains, beside a leftover of a third run whose job has ended (its detached
+   CUDA process still holding memory) and a foreign CUDA process: the node busy with the training run, each of its
+   GPU processes named as that run's live training with no advice to kill it, the leftover named as the ended
+   run's with its kill, the foreign process as before; the ended run's own cleanup then stops its leftover;
+5. cleanup: the job's processes stopped, no GPU memory of the run held ("GPUs free"), how long it took;
+6. readiness again: ready.
 
 ``--capture DIR`` writes the raw outputs of the nvidia-smi queries the checks parse at each stage (idle, foreign,
-job, after-cleanup) into DIR, with a SOURCE file (GPU, driver, date): tests/data/nvidia_smi/ holds the H200's.
+job, another-run, after-cleanup) into DIR, and the readiness script's whole output at another-run (the other
+run's point of view: ``another-run.prerequisites.out``), with a SOURCE file (GPU, driver, date):
+tests/data/nvidia_smi/ holds the H200's, and an another-run stage constructed on a CPU machine under a stand-in
+nvidia-smi (its SOURCE says how; no GPU was lent for it).
 Only the pure modules of the package are imported (PYTHONPATH=include).
 """
 
@@ -106,10 +113,14 @@ class Checker:
             if status:
                 (self.capture / f"{stage}.query-{kind}.exit").write_text(f"{status}\n")
 
-    def prerequisites(self, key: str) -> ops.Prerequisites:
+    def prerequisites(self, key: str, keep: str | None = None) -> ops.Prerequisites:
+        """The readiness of run ``key`` as check_prerequisites reads it; ``keep``: a stage whose capture includes
+        the script's whole output (``<stage>.prerequisites.out``)."""
         status, out, err = bash(remote.prerequisites_script([], self.runs, key, needs=self.needs))
         if status:
             raise RuntimeError(f"prerequisites exit {status}: {err}")
+        if keep and self.capture:
+            (self.capture / f"{keep}.prerequisites.out").write_text(out)
         result = ops.parse_prerequisites(out)
         result.unready = ops.readiness_problems(self.needs, result.readiness, "this user")
         return result
@@ -148,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capture", type=Path, help="write the raw nvidia-smi outputs of each stage here")
     parser.add_argument("--job-gib", type=float, default=7.0, help="GPU memory of the job's CUDA process")
     parser.add_argument("--foreign-gib", type=float, default=4.0, help="GPU memory of the foreign process")
+    parser.add_argument("--leftover-gib", type=float, default=2.0,
+                        help="GPU memory of the ended run's leftover and of the foreign process beside the job")
     args = parser.parse_args(argv)
     if args.capture:
         args.capture.mkdir(parents=True, exist_ok=True)
@@ -225,17 +238,48 @@ def main(argv: list[str] | None = None) -> int:
         held = sum(a["used_mib"] or 0 for a in on_gpu)
         c.line(state == "running", "job submitted", f"job_state {state}; CUDA processes {pids} hold {held} MiB")
         mine = c.prerequisites(key)
-        theirs = c.prerequisites(f"{key}-other")
-        gpu_lines = [p for p in theirs.unready if "not this run's" in p]
-        c.line(bool(theirs.busy) and len(gpu_lines) == len(pids)
-               and all(any(f"pid {p} " in line for line in gpu_lines) for p in pids),
-               "another run's readiness during the job",
-               f"busy ({theirs.busy[0] if theirs.busy else 'not busy'}); {len(gpu_lines)} GPU process(es) named "
-               "not this run's")
         c.line(not mine.unready, "the run's own readiness during the job",
                "its own GPU processes not counted" if not mine.unready else "; ".join(mine.unready))
 
-        # 4. cleanup
+        # 4. another run's readiness while the job trains; beside it a leftover of a third run (its job ended, its
+        # detached CUDA process lives on with the job's markers) and a foreign CUDA process (no marker)
+        ended_key = f"{key}-ended"
+        ended = remote.RunLayout(f"{c.runs}/{ended_key}")
+        ended_env = remote.job_environment({}, ended.work_dir("gpu"), ended_key, "gpu", {})
+        status, out, err = bash(remote.submit_job_script(
+            ended.job_dir("gpu"), f"( setsid {hold} {args.leftover_gib:g} </dev/null >/dev/null 2>&1 & )", ended_env))
+        if status:
+            raise RuntimeError(f"job_submit exit {status}: {err}")
+        foreign = c.hold(args.leftover_gib, env={k: v for k, v in os.environ.items() if not k.startswith("RL_VERIFY")})
+        extra = wait_for("the leftover and the foreign process holding their memory", lambda: (
+            lambda a: len(a) == 2 and all((x["used_mib"] or 0) >= args.leftover_gib * 1024 for x in a) and a)(
+            [x for x in apps() if x["pid"] not in pids]))
+        wait_for("the ended job's exit_code", lambda: Path(ended.job_dir("gpu"), "exit_code").exists(), 30)
+        leftover = next(x["pid"] for x in extra if x["pid"] != foreign.pid)
+        other_key = f"{key}-other"
+        theirs = c.prerequisites(other_key, keep="another-run")
+        c.save("another-run")
+        live = [p for p in theirs.unready if f"the live training of rl-verify run {key}, suite gpu:" in p]
+        left = [p for p in theirs.unready if f"a leftover of rl-verify run {ended_key}, suite gpu" in p]
+        alien = [p for p in theirs.unready if "a process that is not this run's" in p]
+        c.line(bool(theirs.busy) and f"run {key}, suite gpu" in theirs.busy[0] and len(theirs.busy) == 1
+               and len(live) == len(pids) and all(any(f"pid {p} " in line for line in live) for p in pids)
+               and not any("kill" in line for line in live)
+               and len(left) == 1 and f"kill {leftover}" in left[0]
+               and len(alien) == 1 and f"pid {foreign.pid} " in alien[0] and f"kill {foreign.pid}" in alien[0]
+               and len(theirs.unready) == len(pids) + 2,
+               "another run's readiness during the job",
+               " | ".join(theirs.busy + theirs.unready))
+        status, out, err = bash(remote.cleanup_script(ended.run_dir, ended_key, gpu_wait_s=30), timeout=120)
+        os.killpg(foreign.pid, signal.SIGKILL)
+        foreign.wait()
+        wait_for("the leftover's and the foreign process's memory released",
+                 lambda: not [x for x in apps() if x["pid"] not in pids], 60)
+        said = [line for line in out.splitlines() if not line.startswith(node_gpu.GPU_TAGS)]
+        c.line(status == 0 and not running(leftover), "the ended run's cleanup stops its leftover",
+               "; ".join(said + [node_gpu.gpu_release_line(node_gpu.gpu_reading(out.splitlines()))]))
+
+        # 5. cleanup
         t0 = time.monotonic()
         status, out, err = bash(remote.cleanup_script(layout.run_dir, key, gpu_wait_s=60), timeout=300)
         took = time.monotonic() - t0
@@ -249,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         c.line(status == 0 and said.startswith(node_gpu.GPUS_FREE) and not alive, "cleanup",
                f"{said}; cleanup took {took:.1f} s ({actions})")
 
-        # 5. idle again
+        # 6. idle again
         r = c.prerequisites(f"{key}-after")
         c.line(not r.problems(), "readiness after cleanup",
                "ready; " + summary(r.readiness.get("gpu")) if not r.problems() else "; ".join(r.problems()))

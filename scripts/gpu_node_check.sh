@@ -3,7 +3,7 @@
 # package's rendered node scripts (readiness, job submit/state, cleanup) against real CUDA processes and prints
 # one line per check (scripts/gpu_node_check.py says which). Not part of `make test` (no GPU there).
 # Needs only the package's pure modules and pydantic (no Airflow, no SSH): PYTHONPATH=include.
-# Usage: scripts/gpu_node_check.sh [--capture DIR] [--job-gib G] [--foreign-gib G]
+# Usage: scripts/gpu_node_check.sh [--capture DIR] [--job-gib G] [--foreign-gib G] [--leftover-gib G]
 #   --capture DIR  also write the raw nvidia-smi outputs of each stage (tests/data/nvidia_smi/ holds the H200's)
 # Exit status: 0 every check passed, 1 a check failed, 2 the machine cannot run the checks.
 set -euo pipefail

@@ -1,7 +1,8 @@
 """The node's GPUs as nvidia-smi shows them (issue 32): the real outputs captured on an NVIDIA H200
 (tests/data/nvidia_smi/, SOURCE says where and when) parsed as the readiness check and cleanup parse them; the
 node script's gpu_state (sh/lib_gpu.sh) over a stand-in nvidia-smi that replays them; the simulated node's
-nvidia-smi answering in exactly their format."""
+nvidia-smi answering in exactly their format. Issue 43: each process attributed (this run's, another rl-verify
+run's live training, a leftover of an ended run, foreign), and another run's training never advised to be killed."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def captured(stage: str, query: str) -> str:
     return (DATA / f"{stage}.query-{query}.csv").read_text()
 
 
-def reading(stage: str, whose: str = "other") -> node_gpu.GpuReading:
-    """The stage's capture as gpu_state would have printed it, every process ``whose``."""
+def reading(stage: str, whose: str = "other", job: str = "-", job_state: str = "-") -> node_gpu.GpuReading:
+    """The stage's capture as gpu_state would have printed it, every process ``whose``, carrying the job marker
+    ``job`` of another rl-verify run whose job is ``job_state`` (CONSTRUCTED fields around the captured rows)."""
     lines = [f"GPUMEM\t{line}" for line in captured(stage, "gpu").splitlines()]
-    lines += [f"GPUAPP\t{line}\tbob\t{whose}\tpython3 train.py"
+    lines += [f"GPUAPP\t{line}\tbob\t{whose}\tpython3 train.py\t{job}\t{job_state}"
               for line in captured(stage, "compute-apps").splitlines()]
     return node_gpu.gpu_reading(lines)
 
@@ -80,6 +82,96 @@ def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are(
     assert node_gpu.gpu_release_line(reading("job", "other")).startswith(
         f"GPUs free of this run's processes; in use by others (the next run is refused while they run): "
         f"pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB), on GPU 0: bob's python3 train.py")
+
+
+#: The readiness script's whole output from another run's point of view while a run's job trains, beside a leftover
+#: of a run whose job ended and a foreign process (scripts/gpu_node_check.py's stage another-run). SOURCE says which
+#: are captured on a GPU and which CONSTRUCTED (another-run.constructed.*: a stand-in nvidia-smi, real processes).
+ANOTHER_RUN = sorted(DATA.glob("another-run*.prerequisites.out"))
+
+
+@pytest.mark.parametrize("path", ANOTHER_RUN, ids=lambda p: p.name)
+def test_the_readiness_while_another_run_trains_names_that_run_for_each_of_its_processes_and_never_says_kill(path):
+    result = ops.parse_prerequisites(path.read_text())
+    (busy,) = result.busy
+    key = re.match(r"node busy: run (\S+), suite gpu, since ", busy).group(1)
+    reading = result.readiness["gpu"]
+    stage = path.name.removesuffix(".prerequisites.out")
+    apps, _ = node_gpu.parse_compute_apps(captured(stage, "compute-apps"))
+    assert sorted(a["pid"] for a in reading.apps) == sorted(a["pid"] for a in apps)  # the same moment
+    kinds = [node_gpu.attribution(a) for a in reading.apps]
+    assert sorted(kinds) == sorted([node_gpu.LIVE_RUN] * 2 + [node_gpu.ENDED_RUN, node_gpu.FOREIGN])
+    problems = ops.readiness_problems(NodeNeeds(gpus=1), result.readiness)
+    assert len(problems) == 4  # one line per process; the memory is theirs (nothing unexplained above the floor)
+    for app in reading.apps:
+        (line,) = [p for p in problems if f": pid {app['pid']} of user " in p]
+        kind = node_gpu.attribution(app)
+        if kind == node_gpu.LIVE_RUN:
+            assert f"is in use by the live training of rl-verify run {key}, suite gpu: " in line
+            assert "Fix: wait until that run's training ends" in line and "kill" not in line.lower()
+        elif kind == node_gpu.ENDED_RUN:
+            assert f"is in use by a leftover of rl-verify run {key}-ended, suite gpu, whose job has ended" in line
+            assert f"Fix: stop it (kill {app['pid']})" in line
+        else:
+            assert "is in use by a process that is not this run's" in line and f"kill {app['pid']}" in line
+
+
+def test_another_live_runs_processes_are_named_as_that_run_and_never_advised_to_be_killed():
+    """issue 43: with another rl-verify run training, its GPU processes (its job marker, its job live) are that run's:
+    named as the node busy line names it, to be waited for; no line advises `kill`."""
+    apps, _ = node_gpu.parse_compute_apps(captured("job", "compute-apps"))
+    r = reading("job", "other", "manual__2026-12-03-abc/grpo-r1", "live")
+    assert [node_gpu.attribution(a) for a in r.apps] == [node_gpu.LIVE_RUN] * 2
+    problems = node_gpu.gpu_problems(r, 1024)
+    assert len(problems) == 2
+    for app, problem in zip(apps, problems):
+        assert problem.startswith("not ready: GPU 0 (00000000:00:06.0) is in use by the live training of rl-verify "
+                                  f"run manual__2026-12-03-abc, suite grpo-r1: pid {app['pid']} of user bob "
+                                  f"(python3 train.py), holding {app['used_mib']} MiB of 143771 MiB."), problem
+        assert "Fix: wait until that run's training ends" in problem and "leave it running" in problem
+        assert "kill" not in problem.lower() and "not this run's" not in problem
+
+
+def test_a_leftover_of_a_run_whose_job_ended_is_named_as_that_run_and_its_kill_advised():
+    """A process still carrying the marker of a job that has ended (exit_code written, or its group gone: a crashed
+    run's detached worker) trains nothing: a leftover, stopped with today's advice, naming whose it was."""
+    apps, _ = node_gpu.parse_compute_apps(captured("job", "compute-apps"))
+    r = reading("job", "other", "scheduled__2026-12-01/opd", "ended")
+    assert {node_gpu.attribution(a) for a in r.apps} == {node_gpu.ENDED_RUN}
+    for app, problem in zip(apps, node_gpu.gpu_problems(r, 1024)):
+        assert "is in use by a leftover of rl-verify run scheduled__2026-12-01, suite opd, whose job has ended: " \
+               f"pid {app['pid']} of user bob" in problem
+        assert f"Fix: stop it (kill {app['pid']}): its job is over and nothing of that run trains" in problem
+
+
+def test_a_process_of_a_run_this_runs_folder_does_not_hold_is_named_and_stopped_only_once_it_has_ended():
+    """A job marker whose job folder is not under this deployment's runs root (another deployment on the node, or a
+    run whose folder was reaped): the node cannot say whether it trains, so the kill is conditional."""
+    r = reading("foreign", "other", "k-elsewhere/grpo", "unknown")
+    (app,) = r.apps
+    assert node_gpu.attribution(app) == node_gpu.UNKNOWN_RUN
+    (problem,) = node_gpu.gpu_problems(r, 1024)
+    assert "a process of rl-verify run k-elsewhere, suite grpo, not a job of this deployment's runs folder" in problem
+    assert "whether that run still trains" in problem and f"only once it has ended, stop it (kill {app['pid']})" \
+        in problem
+
+
+def test_a_process_without_a_job_marker_keeps_todays_message():
+    for r in (reading("foreign"), reading("foreign", "other", "-", "-")):
+        (app,) = r.apps
+        assert node_gpu.attribution(app) == node_gpu.FOREIGN and app["job"] is None and app["job_state"] is None
+        (problem,) = node_gpu.gpu_problems(r, 1024)
+        assert "is in use by a process that is not this run's: " in problem and f"kill {app['pid']}" in problem
+
+
+def test_cleanup_names_another_live_runs_processes_as_its_training_and_a_leftover_as_that_runs():
+    apps, _ = node_gpu.parse_compute_apps(captured("job", "compute-apps"))
+    live = node_gpu.gpu_release_line(reading("job", "other", "k-2/grpo", "live"))
+    assert live.startswith(f"GPUs free of this run's processes; in use by others (the next run is refused while they "
+                           f"run): pid {apps[0]['pid']} ({apps[0]['used_mib']} MiB), on GPU 0: the live training of "
+                           "rl-verify run k-2, suite grpo;")
+    ended = node_gpu.gpu_release_line(reading("job", "other", "k-2/grpo", "ended"))
+    assert "bob's python3 train.py (a leftover of rl-verify run k-2, suite grpo, whose job has ended)" in ended
 
 
 def test_after_cleanup_the_gpus_are_free():
@@ -188,6 +280,126 @@ def test_a_zombie_the_driver_still_lists_is_gone_not_another_users_process(repla
         assert {a["pid"]: a["whose"] for a in r.apps} == {zombie.pid: "gone"}
     finally:
         zombie.wait()
+
+
+def _marked(variable: str, value: str, timeout: float = 30) -> int:
+    """The pid of the one process whose environment holds ``variable=value`` (a job's child, once it has started)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and f"{variable}={value}".encode() in \
+                        (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+        if len(found) == 1:
+            return found[0]
+        assert time.monotonic() < deadline, f"{len(found)} processes carry {variable}={value}"
+        time.sleep(0.05)
+
+
+@pytest.fixture()
+def two_runs(tmp_path):
+    """A runs folder as rl-verify leaves it on a node, every process real, each on the GPU through a stand-in
+    nvidia-smi replaying the job capture's rows: run-a's job live (submitted by the job_submit script, its markers
+    exported as for a training), run-c's job ended (exit_code written) with a detached child in its own session
+    left over, a process carrying the marker of run-x that has no folder here, one with a marker of another shape,
+    one with no marker, and one of this run."""
+    runs = tmp_path / "runs"
+    started: list[subprocess.Popen] = []
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RL_VERIFY")}
+
+    def submit(key: str, job: str, command: str) -> Path:
+        job_dir = runs / key / "jobs" / job
+        env = remote.job_environment({}, str(runs / key / "work" / job), key, job, {})
+        done = subprocess.run(["bash", "-s"], input=remote.submit_job_script(str(job_dir), command, env), text=True,
+                              capture_output=True, timeout=30, env=base)
+        assert done.returncode == 0, done.stderr
+        return job_dir
+
+    def start(**env: str) -> int:
+        started.append(subprocess.Popen(["sleep", "60"], env={**base, **env}, start_new_session=True))
+        return started[-1].pid
+
+    live_dir = submit("run-a", "grpo-r1", "exec sleep 60")
+    ended_dir = submit("run-c", "opd", "( setsid sleep 60 </dev/null >/dev/null 2>&1 & )")
+    pids = {"live": _marked("RL_VERIFY_JOB", "run-a/grpo-r1"), "ended": _marked("RL_VERIFY_JOB", "run-c/opd"),
+            "unknown": start(RL_VERIFY_RUN="run-x", RL_VERIFY_JOB="run-x/grpo"),
+            "odd": start(RL_VERIFY_JOB="../../etc/jobs/x"), "foreign": start(),
+            "own": start(RL_VERIFY_RUN="this-run", RL_VERIFY_JOB="this-run/grpo")}
+    deadline = time.monotonic() + 30
+    while not (ended_dir / "exit_code").exists():
+        assert time.monotonic() < deadline, "the ended job never wrote its exit_code"
+        time.sleep(0.05)
+    row = captured("job", "compute-apps").splitlines()[0]
+    (tmp_path / "gpu.csv").write_text(captured("job", "gpu"))
+    (tmp_path / "apps.csv").write_text("".join(re.sub(r", \d+, ", f", {pid}, ", row, count=1) + "\n"
+                                               for pid in pids.values()))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(f"#!/bin/bash\ncase \"$1\" in --query-gpu=*) cat {tmp_path}/gpu.csv;; "
+                                        f"--query-compute-apps=*) cat {tmp_path}/apps.csv;; -L) echo 'GPU 0: "
+                                        "NVIDIA H200 (UUID: GPU-300ab8ad-fab9-d9b0-6514-688b2a591f33)';; esac\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    try:
+        yield {**base, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, runs, pids, live_dir, tmp_path / "apps.csv"
+    finally:
+        for pid in (pids["live"], pids["ended"]):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        for proc in started:
+            proc.kill()
+            proc.wait()
+
+
+def test_gpu_state_attributes_each_process_by_the_job_marker_it_carries_and_that_jobs_folder(two_runs):
+    env, runs, pids, live_dir, _ = two_runs
+    out = subprocess.run(["bash", "-s"], input=remote.prerequisites_script([], str(runs), "this-run",
+                                                                            needs=NodeNeeds(gpus=1)),
+                         capture_output=True, text=True, env=env, timeout=60).stdout
+    result = ops.parse_prerequisites(out)
+    by_pid = {a["pid"]: a for a in result.readiness["gpu"].apps}
+    assert {name: (by_pid[pid]["job"], by_pid[pid]["job_state"], node_gpu.attribution(by_pid[pid]))
+            for name, pid in pids.items()} == {
+        "live": ("run-a/grpo-r1", "live", node_gpu.LIVE_RUN), "ended": ("run-c/opd", "ended", node_gpu.ENDED_RUN),
+        "unknown": ("run-x/grpo", "unknown", node_gpu.UNKNOWN_RUN), "odd": (None, None, node_gpu.FOREIGN),
+        "foreign": (None, None, node_gpu.FOREIGN), "own": (None, None, node_gpu.OWN)}
+    # The busy line and the GPU line name the same run and job.
+    (busy,) = result.busy
+    assert busy.startswith("node busy: run run-a, suite grpo-r1, since ")
+    problems = ops.readiness_problems(NodeNeeds(gpus=1), result.readiness)
+    assert len(problems) == 5
+    (live,) = [p for p in problems if f"pid {pids['live']} " in p]
+    assert "the live training of rl-verify run run-a, suite grpo-r1" in live and "kill" not in live
+    (ended,) = [p for p in problems if f"pid {pids['ended']} " in p]
+    assert "a leftover of rl-verify run run-c, suite opd" in ended and f"kill {pids['ended']})" in ended
+    # Once that job has ended, what it left on the GPU is a leftover too.
+    (live_dir / "exit_code").write_text("0\n")
+    out = subprocess.run(["bash", "-s"], input=remote.prerequisites_script([], str(runs), "this-run",
+                                                                            needs=NodeNeeds(gpus=1)),
+                         capture_output=True, text=True, env=env, timeout=60).stdout
+    result = ops.parse_prerequisites(out)
+    assert result.busy == []
+    assert {a["pid"]: a["job_state"] for a in result.readiness["gpu"].apps}[pids["live"]] == "ended"
+
+
+def test_cleanup_names_the_other_runs_it_leaves_on_the_gpus(two_runs):
+    env, runs, pids, _, apps = two_runs
+    (runs / "this-run").mkdir()
+    # This run's own process gone from the GPUs, as after a stop that released its memory.
+    apps.write_text("".join(line + "\n" for line in apps.read_text().splitlines() if f", {pids['own']}, " not in line))
+    out = subprocess.run(["bash", "-s"], input=remote.cleanup_script(str(runs / "this-run"), "this-run", gpu_wait_s=0),
+                         capture_output=True, text=True, env=env, timeout=60).stdout
+    reading = node_gpu.gpu_reading(out.splitlines())
+    assert {a["pid"]: node_gpu.attribution(a) for a in reading.apps}[pids["live"]] == node_gpu.LIVE_RUN
+    line = node_gpu.gpu_release_line(reading)
+    assert line.startswith("GPUs free of this run's processes")
+    assert f"pid {pids['live']} (4614 MiB), on GPU 0: the live training of rl-verify run run-a, suite grpo-r1" in line
+    assert "(a leftover of rl-verify run run-c, suite opd, whose job has ended)" in line
 
 
 def test_cleanup_waits_boundedly_for_the_gpus_and_says_who_still_holds_memory(replayed_smi, tmp_path):

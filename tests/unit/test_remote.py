@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 
@@ -352,6 +353,17 @@ def test_a_launch_script_that_exits_while_the_node_is_checked_does_not_make_it_b
     finally:
         foreign.kill()
         foreign.wait()
+
+
+@pytest.mark.parametrize("value", ["k-1/grpo", "manual__2026-12-03T10:00/grpo", "k.2/opd-r1", "k/grpo-lane",
+                                   "k/opd-ref2", "../etc/jobs/x", "k/grpo/x", "k/GRPO", "k/grpo-r123", ".k/grpo",
+                                   "k/", "/grpo", "k/grpo\nx", ""])
+def test_the_node_reads_another_processs_job_marker_with_the_shape_remote_validates(value):
+    """sh/lib_gpu.sh names another rl-verify run from the job marker a GPU process carries, and builds the path of
+    its job folder from it: only a value validate_marker would accept is read as one."""
+    script = f"job_re={shlex.quote(remote._MARKER_ERE)}\n[[ $1 =~ $job_re ]]"
+    done = subprocess.run(["bash", "-c", script, "bash", value], timeout=30)
+    assert (done.returncode == 0) == bool(remote._MARKER_RE.fullmatch(value)), value
 
 
 def test_job_state_script_refuses_an_unvalidated_folder():

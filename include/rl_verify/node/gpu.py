@@ -65,7 +65,9 @@ def parse_compute_apps(text: str) -> tuple[list[dict[str, Any]], list[str]]:
 @dataclass
 class GpuReading:
     """What one gpu_state (sh/lib_gpu.sh) showed: the GPUs, their compute processes (each with ``gpu``: the
-    GPU's index, ``user``, ``whose``: own|other|gone, ``cmd``), and why nvidia-smi could not say (errors)."""
+    GPU's index, ``user``, ``whose``: own|other|gone, ``cmd``, ``job``: the job marker ``<run key>/<job>`` of
+    another rl-verify run it carries or None, ``job_state``: live|ended|unknown or None; ``attribution`` says what
+    they make of it), and why nvidia-smi could not say (errors)."""
 
     gpus: list[dict[str, Any]] = field(default_factory=list)
     apps: list[dict[str, Any]] = field(default_factory=list)
@@ -88,8 +90,10 @@ def gpu_reading(lines: Iterable[str]) -> GpuReading:
             csv_line, *extra = rest.split("\t")
             apps, _ = parse_compute_apps(csv_line)
             if apps:
-                user, whose, cmd = (extra + ["-", "other", "-"][len(extra):])[:3]
-                rows.append({**apps[0], "user": user, "whose": whose, "cmd": cmd})
+                user, whose, cmd, job, job_state = (extra + ["-", "other", "-", "-", "-"][len(extra):])[:5]
+                rows.append({**apps[0], "user": user, "whose": whose, "cmd": cmd,
+                             "job": None if job == "-" else job,
+                             "job_state": None if job == "-" or job_state == "-" else job_state})
         elif tag == "GPUERR":
             query, status, said = (rest.split("\t") + ["", ""])[:3]
             reading.errors.append(f"nvidia-smi --query-{query} failed (exit {status}): {said.strip()!r}")
@@ -120,9 +124,66 @@ def _holder(app: Mapping[str, Any]) -> str:
     return words + f" ({cmd[:160]})"
 
 
+#: Whose a GPU process is (``attribution``): this run's; another rl-verify run's live job (waited for, never
+#: stopped); a leftover of another rl-verify run whose job has ended; a process with another rl-verify run's job
+#: marker whose job folder this node's runs root does not hold (live or not, the node cannot say); anything else
+#: on the node (another user's, a process without a marker); no process of the node.
+OWN, LIVE_RUN, ENDED_RUN, UNKNOWN_RUN, FOREIGN, GONE = "own", "live run", "ended run", "unknown run", "foreign", "gone"
+
+
+def attribution(app: Mapping[str, Any]) -> str:
+    """Whose the GPU process ``app`` is (one of ``OWN`` .. ``GONE``): the node script's ``whose``, and for another's
+    process the job marker of another rl-verify run it carries with that job's state."""
+    if app["whose"] in ("own", "gone"):
+        return OWN if app["whose"] == "own" else GONE
+    if not app.get("job"):
+        return FOREIGN
+    return {"live": LIVE_RUN, "ended": ENDED_RUN}.get(app.get("job_state") or "", UNKNOWN_RUN)
+
+
+def run_of(app: Mapping[str, Any]) -> str:
+    """"run K, suite S" of the rl-verify job marker ``K/S`` a GPU process carries, in the busy line's words."""
+    key, _, job = app["job"].rpartition("/")
+    return f"run {key}, suite {job}"
+
+
+def _fix_for(app: Mapping[str, Any], gpu: Mapping[str, Any]) -> str:
+    """The fix for a GPU process that is not this run's: a live training of another run is waited for, never
+    stopped (that would end a verification); a leftover or another user's process is stopped."""
+    kind, pid = attribution(app), app["pid"]
+    if kind == LIVE_RUN:
+        return ("wait until that run's training ends (the node busy line names it, with since when), or train on "
+                "another node. It is a live verification: leave it running")
+    if kind == ENDED_RUN:
+        return f"stop it (kill {pid}): its job is over and nothing of that run trains; or train on another node"
+    if kind == UNKNOWN_RUN:
+        return ("ask whoever runs rl-verify against this node whether that run still trains (its job is not in this "
+                "deployment's runs folder: another deployment's run, or a leftover of a run whose folder was "
+                f"reaped); only once it has ended, stop it (kill {pid}); or train on another node")
+    if kind == GONE:
+        return ("find it with nvidia-smi on the host; if no process holds the memory, reset the GPU as root once "
+                f"nothing runs on it (nvidia-smi --gpu-reset -i {gpu['index']}) or reboot the node")
+    who = app["user"] if app.get("user") not in (None, "", "-") else "its owner"
+    return f"ask {who} to stop it (a leftover of a crashed run: kill {pid}), or train on another node"
+
+
+def _in_use_by(app: Mapping[str, Any]) -> str:
+    """Whose a GPU process that is not this run's is, as its readiness line says it."""
+    kind = attribution(app)
+    if kind == LIVE_RUN:
+        return f"the live training of rl-verify {run_of(app)}"
+    if kind == ENDED_RUN:
+        return f"a leftover of rl-verify {run_of(app)}, whose job has ended"
+    if kind == UNKNOWN_RUN:
+        return f"a process of rl-verify {run_of(app)}, not a job of this deployment's runs folder"
+    return "a process that is not this run's"
+
+
 def gpu_problems(reading: GpuReading, floor_mib: int) -> list[str]:
     """Why the node's GPUs are not free for a training, each with its fix: nvidia-smi failed or shows a GPU in an
-    error state; a compute process that is not this run's; memory in use above ``floor_mib`` no process explains."""
+    error state; a compute process that is not this run's (another rl-verify run's live training named as that run,
+    to be waited for and never stopped; a leftover of an ended run, another user's or a foreign process, to be
+    stopped); memory in use above ``floor_mib`` no process explains."""
     out = [f"not ready: {e}. Fix: check the GPUs and the driver on the node (nvidia-smi; dmesg for Xid errors); "
            "reset or replace the failed GPU, or train on another node" for e in reading.errors]
     for gpu in reading.gpus:
@@ -134,19 +195,12 @@ def gpu_problems(reading: GpuReading, floor_mib: int) -> list[str]:
         on_it = [a for a in reading.apps if a["gpu"] == gpu["index"]]
         total = f" of {gpu['total_mib']} MiB" if gpu["total_mib"] else ""
         for app in on_it:
-            if app["whose"] == "own":
+            if attribution(app) == OWN:
                 continue
             held = f"{app['used_mib']} MiB" if app["used_mib"] is not None else "memory nvidia-smi cannot measure"
-            if app["whose"] == "gone":
-                fix = ("find it with nvidia-smi on the host; if no process holds the memory, reset the GPU as root "
-                       f"once nothing runs on it (nvidia-smi --gpu-reset -i {gpu['index']}) or reboot the node")
-            else:
-                who = app["user"] if app.get("user") not in (None, "", "-") else "its owner"
-                fix = (f"ask {who} to stop it (a leftover of a crashed run: kill {app['pid']}), or train on "
-                       "another node")
-            out.append(f"not ready: {_gpu_name(gpu)} is in use by a process that is not this run's: "
-                       f"{_holder(app)}, holding {held}{total}. The training would run out of GPU memory or run "
-                       f"slow. Fix: {fix}")
+            out.append(f"not ready: {_gpu_name(gpu)} is in use by {_in_use_by(app)}: {_holder(app)}, holding "
+                       f"{held}{total}. The training would run out of GPU memory or run slow. "
+                       f"Fix: {_fix_for(app, gpu)}")
         if any(a["used_mib"] is None for a in on_it) or gpu["used_mib"] is None:
             continue
         unexplained = gpu["used_mib"] - sum(a["used_mib"] for a in on_it)
@@ -184,8 +238,11 @@ def gpu_release_line(reading: GpuReading, floor_mib: int | None = None) -> str:
             held.append(f"{words}: a process of this run")
         elif h["whose"] == "gone":
             held.append(f"{words}: no process of the node now (exited, its memory never released)")
+        elif attribution(h) == LIVE_RUN:
+            others.append(f"{words}: {_in_use_by(h)}")
         else:
-            others.append(f"{words}: {h.get('user') or '?'}'s {(h.get('cmd') or h['name'])[:100]}")
+            command = f"{h.get('user') or '?'}'s {(h.get('cmd') or h['name'])[:100]}"
+            others.append(f"{words}: {command}" + (f" ({_in_use_by(h)})" if attribution(h) != FOREIGN else ""))
     listed = {str(a["gpu"]) for a in reading.apps}
     held += [f"{g['used_mib']} MiB on GPU {g['index']} (no process shown)" for g in reading.gpus
              if str(g["index"]) not in listed and (g["used_mib"] or 0) > floor_mib]

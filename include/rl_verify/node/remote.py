@@ -32,6 +32,9 @@ _GLOB_RE = re.compile(r"[A-Za-z0-9_*][A-Za-z0-9._*/-]*")
 #: its bitwise lane's deterministic jobs (``settings.lane_job``: ``-lane``, ``-ref1``, ``-ref2``).
 _JOB_NAME = r"[a-z0-9_]{1,40}(?:-r[0-9]{1,2}|-lane|-ref[12])?"
 _MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/" + _JOB_NAME)
+#: The same shape as a POSIX extended regular expression, whole value (bash's ``[[ =~ ]]`` in sh/lib_gpu.sh reads
+#: another process's job marker with it).
+_MARKER_ERE = "^" + _MARKER_RE.pattern.replace("(?:", "(") + "$"
 
 
 class BadInput(ValueError):
@@ -264,10 +267,11 @@ def _marked_fn(marker: str) -> str:
 
 
 def _gpu_fn(marker: str) -> str:
-    """Bash functions ``gpu_state VALUE [PIDS]`` and ``gpu_pids WHOSE VALUE [PIDS]`` (``sh/lib_gpu.sh``): what
-    nvidia-smi shows of the GPUs' memory and compute processes, each process marked own when it carries
-    ``marker=VALUE``; rendered in front of the scripts that read the GPUs."""
-    return render("lib_gpu", marker_env=marker)
+    """Bash functions ``gpu_state VALUE [PIDS [RUNS]]`` and ``gpu_pids WHOSE VALUE [PIDS]`` (``sh/lib_gpu.sh``):
+    what nvidia-smi shows of the GPUs' memory and compute processes, each process marked own when it carries
+    ``marker=VALUE``, another's with the job marker of another rl-verify run it carries and whether that job is
+    live under RUNS; rendered (after :func:`_alive_fn`) in front of the scripts that read the GPUs."""
+    return render("lib_gpu", marker_env=marker, job_env=JOB_MARKER_ENV, job_re=_MARKER_ERE)
 
 
 def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], job_marker: str,

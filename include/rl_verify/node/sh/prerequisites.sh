@@ -10,7 +10,8 @@
 #   ray_ports   the fixed Ray ports a launch script binds (space separated; empty: not checked)
 #   python_cmd  the interpreter command a launch script calls (empty: not checked)
 #   ray_log     the shared folder a launch script removes and re-links (empty: not checked)
-#   gpu_check   1: read the GPUs' memory and compute processes (lib_gpu.sh's gpu_state; own: this run's marker)
+#   gpu_check   1: read the GPUs' memory and compute processes (lib_gpu.sh's gpu_state; own: this run's marker;
+#               another run's job marker read against its job folder under runs)
 #   env_check   1: print the environment (ENV and PKG lines below); 0: not (the launch's own busy check)
 #   env_python  the launch interpreter whose packages make the environment's fingerprint
 #   env_packages (array) those packages' names
@@ -66,8 +67,9 @@ if [ "$need_gpus" -gt 0 ]; then
   printf 'GPUS\t%s\t%s\n' "${gpus:-0}" "${CUDA_VISIBLE_DEVICES-<unset>}"
 fi
 # Every compute process on the GPUs and the memory in use: another user's job or a leftover holding memory
-# would make the training run out of memory or run slow, after the approval.
-if [ "$gpu_check" = 1 ]; then gpu_state "$key"; fi
+# would make the training run out of memory or run slow, after the approval. A process of another rl-verify run
+# is told live or ended by its job's folder under $runs, as the BUSY lines above are.
+if [ "$gpu_check" = 1 ]; then gpu_state "$key" "" "$runs"; fi
 if [ -n "$python_cmd" ]; then printf 'PYTHON\t%s\n' "$(command -v "$python_cmd" 2>/dev/null)"; fi
 me=$(id -un)
 for port in $ray_ports; do

@@ -59,7 +59,8 @@ if [ "$gpu_wait" -ge 0 ]; then
   # released: waited for too.
   while [ -n "$(gpu_pids 'own|gone' "$value" "$gpu_before")" ] && [ "$(date +%s%N)" -lt "$deadline" ]; do sleep 0.25; done
   printf 'GPUWAIT\t%s\t%s\n' "$(( ($(date +%s%N) - t0) / 1000000 ))" "${gpu_before% }"
-  gpu_state "$value" "$gpu_before"
+  # The runs root beside the run's folder: another run's process is named live or a leftover, as for the readiness.
+  gpu_state "$value" "$gpu_before" "${run_dir:+$(dirname "$run_dir")}"
 fi
 for p in $(marked "$value"); do echo "LEFT $p"; done
 exit 0
