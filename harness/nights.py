@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from rl_verify.core.confirm import RunPoints
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.orchestration import spread_history
-from simulator.common import load_curves
+from simulator.common import CHECKOUT_SRC, load_curves
 
 
 def healthy_run(suite: str, seed: str, baseline_error_seed: str, spread_ratio: float = 1.0) -> RunPoints:
@@ -31,6 +31,8 @@ def healthy_run(suite: str, seed: str, baseline_error_seed: str, spread_ratio: f
         folder = Path(tmp)
         (folder / "tracker.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (folder / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in baseline))
+        (folder / "checker").mkdir()  # GRPO's verdict is the checkout's checker: the simulated checkout's double
+        (folder / "checker" / "autotest").symlink_to(CHECKOUT_SRC / "autotest")
         result = engine.compare_archived(spec, folder, folder / "out", {"wall_time_s": None}, None, {}, plot=False)
         return engine.run_points(spec, folder, result, {})
 

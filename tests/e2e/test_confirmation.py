@@ -199,3 +199,34 @@ def test_a_node_made_noisier_raises_the_drift_alarm_in_the_report(rig, node_stat
         assert text.count("Drift alarm (information, not a FAIL): ") == 1, name
         assert all(shown(alarm) in text for alarm in learned["drift"]), name
     _assert_node_clean(node_state)
+
+
+#: What the verification DAG keys GRPO's spread history by on this rig (baseline v1, the one node).
+RESOLVED_GRPO = {"baselines": {"grpo": {"version": 1}}, "suite_nodes": {"grpo": "rl_gpu_node"}}
+GRPO_NIGHTS, GRPO_RUN_ID = 12, "manual__grpo-noisier-node"
+
+
+def test_a_grpo_night_on_a_node_half_again_as_noisy_after_healthy_nights_is_no_fail(rig, node_state):
+    """Issue 43: GRPO's confirmation learns its spread as OPD's does. On a node whose true run-to-run spread is 1.5x
+    the assumed one (most single runs breach response_len's p80), with that node's healthy nights kept, a healthy
+    commit ends PASS or PASS (not reproduced), and the report names the learned GRPO spread and its sources."""
+    sim.set_noise(node_state, "realistic", baseline_error_seed=BASELINE_ERROR_SEED, spread_ratio=1.5)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(settings, "RECORD_ROOT", str(rig.record_root))
+            keep_nights("grpo", RESOLVED_GRPO, GRPO_NIGHTS, BASELINE_ERROR_SEED, spread_ratio=1.5, tag="grpo-noisy")
+        out = rig.run({"commit": "main", "suites": ["grpo"], "node": "rl_gpu_node"}, run_id=GRPO_RUN_ID)
+    finally:
+        sim.set_noise(node_state, "realistic", baseline_error_seed=BASELINE_ERROR_SEED, spread_ratio=1.0)
+    assert out.state == "success", json.dumps(out.tasks)
+    outcome = _outcome(_report(out), "grpo")
+    assert outcome["outcome"] in ("PASS", "PASS (not reproduced)"), outcome["reason"]
+    learned = outcome["spread"]
+    assert learned["sources"][0].startswith("prior: shipped baseline (mean of 5 runs, no spread recorded)")
+    assert learned["sources"][-1].startswith(f"{GRPO_NIGHTS} runs of {GRPO_NIGHTS} healthy verifications"), learned
+    # The nights moved the prior: response_len's sigma is about 1.5x the threshold's reading.
+    assert 1.2 < learned["metrics"]["response/response_len/mean"]["moved"] < 1.8, learned["metrics"]
+    md = (Path(out.summary["record"]) / "report.md").read_text()
+    assert f"{GRPO_NIGHTS} runs of {GRPO_NIGHTS} healthy verifications" in md
+    assert "the mismatch bound itself stays the runbook's absolute one" in md
+    _assert_node_clean(node_state)
