@@ -85,8 +85,8 @@ def test_the_runs_own_processes_during_a_job_are_not_a_problem_another_runs_are(
 
 
 #: The readiness script's whole output from another run's point of view while a run's job trains, beside a leftover
-#: of a run whose job ended and a foreign process (scripts/gpu_node_check.py's stage another-run). SOURCE says which
-#: are captured on a GPU and which CONSTRUCTED (another-run.constructed.*: a stand-in nvidia-smi, real processes).
+#: of a run whose job ended and a foreign process (scripts/gpu_node_check.py's stage another-run), captured on an H100
+#: (SOURCE says how).
 ANOTHER_RUN = sorted(DATA.glob("another-run*.prerequisites.out"))
 
 
