@@ -31,6 +31,7 @@ from simulator.common import (
     RENAME_BRANCH,
     RENAMED_FROM,
     RENAMED_TO,
+    CODE_EDITS,
     BISECT_AUTHORS,
     BISECT_BAD_TAG,
     BISECT_BRANCH,
@@ -172,8 +173,9 @@ def checkout_files() -> list[str]:
 
 
 def _fingerprint(files: dict[str, Path], layout: BisectLayout) -> str:
-    # v5: the late regression (and its neutral follow-up) and the LMDeploy rename branches (issue 42)
-    h = hashlib.sha256(b"rlsim-checkout-v5")
+    # v6: the code-edit branches (issue 44); v5: the late regression and the LMDeploy rename branches (issue 42)
+    h = hashlib.sha256(b"rlsim-checkout-v6")
+    h.update(json.dumps(CODE_EDITS, sort_keys=True).encode())
     h.update(json.dumps(REGRESSION_BRANCHES, sort_keys=True).encode())
     h.update(json.dumps(asdict(layout), sort_keys=True).encode())
     for rel, p in sorted(files.items()):
@@ -275,6 +277,13 @@ def build_checkout(root: Path) -> dict[str, str]:
     _git(repo, "mv", RENAMED_FROM, RENAMED_TO)
     _git(repo, "commit", "-q", "-m", "rollout: rename the LMDeploy backend module (simulated move, as XTuner's #1544)")
     commits["rename-lmdeploy"] = _git(repo, "rev-parse", "HEAD")
+    for key, (branch, rel, (before, after), message) in CODE_EDITS.items():
+        _git(repo, "checkout", "-q", "-b", branch, "main")
+        text = (repo / rel).read_text()
+        assert text.count(before) == 1, (key, rel)
+        (repo / rel).write_text(text.replace(before, after))
+        _git(repo, "commit", "-q", "-am", message)
+        commits[key] = _git(repo, "rev-parse", "HEAD")
     _git(repo, "checkout", "-q", "main")
     bisect = _build_bisect_history(repo, commits["good"], layout, set_behaviour)
     stamp.parent.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,21 @@ NEUTRAL_FOLLOWUP_BRANCH = "sim/neutral-followup"
 LATE_BRANCH = "sim/regress-late"
 LATE_FOLLOWUP_BRANCH = "sim/regress-late-followup"
 LATE_FROM_STEP = 10
+#: Commits that edit the trainer's Python (issue 44: executed-code evidence), each on main: a regression in code
+#: that first runs at step 10 (xtuner/rlsim/train_loop.py lr_schedule: rewards x0.8), a numerics-neutral edit of code
+#: that runs every step (every_step), and an edit of code no process of either suite runs (another model family).
+CODE_EDITS = {
+    "regress-schedule": ("sim/regress-schedule", "xtuner/rlsim/train_loop.py",
+                         ("    row[REWARDS] = row[REWARDS] * 1.0\n    row[LENGTH] = row[LENGTH] * 1.0\n",
+                          "    row[REWARDS] = row[REWARDS] * 0.8\n    row[LENGTH] = row[LENGTH] * 1.0\n"),
+                         "LR schedule: decay the reward scale after warm-up (simulated regression from step 10)"),
+    "neutral-early": ("sim/neutral-early", "xtuner/rlsim/train_loop.py",
+                      ("    row[REWARDS] = row[REWARDS] * 1.0 + 0.0\n", "    row[REWARDS] = row[REWARDS] + 0.0\n"),
+                      "refactor: simplify the advantage path (simulated, numerics-neutral, runs every step)"),
+    "unused-change": ("sim/unused-change", "xtuner/v1/model/moe/deepseek_v3.py",
+                      ("    return 1.0\n", "    return 0.5\n"),
+                      "moe: rescale the DeepSeek-V3 router (simulated: code neither suite runs)"),
+}
 #: The LMDeploy rollout moved to a path no ``bitwise.disabled_by`` pattern names (a rename as XTuner's #1544 did):
 #: the lane's rule matches nothing at that commit.
 RENAME_BRANCH = "sim/rename-lmdeploy"

@@ -289,3 +289,50 @@ def test_the_prerequisites_round_trip_reads_the_nodes_environment_and_sees_a_dri
                                                            "sglang": "0.5.3"})
     after = node.check_prerequisites(fresh_node.client, specs, _runs(fresh_node), run_key("it-env")).environment
     assert after["driver"] == "580.200.01" and bitwise.fingerprint(after) != bitwise.fingerprint(env)
+
+
+def _launch_with_evidence(sim_node, resolved: dict, suite: str, job: str, extra_env: dict | None = None) -> str:
+    """Submit the suite's job with executed-code evidence switched on, as the training operator does."""
+    layout = remote.RunLayout(resolved["run_dir"])
+    spec = _specs(sim_node, layout.worktree, (suite,))[0]
+    key = resolved["run_dir"].rsplit("/", 1)[1]
+    command = remote.job_command(layout.worktree, layout.work_dir(job), spec.script, spec.args,
+                                 remote.job_marker(key, job), 0)
+    env = remote.job_environment({**spec.env, **(extra_env or {})}, layout.work_dir(job), key, job,
+                                 sim_node.info["env"])
+    env.update(node.evidence_setup(sim_node.client, layout.evidence_dir(job), layout.worktree))
+    status, _, err = node.run_script(sim_node.client, remote.submit_job_script(layout.job_dir(job), command, env))
+    assert status == 0, err
+    return layout.job_dir(job)
+
+
+def test_the_evidence_records_the_lines_every_process_of_a_training_ran(sim_node):
+    """Issue 44: coverage.py in the trainer and its rollout worker (a process of its own), through the job's
+    environment; the LMDeploy backend runs in the full launch, the SGLang one in the deterministic lane's."""
+    from rl_verify.core import evidence
+
+    resolved = _resolve(sim_node, "it-evidence")
+    layout = remote.RunLayout(resolved["run_dir"])
+    lane = {"XTUNER_DETERMINISTIC": "true", "XTUNER_USE_SGLANG": "1", "XTUNER_USE_LMDEPLOY": "0",
+            "XTUNER_USE_FA3": "0"}
+    readings = {}
+    for job, extra in (("grpo", None), ("grpo-ref1", lane)):
+        assert _wait_exit(sim_node, _launch_with_evidence(sim_node, resolved, "grpo", job, extra), 120) == "0"
+        readings[job] = node.evidence_read(sim_node.client, layout.evidence_dir(job), layout.worktree, "python",
+                                           evidence.COMPILED_BODY.pattern, layout.work_dir(job),
+                                           load_suite("grpo").tracker)
+    full, lane_read = readings["grpo"], readings["grpo-ref1"]
+    assert full["problems"] == [] and full["processes"] >= 2, full  # the trainer and its worker
+    assert full["last_step"] == 45
+    for entry in load_suite("grpo").evidence.entries:
+        assert full["files"].get(entry), entry
+    assert full["files"].get("xtuner/v1/rl/rollout/lmdeploy.py") and "xtuner/v1/rl/rollout/sglang.py" not in \
+        full["files"]
+    assert lane_read["files"].get("xtuner/v1/rl/rollout/sglang.py")
+    assert "xtuner/v1/model/moe/deepseek_v3.py" not in full["files"]  # code no process imports
+    loop = full["files"]["xtuner/rlsim/train_loop.py"]
+    assert loop and len(full["hashes"]["xtuner/rlsim/train_loop.py"]) == 40
+    rc, blob, _ = sim_node.run(f"git -C {layout.worktree} rev-parse HEAD:xtuner/rlsim/train_loop.py")
+    assert blob.strip() == full["hashes"]["xtuner/rlsim/train_loop.py"]  # the git blob id of what was measured
+    # The lane job ran every step too here (not stopped after k): its train_loop lines are the full run's.
+    assert set(lane_read["files"]["xtuner/rlsim/train_loop.py"]) == set(loop)

@@ -165,7 +165,8 @@ def store(tmp_path, monkeypatch):
     from rl_verify import settings
 
     monkeypatch.setattr(settings, "RECORD_ROOT", str(tmp_path))
-    monkeypatch.setattr(bitwise_lane, "_changed_since", lambda conn, base, head: ([], ""))  # the diff: SSH
+    # the diff: SSH
+    monkeypatch.setattr(bitwise_lane, "_changed_since", lambda conn, spec, key, kept, head: ([], "", None, ""))
     return tmp_path
 
 
@@ -293,8 +294,8 @@ def test_lane_full_and_unchanged_suites_get_no_lane(store):
 
 def test_a_diff_touching_code_the_deterministic_mode_bypasses_turns_the_lane_off(store, monkeypatch):
     _keep("grpo", "trusted")
-    monkeypatch.setattr(bitwise_lane, "_changed_since",
-                        lambda conn, base, head: (["docs/a.md", "xtuner/v1/rl/rollout/lmdeploy.py"], ""))
+    monkeypatch.setattr(bitwise_lane, "_changed_since", lambda conn, spec, key, kept, head: (
+        ["docs/a.md", "xtuner/v1/rl/rollout/lmdeploy.py"], "", None, ""))
     entry = bitwise_lane.decide(_resolved(), ENV)["grpo"]
     assert entry["choice"] == "full" and "bypasses: xtuner/v1/rl/rollout/lmdeploy.py" in entry["why"]
     assert entry["make_reference"]  # its full PASS makes the next reference: the lane is off for this commit only

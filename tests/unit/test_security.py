@@ -113,6 +113,13 @@ BUILDERS = {
     "changed_files_script": (
         dict(checkout=GOOD["abs"], base="a" * 40, head="b" * 40), {"checkout": "abs"}),
     "tree_files_script": (dict(checkout=GOOD["abs"], sha="a" * 40), {"checkout": "abs"}),
+    "evidence_setup_script": (dict(evidence_dir=GOOD["abs2"] + "/evidence/grpo", source=GOOD["abs2"]),
+                              {"evidence_dir": "abs", "source": "abs"}),
+    "evidence_read_script": (dict(evidence_dir=GOOD["abs2"] + "/evidence/grpo", source=GOOD["abs2"], python="python",
+                                  compiled_re="triton\\.jit", work_dir=GOOD["abs2"] + "/work/grpo",
+                                  tracker_glob="*/logs/exp_tracking/tracker.jsonl"),
+                             {"evidence_dir": "abs", "source": "abs", "work_dir": "abs", "tracker_glob": "glob"}),
+    "changed_lines_script": (dict(checkout=GOOD["abs"], base="a" * 40, head="b" * 40), {"checkout": "abs"}),
     "reap_script": (
         dict(runs_root=GOOD["abs"], checkout=GOOD["abs"], keep_key=GOOD["key"], max_age_days=7),
         {"runs_root": "abs", "checkout": "abs", "keep_key": "key"}),

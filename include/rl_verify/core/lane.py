@@ -71,7 +71,7 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
            has_lane: bool, lane_disabling: Sequence[str], reference: ReferenceState,
            last_full_at: datetime | None, now: datetime, full_every_days: float,
            environment_change: str = "", stale_affects: Sequence[str] = (), stale_lane: Sequence[str] = (),
-           contradicted: str = "", blind: str = "") -> LaneChoice:
+           contradicted: str = "", blind: str = "", lane_unseen: Sequence[str] = ()) -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
@@ -82,7 +82,8 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     ``stale_affects`` / ``stale_lane``: the suite's ``affects`` / ``bitwise.disabled_by`` patterns that match no
     file of the checkout at this commit. ``contradicted``: what the record knows against a shortcut (a FAIL of
     this commit, ...), one phrase; "" when nothing. ``blind``: with ``reference`` "blind", the regression the
-    reference's bits did not show.
+    reference's bits did not show. ``lane_unseen``: the diff's touched lines (``path:line``) that the reference's
+    full run executed and its lane's k steps did not (``core.evidence.lane_blind``, issue 44).
     """
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
@@ -116,6 +117,10 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if stale_lane:
         return LaneChoice("full", "the lane's rule cannot be trusted: "
                                   + stale_words("bitwise.disabled_by", stale_lane), "bitwise.disabled_by")
+    if lane_unseen:
+        return LaneChoice("full", f"the lane's deterministic steps never ran {_files(lane_unseen)}, which the "
+                                  "reference's full run ran (executed-code evidence): the change shows only in the "
+                                  "full verification", "evidence")
     if lane_disabling:
         return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}",
                           "bitwise.disabled_by")
@@ -181,6 +186,10 @@ class Facts:
     reference: ReferenceState = "absent"
     #: Why ``changed_since_reference`` is None (shown as the lane's reason to stay off).
     reference_diff_problem: str = ""
+    #: With executed-code evidence of the reference (issue 44): the diff's touched lines its full run executed and
+    #: its lane's k steps did not (``path:line``; [] none). The path rule ``disabled_by`` then judges only the
+    #: changed files the evidence cannot see (not ``.py``). None: no usable evidence, the path rules alone.
+    lane_unseen: Sequence[str] | None = None
     contradicted: str = ""
     blind: str = ""
     last_full_at: datetime | None = None
@@ -234,12 +243,14 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
     if has_lane and reference == "trusted" and since_ref is None:  # without the diff nothing clears the lane
         disabling = (facts.reference_diff_problem or "(the diff since the reference's commit is not known)",)
     elif has_lane and since_ref:
-        disabling = tuple(paths.affecting(since_ref, rules.disabled_by or (), ()))
+        unseen_by_evidence = [p for p in since_ref if not p.endswith(".py")] if facts.lane_unseen is not None \
+            else since_ref
+        disabling = tuple(paths.affecting(unseen_by_evidence, rules.disabled_by or (), ()))
     chosen = choose(requested=facts.requested, scheduled=facts.scheduled, verified_pass=verified, affecting=affecting,
                     has_lane=has_lane, lane_disabling=disabling, reference=reference,
                     last_full_at=facts.last_full_at, now=facts.now or datetime.now(timezone.utc),
                     full_every_days=settings.FULL_EVERY_DAYS if facts.full_every_days is None else
                     facts.full_every_days, environment_change=facts.environment_change,
                     stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
-                    blind=facts.blind)
+                    blind=facts.blind, lane_unseen=tuple(facts.lane_unseen or ()))
     return Judgement(chosen.choice, chosen.why, chosen.rule, affecting, disabling, stale_affects, stale_lane)

@@ -169,6 +169,10 @@ class RunLayout:
     def job_dir(self, suite: str) -> str:
         return f"{self.jobs_dir}/{suite}"
 
+    def evidence_dir(self, job: str) -> str:
+        """One job's executed-code evidence (issue 44): its coverage config, sitecustomize and data files."""
+        return f"{self.run_dir}/evidence/{job}"
+
 
 def resolve_commit_script(checkout: str, runs_root: str, key: str, commit: str) -> str:
     """Script: resolve ``commit`` in the node checkout and add a clean per-run worktree at it.
@@ -207,6 +211,33 @@ def changed_files_script(checkout: str, base: str, head: str) -> str:
     """Script: the paths that differ between two commits of the node checkout (``sh/changed_files.sh``), one
     per line, both names of a rename. Exit 3: a commit is not in the checkout; 4: no checkout."""
     return render("changed_files", checkout=validate_path(checkout, "node checkout"),
+                  base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
+
+
+def evidence_setup_script(evidence_dir: str, source: str) -> str:
+    """Script: one job's executed-code evidence prepared (``sh/evidence_setup.sh``): a sitecustomize.py starting
+    coverage.py in every Python process of the job and its config measuring ``source``; prints SITE= and
+    CONFIG= (the job's PYTHONPATH entry and COVERAGE_PROCESS_START)."""
+    return render("evidence_setup", evidence_dir=validate_path(evidence_dir, "evidence dir"),
+                  source=validate_path(source, "worktree"))
+
+
+def evidence_read_script(evidence_dir: str, source: str, python: str, compiled_re: str, work_dir: str,
+                         tracker_glob: str) -> str:
+    """Script: the lines of ``source`` every process of one job ran, combined (``sh/evidence_read.sh``), as JSON,
+    read with the launch interpreter ``python``, and the last step of the job's tracker."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,40}", python or ""):
+        raise BadInput(f"launch interpreter {python!r} must be a command name such as python or python3")
+    return render("evidence_read", evidence_dir=validate_path(evidence_dir, "evidence dir"),
+                  source=validate_path(source, "worktree"), py=python, compiled_re=compiled_re,
+                  work_dir=validate_path(work_dir, "work dir"),
+                  tracker_glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE))
+
+
+def changed_lines_script(checkout: str, base: str, head: str) -> str:
+    """Script: the diff's touched lines (``git diff -U0``) and each changed path's blob id at ``base``
+    (``sh/changed_lines.sh``). Exit 3: a commit is not in the checkout; 4: no checkout."""
+    return render("changed_lines", checkout=validate_path(checkout, "node checkout"),
                   base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from rl_verify import settings
 from rl_verify.core import bitwise, lane
+from rl_verify.core import evidence as executed
 from rl_verify.core.model import BITWISE, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import load_suite
@@ -52,6 +53,24 @@ def lane_config(spec: SuiteSpec) -> dict[str, Any]:
     assert spec.bitwise is not None
     b = spec.bitwise
     return {"env": dict(sorted(b.env.items())), "args": list(b.args), "steps": b.steps, "exclude": list(b.exclude)}
+
+
+def evidence_lane_spec(spec: SuiteSpec) -> SuiteSpec:
+    """``lane_spec`` for the run that records the lane's executed lines (issue 44): the suite's ``evidence.stop_env``
+    set too (``${LANE_LAST_STEP}`` = k - 1), so that it stops itself after the lane's steps when the launch has such
+    a count."""
+    launched = lane_spec(spec)
+    if spec.evidence is None or not spec.evidence.stop_env or spec.bitwise is None:
+        return launched
+    last = str(spec.bitwise.steps - 1)
+    stop = {k: v.replace("${LANE_LAST_STEP}", last) for k, v in spec.evidence.stop_env.items()}
+    return launched.model_copy(update={"launch": launched.launch.model_copy(
+        update={"env": {**launched.launch.env, **stop}})})
+
+
+def lane_fingerprint(spec: SuiteSpec) -> str:
+    """The lane config's fingerprint, part of a reference's key (``references.others`` finds keys by it)."""
+    return bitwise.fingerprint(lane_config(spec))
 
 
 def lane_spec(spec: SuiteSpec) -> SuiteSpec:
@@ -95,15 +114,17 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         changed = _environment_change(suite, experiment, config, key, facts) if state == "absent" else ""
         since: list[str] | None = None
         problem = ""
+        unseen: list[str] | None = None
+        evidence_note = ""
         if state == "trusted":
-            since, problem = _changed_since(conn, kept["sha"], resolved["sha"])
+            since, problem, unseen, evidence_note = _changed_since(conn, spec, key, kept, resolved["sha"])
         stale = (resolved.get("stale") or {}).get(suite) or {}
         contradicted = (resolved.get("contradicted") or {}).get(suite, "")
         last_full = (resolved.get("last_full") or {}).get(suite)
         chosen = lane.judge(
             lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by),
             lane.Facts(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
-                       changed_since_reference=since, reference_diff_problem=problem,
+                       changed_since_reference=since, reference_diff_problem=problem, lane_unseen=unseen,
                        stale=stale,  # resolve_commit checked the rules against the tree
                        reference=state,  # type: ignore[arg-type]
                        contradicted=contradicted, blind=references.blind_words(kept),
@@ -119,7 +140,9 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
                       "make_reference": state != "not reproducible",
                       # The record doubts this commit: the lane job still reads its bits (never a verdict), so that a
                       # FAIL with the reference's bits marks the reference blind to it (``mark_blind``).
-                      "read_lane": bool(contradicted) and state == "trusted" and chosen.choice == "full"}
+                      "read_lane": bool(contradicted) and state == "trusted" and chosen.choice == "full",
+                      # what the executed-code evidence said, or why none was used (issue 44)
+                      "evidence": evidence_note}
         log.info("%s: %s: %s", suite, "bitwise lane" if chosen.choice == "bitwise" else "full verification",
                  chosen.why)
     return out
@@ -135,19 +158,48 @@ def _environment_change(suite: str, experiment: str, config: str, key: str, fact
     return ""
 
 
-def _changed_since(conn: str, base: str, head: str) -> tuple[list[str] | None, str]:
-    """The files changed since the reference's commit on the node's checkout, or None with why they are not known
-    (a diff that cannot be read keeps the lane off)."""
+def _changed_since(conn: str, spec: SuiteSpec, key: str, kept: Mapping[str, Any],
+                   head: str) -> tuple[list[str] | None, str, list[str] | None, str]:
+    """What changed since the reference's commit on the node's checkout: (the files, or None with why they are not
+    known: a diff that cannot be read keeps the lane off), and with the reference's executed-code evidence (issue
+    44) the touched lines its full run ran and its lane's steps did not (None: no usable evidence), with one
+    sentence saying what the evidence said or why it was not used."""
+    base = kept["sha"]
     if base == head:
-        return [], ""
+        return [], "", ([] if spec.evidence else None), ""
+    recorded = references.get_evidence(key, dict(kept)) if spec.evidence else None
     try:
         with ssh_client(conn) as client:
-            changed = node.changed_files(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], base, head)
+            checkout = node_settings(conn)[settings.NODE_CHECKOUT_KEY]
+            if recorded is None:
+                changed = node.changed_files(client, checkout, base, head)
+                read = None
+            else:
+                read = node.changed_lines(client, checkout, base, head)
+                changed = None if read is None else list(read[1])
     except node.NodeError as err:
-        return None, f"(the diff since {short_sha(base)} could not be read: {err})"
+        return None, f"(the diff since {short_sha(base)} could not be read: {err})", None, ""
     if changed is None:
-        return None, f"(the reference's commit {short_sha(base)} is not in the node's checkout)"
-    return changed, ""
+        return None, f"(the reference's commit {short_sha(base)} is not in the node's checkout)", None, ""
+    if spec.evidence is None:
+        return changed, "", None, ""
+    if recorded is None:
+        return changed, "", None, "no executed-code evidence kept with the reference: the path rules decide"
+    assert read is not None
+    found = executed.Evidence.from_dict(recorded)
+    if found.problems:
+        return changed, "", None, ("the reference's executed-code evidence is incomplete (" + "; ".join(found.problems)
+                                   + "): the path rules decide")
+    touched = executed.parse_diff(read[0])
+    stale = executed.stale_files(found, read[1], [p for p in touched if p.endswith(".py")])
+    if stale:
+        return changed, "", None, (f"the evidence measured other content of {', '.join(stale[:3])}: the path rules "
+                                   "decide")
+    unseen = [b.words() for b in executed.lane_blind(found, touched)]
+    said = (f"executed-code evidence of {short_sha(base)}: " + (f"{len(unseen)} touched line(s) the lane's steps never "
+            "ran" if unseen else f"every touched line the full run ran, the lane's steps ran too ({len(touched)} "
+            "file(s) changed)"))
+    return changed, "", unseen, said
 
 
 def card_notes(prereq: Mapping[str, Any]) -> list[str]:
@@ -199,12 +251,37 @@ def decided(dag_run_id: str, suite: str, dag_id: str | None = None) -> dict[str,
     return outcome if (outcome or {}).get("outcome") == BITWISE else None
 
 
-def candidate(first: Mapping[str, Any], second: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> dict[str, Any] | None:
+    """The executed-code evidence this run recorded for ``spec``'s reference (issue 44: its full run's and its lane's
+    k steps' readings, ``<suite>/evidence-full.json`` and ``-lane.json``) as ``core.evidence.Evidence``'s dict,
+    its ``problems`` naming why it is no evidence (a process that recorded nothing, a reading that failed); None
+    when the suite declares no evidence."""
+    if spec.evidence is None:
+        return None
+    full = record.get_json(dag_run_id, f"{spec.name}/evidence-full.json", dag_id=dag_id) or {}
+    lane_read = record.get_json(dag_run_id, f"{spec.name}/evidence-lane.json", dag_id=dag_id) or {}
+    problems = [f"full run: {p}" for p in full.get("problems") or []]
+    problems += [f"lane's steps: {p}" for p in lane_read.get("problems") or []]
+    problems += executed.completeness(full.get("files") or {}, lane_read.get("files") or {}, spec.evidence.entries,
+                                      {"full run": full.get("processes", 0),
+                                       "lane's steps": lane_read.get("processes", 0)})
+    last, k = lane_read.get("last_step"), spec.bitwise.steps if spec.bitwise else 0
+    if last is None or last > k - 1:
+        problems.append(f"the lane's evidence run wrote step {last if last is not None else '(none read)'} before it "
+                        f"ended, past the lane's steps 0..{k - 1}: its lines are more than the compared steps' (a "
+                        "launch that can stop itself after them: the spec's evidence.stop_env)")
+    return executed.Evidence(full.get("files") or {}, lane_read.get("files") or {}, full.get("hashes") or {},
+                             tuple(full.get("compiled") or ()), tuple(dict.fromkeys(problems))).to_dict()
+
+
+def candidate(first: Mapping[str, Any], second: Mapping[str, Any], entry: Mapping[str, Any],
+              recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A reference made by this run from its two self-check runs' readings (the second compared with the
     first): trusted with the first's rows when they agree bit for bit, else not reproducible with where they
-    parted."""
+    parted; with ``recorded``, the executed-code evidence kept beside it (``evidence_of``)."""
     same = bool(second.get("identical"))
     return {"key": entry["key"], "environment": entry["environment"], "steps": first.get("steps"),
+            **({"evidence": dict(recorded)} if recorded is not None else {}),
             # What finds this reference's successor on a changed environment (``references.others``).
             "facts": entry.get("facts") or {}, "experiment": entry.get("experiment"),
             "lane": entry.get("lane_config"),
@@ -271,9 +348,14 @@ def promote(dag_run_id: str, suites: Mapping[str, Mapping[str, Any]], sha: str, 
         found = record.get_json(dag_run_id, f"{suite}/{CANDIDATE_FILE}")
         if not found or outcome.get("outcome") not in ("PASS", "PASS (not reproduced)"):
             continue
-        kept = {**found, "suite": suite, "sha": sha, "run_id": dag_run_id, "report": report,
-                "made_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        made_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        recorded = found.pop("evidence", None)
+        kept = {**found, "suite": suite, "sha": sha, "run_id": dag_run_id, "report": report, "made_at": made_at,
+                "evidence": None if recorded is None else
+                ("complete" if not recorded.get("problems") else "incomplete: " + "; ".join(recorded["problems"]))}
         references.put(found["key"], kept)
+        if recorded is not None:  # beside the reference: large, read only when a diff is judged
+            references.put_evidence(found["key"], {**recorded, "sha": sha, "made_at": made_at})
         lines.append(f"{suite}: bitwise reference {found['state']} at {short_sha(sha)} ({found['self_check']})"
                      + ("" if found["state"] == references.TRUSTED else
                         f"; the bitwise lane is off on this environment: every later run verifies in full (to try "

@@ -20,6 +20,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
+from rl_verify.core import evidence
 from rl_verify.core.model import BITWISE
 from rl_verify.core.names import repeat_seed, short_sha
 from rl_verify.engines import engine_of, live_config, load_suite
@@ -111,9 +112,12 @@ class SuiteTrainingOperator(BaseOperator):
         ``reference`` rows to compare with, or None to record the k steps (a reference's first self-check run)."""
         assert self.spec.bitwise is not None
         job = settings.lane_job(self.suite, which)
+        # The reference's first self-check run records the lines the lane's k steps run (issue 44).
+        lane_evidence = which == "ref1" and self.spec.evidence is not None
+        launched = bitwise_lane.evidence_lane_spec(self.spec) if lane_evidence else bitwise_lane.lane_spec(self.spec)
         try:
-            conn, job_dir, marker, work_dir, spec = self._start(context, job, bitwise_lane.lane_spec(self.spec), None,
-                                                                once=True)
+            conn, job_dir, marker, work_dir, spec = self._start(context, job, launched, None, once=True,
+                                                                evidence=lane_evidence)
         except _JobEnded as ended:  # an earlier try launched it and it ended unread: no shortcut, no reference
             self.log.warning("%s; going on without it", ended)
             if which == "lane":
@@ -189,6 +193,8 @@ class SuiteTrainingOperator(BaseOperator):
         """A reference's first self-check run has recorded its k steps: the second runs against them."""
         with _worker_time(context):
             reading = self._lane_reading(context, "ref1", event)
+            if self.spec.evidence is not None:
+                self._read_evidence(context, settings.lane_job(self.suite, "ref1"), "lane")
             if not reading.get("identical"):
                 self.log.warning("%s: no bitwise reference made: the first deterministic run did not reach its %s "
                                  "steps (%s)", self.suite, reading.get("steps"), reading.get("problem") or "short")
@@ -204,7 +210,9 @@ class SuiteTrainingOperator(BaseOperator):
             second = self._lane_reading(context, "ref2", event)
             first = record.get_json(context["run_id"], f"{self.suite}/reference-run-1.json",
                                     dag_id=context["dag_run"].dag_id) or {}
-            made = bitwise_lane.candidate(first, second, self._lane_entry(context, repeats_too=True) or {})
+            made = bitwise_lane.candidate(first, second, self._lane_entry(context, repeats_too=True) or {},
+                                          bitwise_lane.evidence_of(context["run_id"], self.spec,
+                                                                   context["dag_run"].dag_id))
             record.put_json(context["run_id"], f"{self.suite}/{bitwise_lane.CANDIDATE_FILE}", made,
                             dag_id=context["dag_run"].dag_id)
             self.log.info("%s: bitwise reference candidate: %s (%s); kept if the suite PASSes", self.suite,
@@ -242,6 +250,8 @@ class SuiteTrainingOperator(BaseOperator):
                               "of %d steps (kept if the suite PASSes)", self.suite,
                               "its run" if self.attempt == 0 else f"repeat {self.attempt}, the run that ran to its "
                               "end", entry["steps"])
+                if self.spec.evidence is not None:
+                    self._read_evidence(context, self.job_name, "full")
                 self._defer_lane(context, "ref1", None, "reference_first")
 
     def _reference_begun(self, context: Any) -> bool:
@@ -269,15 +279,42 @@ class SuiteTrainingOperator(BaseOperator):
         """Launch the suite's job, or find this run's; return (node, job dir, job marker, live check config)."""
         resolved: Resolved = self.resolved
         seed = resolved.get("seed") if self.attempt == 0 else repeat_seed(resolved["run_key"], self.attempt)
-        conn, job_dir, marker, work_dir, spec = self._start(context, self.job_name, self.spec, seed)
+        conn, job_dir, marker, work_dir, spec = self._start(context, self.job_name, self.spec, seed,
+                                                            evidence=self._wants_evidence(context))
         version = (resolved.get("baselines") or {}).get(self.suite) or {}
         with ssh_client(conn) as client:
             live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
                                 self._confirms(context))
         return conn, job_dir, marker, live
 
+    def _wants_evidence(self, context: Any) -> bool:
+        """Whether this suite's full training records its executed lines (issue 44): when it may make the
+        bitwise reference (its run, or a repeat when the first run did not make it) and the suite declares
+        evidence."""
+        entry = self._lane_entry(context, repeats_too=True)
+        return bool(entry and entry.get("make_reference") and self.spec.evidence is not None
+                    and not self._reference_begun(context))
+
+    def _read_evidence(self, context: Any, job: str, which: str) -> None:
+        """Keep what one job recorded of the checkout's executed lines in the run's record
+        (``<suite>/evidence-<which>.json``); a reading that cannot be had is kept with its problem (no evidence)."""
+        conn, folders = suite_node(self.resolved, self.suite)
+        layout = remote.RunLayout(folders["run_dir"])
+        python = self.spec.node.python or "python3"
+        try:
+            with ssh_client(conn) as client:
+                reading = node.evidence_read(client, layout.evidence_dir(job), layout.worktree, python,
+                                             evidence.COMPILED_BODY.pattern, layout.work_dir(job), self.spec.tracker)
+        except Exception as err:  # the evidence only ever saves a training: without it, today's rules
+            reading = {"files": {}, "processes": 0, "problems": [f"the evidence could not be read: {err}"]}
+        record.put_json(context["run_id"], f"{self.suite}/evidence-{which}.json", reading,
+                        dag_id=context["dag_run"].dag_id)
+        self.log.info("%s: executed-code evidence of the %s: %d process(es), %d file(s) of the checkout ran%s",
+                      self.suite, which, reading.get("processes", 0), len(reading.get("files") or {}),
+                      f"; problems: {'; '.join(reading['problems'])}" if reading.get("problems") else "")
+
     def _start(self, context: Any, job: str, spec: SuiteSpec, seed: int | None,
-               once: bool = False) -> tuple[str, str, str, str, SuiteSpec]:
+               once: bool = False, evidence: bool = False) -> tuple[str, str, str, str, SuiteSpec]:
         """Launch job ``job`` of ``spec`` on the suite's node, or find this run's; return (node, job dir, job
         marker, WORK_DIR, the expanded spec). ``once`` (the lane's deterministic jobs): a job of this run that
         already ended raises ``_JobEnded`` (its reading was lost with an earlier try; it is not launched again)."""
@@ -299,6 +336,10 @@ class SuiteTrainingOperator(BaseOperator):
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
                 env = remote.job_environment(spec.env, work_dir, resolved["run_key"], job, shares, seed)
+                if evidence:  # coverage.py in every Python process of the job (issue 44)
+                    env.update(node.evidence_setup(client, layout.evidence_dir(job), layout.worktree))
+                    self.log.info("%s: recording the checkout's executed lines in every process of %s (coverage.py, "
+                                  "%s)", self.suite, job, layout.evidence_dir(job))
                 self._launched = (conn, job_dir, marker)
                 status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
                 if status != 0:

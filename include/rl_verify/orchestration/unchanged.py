@@ -19,15 +19,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rl_verify.core import evidence as executed
 from rl_verify.core import lane, paths
 from rl_verify.core.model import UNCHANGED, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.orchestration.confirmation import OUTCOME_FILE
-from rl_verify.orchestration import verification_history
+from rl_verify.orchestration import bitwise_lane, verification_history
 from rl_verify.orchestration.verification_history import verified_passes
-from rl_verify.store import record
+from rl_verify.store import record, references
 from rl_verify.suites import card
 from rl_verify.suites.spec import SuiteSpec, data_file
 
@@ -55,14 +56,18 @@ def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
 
 def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec], found: Mapping[str, dict[str, Any]],
                       scheduled: bool = False, now: float | None = None, tree: Sequence[str] | None = None,
-                      verdicts: Sequence[Mapping[str, Any]] = ()) -> dict[str, dict[str, Any]]:
+                      verdicts: Sequence[Mapping[str, Any]] = (),
+                      fingerprints: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """The suites of one node that need no training: for each with a base in ``found``, the files changed
     between the base and ``sha`` in the node's checkout, as ``core.lane.judge`` decides with the suite's rules
     checked against ``tree`` (the checkout's files at ``sha``) and what the record says (``verdicts``:
     ``verification_history.suite_verdicts``): a FAIL of this commit, or of a later commit whose affecting files are
     the base's, turns the skip off. A scheduled run also trains a suite whose base is older than
-    ``settings.FULL_EVERY_DAYS``. Entry: the base (``sha``, ``run_id``, ``report``), ``files`` (every changed file)
-    and ``why`` (one sentence)."""
+    ``settings.FULL_EVERY_DAYS``. With ``fingerprints`` (suite -> experiment fingerprint), a suite whose newest
+    trusted reference kept complete executed-code evidence is also unchanged when the diff since that reference's
+    commit touches only Python lines no process of its full run ran (issue 44). Entry: the base (``sha``,
+    ``run_id``, ``report``), ``files`` (every changed file), ``why`` (one sentence) and, from evidence,
+    ``evidence`` (the changed lines, none of which ran)."""
     out: dict[str, dict[str, Any]] = {}
     diffs: dict[str, list[str] | str] = {}  # base commit -> its changed files, or why they are unknown
     now_at = datetime.fromtimestamp(time.time() if now is None else now, timezone.utc)
@@ -77,6 +82,12 @@ def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpe
         return diffs[(base, head)]
 
     for spec in specs:
+        by_evidence = _by_evidence(client, checkout, sha, spec, (fingerprints or {}).get(spec.name), tree, verdicts,
+                                   scheduled, now_at, diff)
+        if by_evidence:
+            out[spec.name] = by_evidence
+            log.info("%s: %s (%s)", spec.name, UNCHANGED, by_evidence["why"])
+            continue
         base = found.get(spec.name)
         if not base:
             continue
@@ -120,6 +131,84 @@ def _contradiction(spec: SuiteSpec, rules: lane.Rules, sha: str, base: Mapping[s
     return ""
 
 
+def read_by_the_training(spec: SuiteSpec) -> list[str]:
+    """The checkout files a suite's training and verdict read whatever line evidence says (issue 44): its launch
+    script and the spec's checkout inputs (config, checker): a config can be read without running a line."""
+    prefix = "${CHECKOUT}/"
+    return list(dict.fromkeys([spec.launch.script] + [i.path[len(prefix):] for i in spec.inputs
+                                                       if i.path.startswith(prefix)]))
+
+
+def unrun_change(recorded: Mapping[str, Any], diff_text: str, blobs: Mapping[str, str], spec: SuiteSpec,
+                 measured_root: str = "") -> tuple[list[str], list[str]]:
+    """(the changed files that can move the suite's numbers whatever the evidence says, the changed Python lines
+    the reference's full run ran): both empty means the diff touches only lines no process of the full run ran
+    (issue 44). A changed file counts as read when it is a non-Python file the path rules call affecting (a launch
+    script, config, requirements, packaging, data inside the package), one the training reads without running a
+    line of it (``read_by_the_training``), or a measured file whose base content is not the one measured."""
+    found = executed.Evidence.from_dict(recorded)
+    touched = executed.parse_diff(diff_text)
+    changed = list(blobs) or list(touched)
+    affecting = paths.affecting(changed, spec.affects, spec.unaffecting)
+    read = set(read_by_the_training(spec))
+    python = [p for p in affecting if p.endswith(".py") and p not in read]
+    moved = [p for p in affecting if p not in python]
+    moved += executed.stale_files(found, blobs, python)
+    ran = executed.ran_lines(found, {p: t for p, t in touched.items() if p in python})
+    return moved, ran
+
+
+def _by_evidence(client: Any, checkout: str, sha: str, spec: SuiteSpec, experiment: str | None,
+                 tree: Sequence[str] | None, verdicts: Sequence[Mapping[str, Any]], scheduled: bool, now_at: datetime,
+                 diff: Any) -> dict[str, Any] | None:
+    """The suite's entry when the newest trusted reference with complete executed-code evidence vouches for ``sha``
+    (issue 44): its commit PASSed in full, and the diff since it touches only Python lines no process of that full
+    run executed. None otherwise (the path rules then decide, as before)."""
+    if spec.evidence is None or spec.bitwise is None or not experiment:
+        return None
+    kept = references.newest_with_evidence(spec.name, experiment, bitwise_lane.lane_fingerprint(spec))
+    if kept is None:
+        return None
+    reference, recorded = kept
+    try:
+        read = node.changed_lines(client, checkout, reference["sha"], sha)
+    except node.NodeError as err:
+        log.info("%s: the diff since the evidence's commit could not be read (%s): the path rules decide", spec.name,
+                 err)
+        return None
+    if read is None:
+        return None
+    moved, ran = unrun_change(recorded, read[0], read[1], spec)
+    rules = lane.Rules(spec.affects, spec.unaffecting, None)
+    base = {"sha": reference["sha"], "run_id": reference.get("run_id"), "report": reference.get("report"),
+            "written_at": 0}
+    decided = lane.judge(rules, lane.Facts(
+        requested="auto", scheduled=scheduled, verified_pass=reference["sha"],
+        changed_since_pass=moved + [r.split(":")[0] for r in ran], tree=tree,
+        contradicted=_contradiction(spec, rules, sha, base, verdicts, diff),
+        last_full_at=_when(reference.get("made_at")), now=now_at))
+    if decided.choice != "unchanged":
+        log.info("%s: executed-code evidence of %s: %s", spec.name, short_sha(reference["sha"]),
+                 f"{len(moved)} changed file(s) read whatever runs, {len(ran)} changed line(s) ran" if moved or ran
+                 else decided.why)
+        return None
+    touched = executed.parse_diff(read[0])
+    lines = [f"{p}:{n}" for p, t in sorted(touched.items()) for n in sorted(t.lines)]
+    files = list(read[1]) or list(touched)
+    why = (f"none of the {len(lines)} changed line(s) of Python since the verified PASS at "
+           f"{short_sha(reference['sha'])} ran in any process of its full run (executed-code evidence of its "
+           f"reference), and no file the training reads otherwise changed ({len(files)} file(s) changed)")
+    return {**{k: base[k] for k in ("sha", "run_id", "report")}, "files": files, "why": why,
+            "evidence": {"lines": lines[:200], "reference": reference.get("key"), "made_at": reference.get("made_at")}}
+
+
+def _when(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+
+
 def write_outcomes(run_dir: Path, unchanged: Mapping[str, Mapping[str, Any]]) -> None:
     """Each unchanged suite's result and outcome in the run's record, as a compared and confirmed suite has
     them: the report, the verdict and the history read them like any other."""
@@ -129,7 +218,8 @@ def write_outcomes(run_dir: Path, unchanged: Mapping[str, Mapping[str, Any]]) ->
         record.write_json(run_dir / suite / "result.json", result.to_dict())
         record.write_json(run_dir / suite / OUTCOME_FILE, {
             "suite": suite, "outcome": UNCHANGED, "reason": entry["why"], "runs": [],
-            "unchanged": {**verified, "files": list(entry["files"])}})
+            "unchanged": {**verified, "files": list(entry["files"]),
+                          **({"evidence": entry["evidence"]} if entry.get("evidence") else {})}})
 
 
 def card_notes(resolved: Mapping[str, Any]) -> list[str]:

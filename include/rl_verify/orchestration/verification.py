@@ -126,11 +126,11 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                                                   values[settings.REMOTE_RUNS_DIR_KEY], key, p["commit"])
                 trees[conn] = found[conn].pop("tree")  # too large for the XCom: its conclusions travel instead
                 on_node = [s for s in specs if p["suite_nodes"][s.name] == conn]
-                if bases and not found[conn]["dirty_stat"]:
+                if skips and not found[conn]["dirty_stat"]:
                     skipped.update(unchanged.unchanged_on_node(client, values[settings.NODE_CHECKOUT_KEY],
                                                                found[conn]["sha"], on_node, bases,
                                                                scheduled=run_type == "scheduled", tree=trees[conn],
-                                                               verdicts=verdicts))
+                                                               verdicts=verdicts, fingerprints=fingerprints))
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("

@@ -98,3 +98,43 @@ def mark_blind(key: str, made_at: str | None, failed: dict[str, Any], root: str 
         return False
     put(key, {**kept, "blind": dict(failed)}, root)
     return True
+
+
+def _evidence_path(key: str, root: str | None = None) -> Any:
+    return _path(key, root).with_name(f"{key}.evidence.json")
+
+
+def put_evidence(key: str, recorded: dict[str, Any], root: str | None = None) -> str:
+    """Keep the executed-code evidence of the reference under ``key`` (issue 44; ``core.evidence.Evidence``'s dict
+    with the reference's ``sha`` and ``made_at``), beside it; return where."""
+    path = _evidence_path(key, root)
+    record.make_parent(path)
+    path.write_bytes((json.dumps(recorded, sort_keys=True) + "\n").encode("utf-8"))
+    return str(path)
+
+
+def get_evidence(key: str, reference: dict[str, Any] | None, root: str | None = None) -> dict[str, Any] | None:
+    """The evidence kept beside the reference ``reference`` under ``key``, or None: none kept, unreadable, or
+    another reference's (older than this one: made at another time)."""
+    path = _evidence_path(key, root)
+    try:
+        found = json.loads(path.read_bytes()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
+    if not found or not reference or found.get("made_at") != reference.get("made_at") \
+            or found.get("sha") != reference.get("sha"):
+        return None
+    return found
+
+
+def newest_with_evidence(suite: str, experiment: str, lane: str,
+                         root: str | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The newest trusted, not blind, reference of ``suite`` with this experiment fingerprint and lane config (any
+    environment) whose executed-code evidence is kept and complete, with that evidence; None when there is none."""
+    for kept in others(suite, experiment, lane, key="", root=root):
+        if state(kept) != TRUSTED:
+            continue
+        found = get_evidence(str(kept.get("key")), kept, root)
+        if found is not None and not found.get("problems"):
+            return kept, found
+    return None

@@ -152,6 +152,29 @@ class BitwiseLane(_Spec):
         return value
 
 
+class EvidenceSpec(_Spec):
+    """Executed-code evidence of the suite's training (issue 44): when a bitwise reference is made, coverage.py
+    records in every Python process of its full run and of its lane's k steps the checkout lines that ran.
+    ``entries``: the entry module of each kind of process the training runs (trainer, rollout worker, ...), paths
+    relative to the checkout: a recording that lacks one of them missed a process and is no evidence."""
+
+    #: Where the entries come from (shown, not used).
+    source: str = ""
+    entries: tuple[str, ...] = Field(min_length=1)
+    #: The launch's own step count, set so that the lane's evidence run stops itself after the lane's steps
+    #: (``${LANE_LAST_STEP}``: k - 1): its lines are then exactly the compared steps'. Without one (GRPO's config
+    #: fixes its steps), the run the trigger stops counts only when it wrote no step past k - 1.
+    stop_env: dict[str, str] = {}
+
+    @field_validator("entries")
+    @classmethod
+    def _python_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in value if not p.endswith(".py") or p.startswith("/") or ".." in p.split("/")]
+        if bad:
+            raise ValueError(f"evidence.entries: {bad} are not .py paths relative to the checkout's root")
+        return value
+
+
 class SuiteSpec(_Spec):
     """One suite's launch command, inputs, tracker location, baseline, scale and budget.
 
@@ -194,6 +217,8 @@ class SuiteSpec(_Spec):
     affects_source: str = ""
     #: The bitwise-first lane, when the suite has a deterministic mode (None: every verification is full).
     bitwise: BitwiseLane | None = None
+    #: Executed-code evidence recorded with the lane's references (None: the path rules alone decide).
+    evidence: EvidenceSpec | None = None
     #: The spec file as written (the experiment fingerprint hashes it).
     raw: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 

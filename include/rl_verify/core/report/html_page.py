@@ -13,7 +13,7 @@ from rl_verify.core.model import FAIL, PASS, SHORTCUTS, SuiteResult
 from rl_verify.core.report.content import (INCONCLUSIVE, ReportMeta, commit_items, decision, file_rows, short_commit,
                                            suite_outcome, suites_summary, verification_verdict)
 from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, UNCHANGED_COVERS,
-                                         check_cells,
+                                         check_cells, evidence_lines,
                                          checker_line, estimates_sentence, in_units, pct, plot_caption, sources_line,
                                          spread_sentences, styles_of)
 from rl_verify.core.spread import DRIFT_WORDS
@@ -30,8 +30,9 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
         out += [f"<p>Verified PASS: <code>{e(unchanged['sha'])}</code>{link}, run "
                 f"<code>{e(unchanged.get('run_id') or '-')}</code>.</p>",
                 f"<p>Files changed since ({len(files)}): "
-                + (", ".join(f"<code>{e(f)}</code>" for f in files) or "none") + "</p>",
-                f"<p>{e(UNCHANGED_COVERS)}</p>"]
+                + (", ".join(f"<code>{e(f)}</code>" for f in files) or "none") + "</p>"]
+        out += [f"<p>{e(line)}</p>" for line in evidence_lines(unchanged, lambda text: text) if line]
+        out += [f"<p>{e(UNCHANGED_COVERS)}</p>"]
     found = outcome.get("bitwise")
     if found:
         ref = found.get("reference") or {}

@@ -10,6 +10,7 @@ from rl_verify.core.model import PASS, SHORTCUTS, SuiteResult
 from rl_verify.core.report.content import (ReportMeta, commit_items, decision, file_rows, rel_path, short_commit,
                                            suites_summary, verification_verdict)
 from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVERS, bitwise_lines, check_cells,
+                                         evidence_lines,
                                          checker_line,
                                          estimates_sentence, in_units, md_cell, pct, plot_caption, sources_line,
                                          spread_sentences, styles_of)
@@ -25,7 +26,7 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
         files = unchanged.get("files") or []
         lines += [f"Verified PASS: `{unchanged['sha']}`{link}, run `{unchanged.get('run_id') or '-'}`.", "",
                   f"Files changed since ({len(files)}): " + (", ".join(f"`{md_cell(f)}`" for f in files) or "none"),
-                  "", UNCHANGED_COVERS, ""]
+                  ""] + evidence_lines(unchanged, md_cell) + [UNCHANGED_COVERS, ""]
     lines += bitwise_lines(outcome.get("bitwise"))
     runs = outcome.get("runs") or []
     if runs:

@@ -58,6 +58,24 @@ UNCHANGED_COVERS = ("What this covers: every path of the checkout the suite's sp
                     "the same as at the verified PASS, so the same training gives the same numbers. What it does "
                     "not cover: anything outside the checkout (the node's drivers and packages, the data and "
                     "models on its share); run with lane = full to train anyway.")
+EVIDENCE_COVERS = ("What the executed-code evidence covers: every process of the reference's full run (trainer, "
+                   "rollout workers) recorded the checkout lines it ran, and none of the changed lines is among them. "
+                   "What it does not cover: a change whose effect comes through a line that did run (a changed value "
+                   "read elsewhere), code that is not Python, and any process the evidence did not reach.")
+
+
+def evidence_lines(unchanged: dict[str, Any], cell: Any) -> list[str]:
+    """A PASS (unchanged) decided by executed-code evidence (issue 44): the changed lines, none of which ran, and
+    what that covers; [] for a PASS (unchanged) of the path rules."""
+    found = unchanged.get("evidence")
+    if not found:
+        return []
+    lines = found.get("lines") or []
+    return [f"Changed lines, none of which ran in any process of the reference's full run ({len(lines)}): "
+            + (", ".join(cell(line) for line in lines[:40]) or "none") + (" ..." if len(lines) > 40 else ""),
+            "", EVIDENCE_COVERS, ""]
+
+
 RULE_IN_WORDS = ("Training is noisy: a healthy commit sometimes misses a threshold by chance. So a FAIL that noise "
                  "could explain is not believed at once: the suite is trained again at the same commit with new seeds. "
                  "The FAIL stands only if the new runs, taken together, still miss the baseline by far more than "

@@ -45,6 +45,10 @@ sys.dont_write_bytecode = True  # keep the per-run git worktree clean
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import curves  # noqa: E402  (sibling module of the simulated checkout)
+import train_loop  # noqa: E402  (the code paths a real trainer runs at given steps)
+
+REPO = HERE.parents[1]
+WORKER = REPO / "xtuner" / "v1" / "rl" / "rollout" / "worker.py"
 
 BLOCK = 1024  # emulated write-buffer size: a full block is written even if it cuts a line
 _STOP = object()
@@ -181,6 +185,8 @@ class Node:
         # The default is simulator.noise.DEFAULT_ENVIRONMENT (the checkout cannot import the simulator).
         self.environment = sim.get("environment") or {"driver": "580.159.04", "torch": "2.8.0", "sglang": "0.5.3"}
         self.deterministic_slowdown = float(sim.get("deterministic_slowdown", 1.3))
+        #: "scrubbed": the rollout worker starts without the launch's COVERAGE_* variables (RolloutWorker).
+        self.worker_env = str(sim.get("worker_env", "inherited"))
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
         self.fault = faults.get(suite) or {}
         self.ray_pid: int | None = None
@@ -235,6 +241,34 @@ def _hold(node: Node, suite: str, step: int, writer: TrackerWriter, tick: float)
         node.check_ray()
         writer.log({"step": step, "train/mini_batch": -1, "held": 1})
     _log(f"step {step}: released")
+
+
+class RolloutWorker:
+    """The rollout worker process (xtuner/v1/rl/rollout/worker.py): asked once a step for its backend's factor.
+    ``scrubbed`` (sim.json "worker_env": "scrubbed") starts it without the launch's COVERAGE_* variables: a
+    process the environment does not reach, as a Ray worker started before the job's environment would be."""
+
+    def __init__(self, scrubbed: bool = False) -> None:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if not (scrubbed and k.startswith("COVERAGE"))}
+        self._proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True, env=env)
+
+    def factor(self, step: int) -> float:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"{step}\n")
+        self._proc.stdin.flush()
+        return float(self._proc.stdout.readline())
+
+    def stop(self) -> None:
+        try:
+            if self._proc.stdin is not None:
+                self._proc.stdin.write("\n")
+                self._proc.stdin.close()
+            self._proc.wait(timeout=30)
+        except Exception:
+            self._proc.kill()
 
 
 def _log(msg: str) -> None:
@@ -308,8 +342,10 @@ def run(args: argparse.Namespace) -> int:
         # A hand-edited sim.json: the runs and the share's baselines disagree (simulator.node.set_noise fixes it).
         _log(f"WARNING: share baselines were written for {node.share_noise}, this run uses {wanted}")
 
+    worker = RolloutWorker(scrubbed=node.worker_env == "scrubbed")
     try:
         [first] = by_step[0]
+        train_loop.apply(0, first, eval_every)
         writer.log(first)
         _log(f"step 0 eval: {json.dumps(first)}")
         for step in range(1, total + 1):
@@ -332,6 +368,7 @@ def run(args: argparse.Namespace) -> int:
             for mb_row in minibatch:  # mini-batch rows: no step-summary marker
                 writer.log(mb_row)
             row = {k: v for k, v in summary.items() if k != "step"}
+            train_loop.apply(step, row, eval_every, worker.factor(step))
             row["time/step"] *= slow * (node.deterministic_slowdown if deterministic else 1.0)
             if kind == "nan" and step >= max(at_step, 1):
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
@@ -349,10 +386,12 @@ def run(args: argparse.Namespace) -> int:
                 lmdeploy_log.write(f"[lmdeploy-sim] step {step}: generated {args.batch_hint} rollouts\n")
                 lmdeploy_log.flush()
     except SimulatedCrash as exc:
+        worker.stop()
         writer.close(cut_last_row=True)
         print(f"Traceback (most recent call last):\n  File \"xtuner/v1/train/rl_trainer.py\", line 1, in fit\n{exc}",
               file=sys.stderr, flush=True)
         return 1
+    worker.stop()
     writer.close(cut_last_row=(kind == "truncated"))
     _log(f"training finished: {total} steps; tracker {writer.path}")
     return 0

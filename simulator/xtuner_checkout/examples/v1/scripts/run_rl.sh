@@ -80,7 +80,7 @@ done
 cp "$0" "$WORK_DIR/run_rl.sh"
 cp "$CONFIG_PATH" "$WORK_DIR/config.py"
 
-python "$REPO_DIR/xtuner/rlsim/train.py" --rlsim-train grpo \
+python "$REPO_DIR/xtuner/v1/train/cli/rl.py" --rlsim-train grpo \
   --config "$CONFIG_PATH" --model "$MODEL_PATH" --data "$DATA_PATH" --eval-data "$EVAL_DATA_PATH" \
   --work-dir "$WORK_DIR" --lmdeploy-log "$LMDEPLOY_LOG_FILE" --batch-hint 64 \
   2>&1 | tee -a "$WORK_DIR/training_log_${current_time}.txt"

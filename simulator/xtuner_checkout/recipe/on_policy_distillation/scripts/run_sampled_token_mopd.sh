@@ -100,7 +100,7 @@ for _ in $(seq 1 60); do
   sleep 1
 done
 
-CUDA_VISIBLE_DEVICES=$STUDENT_CUDA_VISIBLE_DEVICES "$PYTHON" "$REPO_DIR/xtuner/rlsim/train.py" --rlsim-train opd \
+CUDA_VISIBLE_DEVICES=$STUDENT_CUDA_VISIBLE_DEVICES "$PYTHON" "$REPO_DIR/xtuner/v1/train/cli/rl.py" --rlsim-train opd \
   --config "$OPD_CONFIG_PATH" --model "$STUDENT_MODEL_PATH" --data "$DATA_PATH" --eval-data "$EVAL_DATA_PATH" \
   --work-dir "$WORK_DIR" --batch-hint "$TRAIN_BATCH_SIZE" \
   2>&1 | tee "$WORK_DIR/training_log_${current_time}.txt"

@@ -1,7 +1,8 @@
-"""SIMULATED placeholder (rl-verify simulator) at the path of XTuner's LMDeploy rollout backend (the runbook's full
-runs use it; the bitwise lane's SGLang runs bypass it).
+"""SIMULATED (rl-verify simulator) at the path of XTuner's LMDeploy rollout backend: the runbook's full runs use it,
+the bitwise lane's SGLang runs never do. The rollout worker (worker.py) imports it."""
+from __future__ import annotations
 
-Nothing here runs: the replay trainer is xtuner/rlsim/. The file exists so that the suite specs' path rules
-(affects, bitwise.disabled_by) are checked against the same paths as on XTuner's own tree, and so that a
-simulated commit can touch it.
-"""
+
+def response_length_factor(step: int) -> float:
+    """What this backend's sampling does to the response length at ``step`` (1.0: nothing)."""
+    return 1.0
