@@ -70,3 +70,15 @@ def set_determinism(state: Path, reproducible: bool = True,
         sim["environment"] = dict(environment)
     _write_json(root / "sim.json", sim)
     return {"deterministic": sim["deterministic"], "environment": sim.get("environment") or DEFAULT_ENVIRONMENT}
+
+
+def set_worker_env(state: Path, scrubbed: bool = True) -> None:
+    """The rollout worker of every later launch on the node under ``state`` starts without the launch's COVERAGE_*
+    variables (``scrubbed``: a process the job's environment does not reach, as a Ray worker started before it
+    would be), or with them (False). Its executed lines are then missing from the evidence (issue 44)."""
+    root = _root(state)
+    if not (root / "sim.json").exists():
+        raise RuntimeError(f"no simulated node under {state}: start_node first")
+    sim = _read_json(root / "sim.json", {})
+    sim["worker_env"] = "scrubbed" if scrubbed else "inherited"
+    _write_json(root / "sim.json", sim)

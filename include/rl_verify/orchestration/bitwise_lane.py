@@ -299,6 +299,8 @@ def report_notes(run_dir: Any, suites: list[str]) -> list[str]:
     lines = []
     for suite in suites:
         entry, read = lanes.get(suite), record.read_json(run_dir / suite / LANE_FILE)
+        if entry and entry.get("evidence"):  # what the executed-code evidence said, or why it was not used
+            lines.append(f"{suite}: {entry['evidence']}.")
         if read and not read.get("identical"):
             where = (read.get("difference") or {}).get("line") or f"{read.get('steps_seen')} of {read.get('steps')} " \
                 "steps read before the lane job ended"

@@ -170,6 +170,10 @@ def _by_evidence(client: Any, checkout: str, sha: str, spec: SuiteSpec, experime
     if kept is None:
         return None
     reference, recorded = kept
+    if recorded.get("problems"):
+        log.info("%s: the executed-code evidence of %s is incomplete (%s): the path rules decide", spec.name,
+                 short_sha(reference["sha"]), "; ".join(recorded["problems"]))
+        return None
     try:
         read = node.changed_lines(client, checkout, reference["sha"], sha)
     except node.NodeError as err:

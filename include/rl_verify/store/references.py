@@ -130,11 +130,13 @@ def get_evidence(key: str, reference: dict[str, Any] | None, root: str | None = 
 def newest_with_evidence(suite: str, experiment: str, lane: str,
                          root: str | None = None) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The newest trusted, not blind, reference of ``suite`` with this experiment fingerprint and lane config (any
-    environment) whose executed-code evidence is kept and complete, with that evidence; None when there is none."""
+    environment) that kept executed-code evidence, with that evidence (complete or not: the caller reads its
+    ``problems``; an older complete one is not looked for: the newest reference is the project's latest word);
+    None when there is none."""
     for kept in others(suite, experiment, lane, key="", root=root):
         if state(kept) != TRUSTED:
             continue
         found = get_evidence(str(kept.get("key")), kept, root)
-        if found is not None and not found.get("problems"):
+        if found is not None:
             return kept, found
     return None
