@@ -97,6 +97,7 @@ bench: venv ensure-sshd
 	$(PY) -m scripts.bench_unchanged
 	$(PY) -m scripts.bench_lane
 	$(PY) -m scripts.bench_shortcuts
+	$(PY) -m scripts.bench_evidence
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -17,13 +17,24 @@ import pytest
 from harness.rig import DAG_ID
 from rl_verify.core.names import run_key
 from simulator import node as sim
+from simulator.common import CHECKOUT_SRC, CODE_EDITS
 from simulator.noise import DEFAULT_ENVIRONMENT
 
 pytestmark = pytest.mark.e2e
 STEP_SECONDS = 0.1
 CONF = {"suites": ["opd"], "node": "rl_gpu_node", "lane": "auto", "repeats": 0}
-#: The line of xtuner/rlsim/train_loop.py that sim/regress-schedule changes: lr_schedule's, first run at step 10.
-LATE_LINE = "xtuner/rlsim/train_loop.py:39"
+
+
+def edited_line(key: str) -> tuple[str, int]:
+    """The file and first line a simulated code-edit commit changes (simulator.common.CODE_EDITS)."""
+    _, rel, (before, _), _ = CODE_EDITS[key]
+    text = (CHECKOUT_SRC / rel).read_text()
+    return rel, text[:text.index(before)].count("\n") + 1
+
+
+#: The line sim/regress-schedule changes: lr_schedule's, first run at step 10; the one sim/unused-change changes.
+LATE_FILE, LATE = edited_line("regress-schedule")
+UNUSED_FILE, UNUSED = edited_line("unused-change")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +70,7 @@ def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_fa
     assert made.summary["verdict"] == "PASS", json.dumps(made.tasks)
     (found,) = _evidence(rig)
     assert found["problems"] == [] and found["sha"] == commits["good"], found["problems"]
-    assert 39 in found["full"]["xtuner/rlsim/train_loop.py"] and 39 not in found["lane"]["xtuner/rlsim/train_loop.py"]
+    assert LATE in found["full"][LATE_FILE] and LATE not in found["lane"][LATE_FILE]
     assert "xtuner/v1/rl/rollout/lmdeploy.py" in found["full"] and "xtuner/v1/rl/rollout/sglang.py" in found["lane"]
     assert "xtuner/v1/model/moe/deepseek_v3.py" not in found["full"]
 
@@ -68,7 +79,7 @@ def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_fa
     late = rig.run({**CONF, "commit": "sim/regress-schedule"})
     assert late.summary["verdict"] == "FAIL" and _outcome(late)["outcome"] == "FAIL", json.dumps(late.tasks)
     card = (Path(late.summary["record"]) / "card.md").read_text()
-    assert f"the lane's deterministic steps never ran {LATE_LINE}, which the reference's full run ran" in card
+    assert f"the lane's deterministic steps never ran {LATE_FILE}:{LATE}, which the reference's full run ran" in card
     assert "opd-lane" not in _jobs(rig, late)
 
     # 3. A numerics-neutral change in code the lane's steps run: the lane applies, the same bits, PASS (bitwise).
@@ -81,10 +92,10 @@ def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_fa
     unused = rig.run({**CONF, "commit": "sim/unused-change"}, decision=None)
     outcome = _outcome(unused)
     assert outcome["outcome"] == "PASS (unchanged)" and outcome["unchanged"]["sha"] == commits["good"]
-    assert outcome["unchanged"]["evidence"]["lines"] == ["xtuner/v1/model/moe/deepseek_v3.py:8"]
+    assert outcome["unchanged"]["evidence"]["lines"] == [f"{UNUSED_FILE}:{UNUSED}"]
     md = Path(unused.summary["report"]["md"]).read_text()
     assert "Changed lines, none of which ran in any process of the reference's full run (1): " \
-           "xtuner/v1/model/moe/deepseek_v3.py:8" in md
+           f"{UNUSED_FILE}:{UNUSED}" in md
     assert _jobs(rig, unused) == []
 
     # 5. A new environment whose reference's evidence misses the rollout worker (the job's environment did not reach

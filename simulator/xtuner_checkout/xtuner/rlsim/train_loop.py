@@ -8,7 +8,10 @@ every one leaves the metrics' bits as they are (x * 1.0, x + 0.0). simulator/REA
 * ``every_step``: every training step from 1 (the loss and advantage path);
 * ``weight_sync``: after every update, from step 1 (the train -> rollout weight sync);
 * ``warmup_end``: from step WARMUP_END (2, within the bitwise lane's steps 0..2);
-* ``lr_schedule``: from step DECAY_FROM (10: the LR decay; after the lane's steps);
+* ``replay_buffer``: from step BUFFER_FULL (3: the replay buffer is full; the first step after the lane's);
+* ``entropy_decay``: from step ENTROPY_FROM (5: the entropy bonus decays);
+* ``lr_schedule``: from step DECAY_FROM (10: the LR decay);
+* ``kl_schedule``: from step KL_FROM (20: the KL coefficient's schedule);
 * ``eval_hook``: at the eval steps (0, then every eval_every);
 * the rollout worker's backend (xtuner/v1/rl/rollout/lmdeploy.py or sglang.py): every step, in its own process.
 """
@@ -16,7 +19,10 @@ from __future__ import annotations
 
 REWARDS, LENGTH = "response/rewards/mean", "response/response_len/mean"
 WARMUP_END = 2
+BUFFER_FULL = 3
+ENTROPY_FROM = 5
 DECAY_FROM = 10
+KL_FROM = 20
 
 
 def every_step(step: int, row: dict) -> None:
@@ -32,6 +38,21 @@ def weight_sync(step: int, row: dict) -> None:
 def warmup_end(step: int, row: dict) -> None:
     """The end of the warm-up: from step WARMUP_END on."""
     row[REWARDS] = row[REWARDS] + 0.0
+
+
+def replay_buffer(step: int, row: dict) -> None:
+    """Sampling from the full replay buffer: from step BUFFER_FULL on."""
+    row[LENGTH] = row[LENGTH] + 0.0
+
+
+def entropy_decay(step: int, row: dict) -> None:
+    """The entropy bonus's decay: from step ENTROPY_FROM on."""
+    row[REWARDS] = row[REWARDS] * 1.0
+
+
+def kl_schedule(step: int, row: dict) -> None:
+    """The KL coefficient's schedule: from step KL_FROM on."""
+    row[LENGTH] = row[LENGTH] * 1.0
 
 
 def lr_schedule(step: int, row: dict) -> None:
@@ -55,8 +76,14 @@ def apply(step: int, row: dict, eval_every: int, rollout_factor: float = 1.0) ->
     weight_sync(step, row)
     if step >= WARMUP_END:
         warmup_end(step, row)
+    if step >= BUFFER_FULL:
+        replay_buffer(step, row)
+    if step >= ENTROPY_FROM:
+        entropy_decay(step, row)
     if step >= DECAY_FROM:
         lr_schedule(step, row)
+    if step >= KL_FROM:
+        kl_schedule(step, row)
     if eval_every and step % eval_every == 0:
         eval_hook(step, row)
     row[LENGTH] = row[LENGTH] * rollout_factor
