@@ -18,6 +18,7 @@
 #   make clean           remove .venv, .state, caches
 # Variables (unset or empty = the default; a bad value is refused in one line naming it, nothing started):
 #   COMMIT=<branch|tag|sha>  demo, demo-distributed, demo-calibration (default main)
+#   SUITES=<grpo,opd>        demo: the suites to verify (default both)
 #   KEEP=1                   demo: leave Airflow and the node running
 #   SEQUENTIAL=1             demo-distributed: also run both suites on one node
 #   STEP_SECONDS=<seconds>   simulated seconds per training step (demo, demo-distributed 1.0; demo-calibration 0.2;
@@ -29,6 +30,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 COMMIT ?=
+SUITES ?=
 KEEP ?=
 SEQUENTIAL ?=
 STEP_SECONDS ?=
@@ -63,7 +65,7 @@ test: venv ensure-sshd ensure-chromium ensure-services lint
 	exit $$rc
 
 demo: venv ensure-sshd
-	COMMIT=$(call q,$(COMMIT)) KEEP=$(call q,$(KEEP)) $(PY) -m scripts.demo
+	COMMIT=$(call q,$(COMMIT)) SUITES=$(call q,$(SUITES)) KEEP=$(call q,$(KEEP)) $(PY) -m scripts.demo
 
 # The distributed stack on this machine: PostgreSQL, Redis, two Celery workers, S3 (SeaweedFS), two nodes.
 demo-distributed: venv ensure-sshd ensure-services

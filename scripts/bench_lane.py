@@ -4,7 +4,7 @@
 
 1. **Time to verdict, through the real DAG** (the ``make demo`` rig, simulated node, realistic noise), per suite:
    ``sim/neutral-refactor`` with lane auto (no reference yet: the full verification, then the reference's two
-   deterministic runs), ``sim/neutral-followup`` with lane auto (the lane: PASS (bitwise)) and the same commit with
+   deterministic runs), ``sim/neutral-early`` with lane auto (the lane: PASS (bitwise)) and the same commit with
    lane full (one full verification). Measured: approval to verdict, the training task's time, and the steps the
    lane job had written when the trigger stopped it. Projected to the runbook's scale: the measured fixed part plus
    the steps trained x the runbook's step time (GRPO 40 min / 45 steps, OPD 15 min / 25) x the simulator's
@@ -97,8 +97,8 @@ def dag_times(step_seconds: float) -> list[str]:
             for suite in SUITES:
                 conf = {"suites": [suite], "node": "rl_gpu_node", "lane": "auto", "repeats": 0}
                 made = _timed(rig, {**conf, "commit": "sim/neutral-refactor"}, suite)
-                lane = _timed(rig, {**conf, "commit": "sim/neutral-followup"}, suite)
-                full = _timed(rig, {**conf, "commit": "sim/neutral-followup", "lane": "full"}, suite)
+                lane = _timed(rig, {**conf, "commit": "sim/neutral-early"}, suite)
+                full = _timed(rig, {**conf, "commit": "sim/neutral-early", "lane": "full"}, suite)
                 say(f"{suite}: reference run {made['outcome']}, lane {lane['outcome']}, full {full['outcome']}")
                 k = load_suite(suite).bitwise.steps
                 minutes = step_minutes(suite)

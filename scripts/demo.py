@@ -233,8 +233,8 @@ def _neutral_commit(rig: Rig, conf: Mapping[str, object], full_s: float) -> bool
     refs = [line.lstrip("> ") for line in md.splitlines() if "bitwise reference trusted" in line]
     print(f"\n  {first['commit']}: {(made.summary or {}).get('verdict', 'UNKNOWN')}" + (f"; {'; '.join(refs)}"
                                                                                       if refs else ""))
-    neutral = {**conf, "commit": "sim/neutral-followup", "lane": "auto"}
-    _say(f"a numerics-neutral commit on top of it: {json.dumps(neutral)}")
+    neutral = {**conf, "commit": "sim/neutral-early", "lane": "auto"}
+    _say(f"a numerics-neutral change of code the lane's steps run: {json.dumps(neutral)}")
     outcome = rig.run(neutral, timeout=900)
     summary = outcome.summary or {}
     report = json.loads(Path(summary["report"]["json"]).read_text()) if summary else {}

@@ -222,7 +222,7 @@ def test_the_bitwise_lane_passes_a_neutral_commit_in_k_steps_and_sends_a_numeric
     assert "bitwise reference trusted" in Path(first.summary["report"]["md"]).read_text()
 
     # 2. A numerics-neutral code commit: k deterministic steps, the same bits, PASS (bitwise); no full training.
-    neutral = rig.run({**conf, "commit": "sim/neutral-followup"})
+    neutral = rig.run({**conf, "commit": "sim/neutral-early"})
     assert neutral.state == "success", json.dumps(neutral.tasks)
     assert neutral.tasks["run_grpo"] == "success" and neutral.tasks["fetch_grpo"] == "skipped"
     assert neutral.tasks["compare_grpo"] == "skipped" and neutral.summary["verdict"] == "PASS"
