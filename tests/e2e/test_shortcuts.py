@@ -75,8 +75,8 @@ def outcome_of(out) -> dict:
 
 
 def _evidence(rig) -> list[dict]:
-    folder = Path(rig.record_root) / "bitwise-references"
-    return [json.loads(p.read_text()) for p in folder.glob("*.evidence.json")]
+    folder = Path(rig.record_root) / "bitwise-references" / "evidence"
+    return [json.loads(p.read_text()) for p in folder.glob("*.json")]
 
 
 def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_falls_back(rig):

@@ -7,6 +7,8 @@ deterministic runs of that commit) ran: ``state`` is ``trusted`` when they agree
 reproducible`` (the lane is then off for that key, and the reports say why). A later PASS with other bits (a
 healthy numerics change) replaces it.
 
+The executed-code evidence of a reference (issue 44) is kept under ``bitwise-references/evidence/<key>.json``.
+
 A reference whose bits a FAILing commit also had is ``blind`` to that regression (issue 42): the FAIL's record is
 kept in it (``blind``) and the lane is off for its key until a full PASS makes a new reference.
 """
@@ -100,8 +102,13 @@ def mark_blind(key: str, made_at: str | None, failed: dict[str, Any], root: str 
     return True
 
 
+#: The references' executed-code evidence, one file a key, in a folder of its own (the references' folder lists
+#: references only).
+EVIDENCE_FOLDER = "evidence"
+
+
 def _evidence_path(key: str, root: str | None = None) -> Any:
-    return _path(key, root).with_name(f"{key}.evidence.json")
+    return _path(key, root).parent / EVIDENCE_FOLDER / f"{key}.json"
 
 
 def put_evidence(key: str, recorded: dict[str, Any], root: str | None = None) -> str:
