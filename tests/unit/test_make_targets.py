@@ -29,7 +29,7 @@ MAKEFILE = REPO / "Makefile"
 TARGET_VARS: dict[str, tuple[str, ...]] = {
     "venv": (),
     "test": ("PYTEST_ARGS",),
-    "demo": ("COMMIT", "KEEP"),
+    "demo": ("COMMIT", "SUITES", "KEEP"),
     "demo-calibration": ("COMMIT", "RUNS", "STEP_SECONDS"),
     "demo-distributed": ("COMMIT", "SEQUENTIAL", "STEP_SECONDS"),
     "demo-bisect": ("NODES", "STEP_SECONDS"),
