@@ -121,6 +121,11 @@ GPU_MEMORY_FLOOR_MIB = _number("RL_VERIFY_GPU_MEMORY_FLOOR_MIB", 1024, int, 0)
 GPU_RELEASE_WAIT_S = _number("RL_VERIFY_GPU_RELEASE_WAIT_S", 60, int, 0)
 #: A training whose tracker does not grow for this long is killed as stalled (0 disables).
 STALL_TIMEOUT_S = _number("RL_VERIFY_STALL_TIMEOUT_S", 900, int, 0)
+#: The Slurm launcher (issue 45): how long a job may wait in the queue before the run gives up naming Slurm's reason
+#: (a connection's extra ``slurm_pending_limit_s`` overrides it; 0: no limit), and how long a stop or the cleanup
+#: waits until Slurm shows none of its jobs running.
+SLURM_PENDING_LIMIT_S = _number("RL_VERIFY_SLURM_PENDING_LIMIT_S", 3600, int, 0)
+SLURM_STOP_WAIT_S = _number("RL_VERIFY_SLURM_STOP_WAIT_S", 60, int, 0)
 #: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before
 #: failing: 36 attempts is about 6 minutes of node outage.
 SSH_RECONNECT_ATTEMPTS = _number("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", 36, int, 0)

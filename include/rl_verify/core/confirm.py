@@ -239,7 +239,8 @@ def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None
         return Decision(FAIL, "not repeated: " + "; ".join(reasons), rule=text)
     if budget <= 0:
         return Decision(FAIL, "not repeated: the budget of extra runs is 0", rule=text)
-    broken = [k for k, r in enumerate(repeats, 1) if r.verdict != PASS and r.failure_class == "infrastructure"]
+    broken = [k for k, r in enumerate(repeats, 1)
+              if r.verdict != PASS and str(r.failure_class or "").startswith("infrastructure")]
     if broken:
         return Decision(FAIL, f"repeat {broken[0]} failed as infrastructure (see its report): no verdict on the "
                         "first run's breach", rule=text)

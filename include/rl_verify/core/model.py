@@ -28,6 +28,19 @@ SHORTCUTS = (UNCHANGED, BITWISE)
 # Failure classes: each one names a different next step (see ``failure_class_of``).
 ACCURACY, PERFORMANCE, INFRASTRUCTURE = "accuracy", "performance", "infrastructure"
 FAILURE_CLASSES = (ACCURACY, PERFORMANCE, INFRASTRUCTURE)
+
+
+def infrastructure_class(cause: str) -> str:
+    """The failure class of an infrastructure failure with a named cause the scheduler gave (issue 45:
+    ``infrastructure (preempted)``, ``infrastructure (time limit)``...): its own class in the report, and still
+    an infrastructure failure wherever one is treated as such (``is_infrastructure``)."""
+    return f"{INFRASTRUCTURE} ({cause})"
+
+
+def is_infrastructure(failure_class: str | None) -> bool:
+    """Whether ``failure_class`` is an infrastructure failure, with or without a named cause."""
+    return bool(failure_class) and (failure_class == INFRASTRUCTURE
+                                    or str(failure_class).startswith(INFRASTRUCTURE + " ("))
 # Checks that measure machine speed, not accuracy: alone, they make a FAIL a performance failure.
 TIMING_METRICS = ("time/step", "e2e wall time")
 STEP_COUNT = "RL steps"

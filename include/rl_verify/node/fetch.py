@@ -121,7 +121,8 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
         for attr in _listdir(sftp, work_dir):
             if stat.S_ISREG(attr.st_mode or 0) and any(fnmatch.fnmatch(attr.filename, p) for p in spec.logs):
                 logs.append(_get(sftp, posixpath.join(work_dir, attr.filename), dest / "logs" / attr.filename))
-        for name in ("stdout.log", "trace.log", "exit_code"):
+        # A Slurm job's id, what Slurm said when it ended the job without its exit code, and the batch output.
+        for name in ("stdout.log", "trace.log", "exit_code", "slurm_job_id", "scheduler_end", "slurm.out"):
             if _mtime(sftp, posixpath.join(job_dir, name)) is not None:
                 logs.append(_get(sftp, posixpath.join(job_dir, name), dest / "logs" / f"job_{name}"))
         meta["files"]["logs"] = logs
@@ -144,11 +145,16 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
             meta["files"]["checker"] = got
             if not got:
                 meta["problems"].append(f"checker missing: {utils}/check_metric.py")
-        started = _mtime(sftp, posixpath.join(job_dir, "pid"))
+        started = _mtime(sftp, posixpath.join(job_dir, "pid")) or _mtime(sftp, posixpath.join(job_dir, "started"))
         ended = _mtime(sftp, posixpath.join(job_dir, "exit_code"))
         meta["wall_time_s"] = (ended - started) if started and ended else None
         exit_code = dest / "logs" / "job_exit_code"
         meta["exit_code"] = int(exit_code.read_text().strip() or -1) if exit_code.exists() else None
+        job_id, ended_by = dest / "logs" / "job_slurm_job_id", dest / "logs" / "job_scheduler_end"
+        if job_id.exists():
+            meta["slurm_job_id"] = job_id.read_text().strip()
+        if ended_by.exists() and meta["exit_code"] is None:
+            meta["scheduler_end"] = ended_by.read_text().strip()
     finally:
         sftp.close()
     return meta

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from rl_verify import settings
 from rl_verify.core.names import short_sha
+from rl_verify.node import launcher as launchers
 from rl_verify.node import remote
 # fetch_suite and gpu_line: through ops, the node layer's one face for orchestration, like every operation here.
 from rl_verify.node.fetch import fetch_suite  # noqa: F401
@@ -203,6 +204,8 @@ class Prerequisites:
     #: The node's environment (issue 33): gpu, gpu_count, driver, cuda and ``packages`` (name -> version or
     #: None), what a deterministic run's bits depend on beyond the checkout.
     environment: dict[str, Any] = field(default_factory=dict)
+    #: A Slurm target's: how many jobs of the suites' GPU count its partition runs at once (None: not Slurm).
+    slots: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "missing": self.missing, "busy": self.busy, "unready": self.unready}
@@ -338,21 +341,33 @@ def input_checks(specs: Iterable[SuiteSpec]) -> list[tuple[str, str, str]]:
 
 
 def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str,
-                        key: str, needs: NodeNeeds | None = None, user: str = "the SSH user") -> Prerequisites:
+                        key: str, needs: NodeNeeds | None = None, user: str = "the SSH user",
+                        launcher: Mapping[str, Any] | None = None, conn_id: str = "the node") -> Prerequisites:
     """Check all inputs of all ``specs``, node business and the node's readiness for their launch
     scripts (``needs``, default ``merged_needs(specs)``) in ONE round trip.
 
     Raises PrerequisitesError listing every missing item, every busy reason and every readiness
-    problem (each with its fix) at once.
+    problem (each with its fix) at once. ``launcher`` (``launcher.launcher_config``'s dict): on a Slurm target the
+    same round trip asks Slurm whether the partition is up and would take this run's job (``sbatch --test-only``:
+    account, QOS, GRES), instead of the node's GPUs and whether it is busy.
     """
     needs = merged_needs(specs) if needs is None else needs
-    status, out, err = run_script(client, remote.prerequisites_script(input_checks(specs), runs_root, key,
-                                                                      needs=needs,
-                                                                      env_packages=environment_packages(specs)))
+    slurm = launcher if launcher and launcher.get("kind") == launchers.SLURM else None
+    # On a Slurm target the connection reaches a login node: the GPUs, Ray ports and open-files limit are the
+    # compute node's, and whether one is free is Slurm's to say (its check below, in the same round trip).
+    checked = NodeNeeds() if slurm else needs
+    script = remote.prerequisites_script(input_checks(specs), runs_root, key, needs=checked,
+                                         env_packages=None if slurm else environment_packages(specs))
+    if slurm:
+        script += "\n" + launchers.launcher_for(slurm).check(needs.gpus or 0)  # type: ignore[union-attr]
+    status, out, err = run_script(client, script)
     if status != 0:
         raise NodeError(f"prerequisite check could not run on the node (exit {status}): {err.strip()}")
     result = parse_prerequisites(out)
-    result.unready = readiness_problems(needs, result.readiness, user)
+    result.unready = readiness_problems(checked, result.readiness, user)
+    if slurm:
+        result.busy = []  # placement is Slurm's: a job of another run only queues this one
+        result.unready, result.slots = launchers.parse_check(out, slurm, needs.gpus or 0, conn_id)
     if result.problems():
         fixes = []
         if result.missing:
@@ -360,7 +375,8 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
         if result.busy:
             fixes.append("wait for the running training to finish")
         if result.unready:
-            fixes.append("make the node ready as each line says")
+            fixes.append("make the node ready as each line says" if not slurm else "fix the Slurm fields as each "
+                         "line says")
         raise PrerequisitesError(
             f"{len(result.problems())} prerequisite problem(s) on the node; nothing was launched:\n"
             + "\n".join(f"  - {p}" for p in result.problems())
@@ -377,11 +393,15 @@ def reap(client: "paramiko.SSHClient", runs_root: str, checkout: str, keep_key: 
     return [line[len("REAPED "):] for line in out.splitlines() if line.startswith("REAPED ")]
 
 
-def cleanup(client: "paramiko.SSHClient", run_dir: str, key: str) -> list[str]:
+def cleanup(client: "paramiko.SSHClient", run_dir: str, key: str, launcher: Mapping[str, Any] | None = None,
+            jobs: Iterable[str] = ()) -> list[str]:
     """Stop every process of the run and Ray, wait (bounded) until no process of the run holds GPU memory;
-    return what was done (one line per action), the last line the GPUs' (``gpu_release_line``)."""
-    status, out, err = run_script(client, remote.cleanup_script(run_dir, key),
-                                  timeout=180 + settings.GPU_RELEASE_WAIT_S)
+    return what was done (one line per action), the last line the GPUs' (``gpu_release_line``). On a Slurm target
+    (``launcher``): every job of the run (``jobs``, and any Slurm holds under the run's name) cancelled, waited for
+    until Slurm shows none running; a ``LEFT`` line for each still there."""
+    chosen = launchers.launcher_for(launcher)
+    status, out, err = run_script(client, chosen.cleanup(run_dir, key, list(jobs)),
+                                  timeout=180 + max(settings.GPU_RELEASE_WAIT_S, settings.SLURM_STOP_WAIT_S))
     lines = [line for line in (out + err).splitlines() if line.strip()]
     if status != 0:
         raise NodeError(f"cleanup failed (exit {status}): {err.strip()}")

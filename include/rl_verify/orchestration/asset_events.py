@@ -13,6 +13,7 @@ from rl_verify import settings
 from rl_verify.orchestration import links
 from rl_verify.orchestration.verification_history import folder_fingerprint, last_pass
 from rl_verify.store import record
+from rl_verify.core.model import is_infrastructure
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def reproduced_fail_extra(summary: Mapping[str, Any] | None, dag_run_id: str, ru
         return None
     failing = [s for s in summary.get("suites") or [] if s.get("outcome") == "FAIL (reproduced)"
                and s.get("failure_class") == "accuracy"]
-    if not failing or "infrastructure" in (summary.get("failure_classes") or []):
+    if not failing or any(is_infrastructure(c) for c in summary.get("failure_classes") or []):
         return None
     report = record.get_json(dag_run_id, "report.json") or {}
     suites = [s["suite"] for s in failing]

@@ -24,7 +24,7 @@ from typing import Any
 from rl_verify import settings
 from rl_verify.core import bitwise, lane
 from rl_verify.core import evidence as executed
-from rl_verify.core.model import BITWISE, SuiteResult
+from rl_verify.core.model import BITWISE, SuiteResult, is_infrastructure
 from rl_verify.core.names import short_sha
 from rl_verify.engines import load_suite
 from rl_verify.node import ops as node
@@ -324,7 +324,7 @@ def mark_blind(dag_run_id: str, suites: Mapping[str, Mapping[str, Any]], sha: st
     for suite, outcome in suites.items():
         runs = outcome.get("runs") or [{}]
         if outcome.get("outcome") not in verification_history.DOUBTING or \
-                runs[0].get("failure_class") == "infrastructure":
+                is_infrastructure(runs[0].get("failure_class")):
             continue
         readings = verification_history.identical_readings(suite, sha)
         mine = record.get_json(dag_run_id, f"{suite}/{LANE_FILE}")

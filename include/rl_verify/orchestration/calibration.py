@@ -29,8 +29,8 @@ from rl_verify.engines import engine_of, load_suite
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
 from rl_verify.orchestration import links, spread_history
-from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
-                                           pool_problems, ssh_client, suite_node)
+from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_launcher, node_problems,
+                                           node_settings, pool_problems, ssh_client, suite_node)
 from rl_verify.store import baselines, record
 
 log = logging.getLogger(__name__)
@@ -395,7 +395,7 @@ def cleanup(trainings: list[dict[str, Any]] | None, dag_run_id: str) -> list[str
     for t in trainings or []:
         conn, folders = suite_node(t["resolved"], t["suite"])
         with ssh_client(conn) as client:
-            lines += node.cleanup(client, folders["run_dir"], t["resolved"]["run_key"])
+            lines += node.cleanup(client, folders["run_dir"], t["resolved"]["run_key"], node_launcher(conn))
     left = [line for line in lines if line.startswith("LEFT")]
     log.info("cleanup: the node(s) are %s", "clean" if not left else "NOT clean: " + "; ".join(left))
     return lines

@@ -16,9 +16,10 @@ from rl_verify import settings
 from rl_verify.core import launch
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
-from rl_verify.core.model import BITWISE, SuiteResult
+from rl_verify.core.model import BITWISE, SuiteResult, infrastructure_class
 from rl_verify.core.tracker import read_tracker
 from rl_verify.engines import engine_of, load_suite
+from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.node import remote
 from rl_verify.orchestration import bitwise_lane, links
@@ -62,6 +63,11 @@ def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: Nod
     elif hit:
         happened = "the job ended after a log line" if hit.get("at_exit") else "stopped on a log rule"
         meta["problems"].append(f"{happened}: {describe_hit(hit)}")
+    ended = meta.get("scheduler_end")
+    if ended and launchers.end_class(ended) != launchers.end_class("CANCELLED ours"):
+        # Slurm ended the job without its exit code (issue 45): the scheduler's words come first.
+        meta["problems"].insert(0, f"Slurm ended job {meta.get('slurm_job_id') or '?'} before the training did: "
+                                   f"{launchers.end_class(ended)} ({ended})")
     tracker = meta["files"].get("tracker")
     if not tracker and not stopped_by_rule:
         _explain_launch(meta, spec, hit)
@@ -148,6 +154,10 @@ def _compare_in(run_dir: Path, suite: str, name: str | None = None, dag_run_id: 
     elif meta["problems"]:
         result = SuiteResult.infrastructure(suite, "; ".join(meta["problems"]),
                                             remote_work_dir=meta["work_dir"])
+        ended = meta.get("scheduler_end")
+        if ended and launchers.end_class(ended) != launchers.end_class("CANCELLED ours"):
+            result.failure_class = infrastructure_class(launchers.end_class(ended))
+            result.details["scheduler"] = {"job_id": meta.get("slurm_job_id"), "end": ended}
     elif meta.get("early_abort"):
         engine = engine_of(spec)
         result = aborted_result(suite, meta["early_abort"], engine.rules)

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 
 from rl_verify import settings
 from rl_verify.engines import engine_of, load_suite
+from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
 from rl_verify.orchestration import airflow_api
@@ -61,6 +62,15 @@ def node_settings(conn_id: str) -> dict[str, str]:
             continue
         remote.validate_path(value, name)
     return values
+
+
+def node_launcher(conn_id: str) -> dict[str, Any]:
+    """How trainings reach the GPUs of ``conn_id`` (issue 45): its extras' ``launcher`` (``ssh``, the default, or
+    ``slurm`` with its ``slurm_*`` fields), as ``node.launcher.launcher_config`` validates it (BadInput naming every
+    bad field)."""
+    from airflow.sdk import BaseHook  # the Task SDK: kept out of the module's import (policy, CLI)
+
+    return launchers.launcher_config(BaseHook.get_connection(conn_id).extra_dejson or {}, conn_id)
 
 
 def node_needs(specs: list[SuiteSpec], values: Mapping[str, str]) -> NodeNeeds:
@@ -150,10 +160,11 @@ def node_problems(conn_id: str) -> list[str]:
         return [f"node {conn_id!r}: there is no Airflow connection with this id: add the node's SSH connection "
                 "(Admin > Connections, host key pinned) or fix the param 'node'"]
     problems = [_unpinned(conn_id)] if hook.no_host_key_check or hook.host_key is None else []
-    try:
-        node_settings(conn_id)
-    except ValueError as err:
-        problems.append(str(err))
+    for read in (node_settings, node_launcher):
+        try:
+            read(conn_id)
+        except ValueError as err:  # BadInput too
+            problems.append(str(err))
     return problems
 
 
@@ -172,11 +183,22 @@ def pool_problems(conn_ids: list[str]) -> list[str]:
             problems.append(f"node {conn_id!r}: pool {name!r} does not exist, so its training would never start: "
                             f"create it with `airflow pools set {name} 1 'one training at a time on {conn_id}' "
                             "--include-deferred`")
+        elif _is_slurm(conn_id):
+            if not pool["include_deferred"]:
+                log.warning("Pool %s does not count deferred tasks: a waiting training takes no slot, so more jobs "
+                            "may queue in Slurm than the pool says", name)
         elif pool["slots"] != 1 or not pool["include_deferred"]:
             log.warning("Pool %s has %s slot(s), deferred tasks %scounted: give it 1 slot counting deferred tasks, "
                         "or two trainings may share node %s", name, pool["slots"],
                         "" if pool["include_deferred"] else "not ", conn_id)
     return problems
+
+
+def _is_slurm(conn_id: str) -> bool:
+    try:
+        return node_launcher(conn_id)["kind"] == launchers.SLURM
+    except ValueError:  # said by node_problems
+        return False
 
 
 def suite_node(resolved: Resolved, suite: str) -> tuple[str, NodeFolders]:
@@ -220,21 +242,44 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
     failed: list[tuple[str, node.PrerequisitesError]] = []
     for conn, (suites, worktree) in groups.items():
         values = node_settings(conn)
+        launcher = node_launcher(conn)
         specs = expanded_specs(suites, values, worktree, baselines)
         with ssh_client(conn) as client:
             try:
                 result = node.check_prerequisites(client, specs, values[settings.REMOTE_RUNS_DIR_KEY], run_key,
-                                                  node_needs(specs, values), _login(conn))
+                                                  node_needs(specs, values), _login(conn), launcher, conn)
             except node.PrerequisitesError as err:
                 failed.append((conn, err))
                 continue
         ok += result.ok
-        if environments is not None:
+        if environments is not None and launcher["kind"] != launchers.SLURM:
             environments[conn] = result.environment
-        log.info("All %d inputs of %s present on %s; the node is free", len(result.ok), ", ".join(suites), conn)
+        if launcher["kind"] == launchers.SLURM:
+            log.info("All %d inputs of %s present on %s's shared filesystem; Slurm partition %s is up and accepts "
+                     "this run's job (sbatch --test-only); it runs %s such job(s) at once", len(result.ok),
+                     ", ".join(suites), conn, launcher["partition"], result.slots)
+            _compare_slots(conn, result.slots)
+        else:
+            log.info("All %d inputs of %s present on %s; the node is free", len(result.ok), ", ".join(suites), conn)
     if failed:
         from airflow.sdk.exceptions import AirflowFailException
 
         raise AirflowFailException(str(failed[0][1]) if len(groups) == 1 else
                                    "\n".join(f"node {conn}: {err}" for conn, err in failed))
     return ok
+
+
+def _compare_slots(conn_id: str, slots: int | None) -> None:
+    """Say when a Slurm target's pool holds more or fewer slots than its partition runs such jobs at once (the pool
+    bounds how many trainings Airflow hands Slurm; Slurm places them)."""
+    if not slots:
+        return
+    name = placement.node_pool(conn_id)
+    try:
+        pool = airflow_api.pool(settings.AIRFLOW_API_CONN_ID, name)
+    except airflow_api.ApiUnavailable:
+        return
+    if pool is not None and pool["slots"] != slots:
+        log.warning("Pool %s has %s slot(s); partition of %s runs %d such job(s) at once: set `airflow pools set %s "
+                    "%d ... --include-deferred` so as many trainings run as Slurm grants", name, pool["slots"],
+                    conn_id, slots, name, slots)

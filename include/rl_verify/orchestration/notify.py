@@ -16,7 +16,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from rl_verify import settings
-from rl_verify.core.model import SHORTCUTS
+from rl_verify.core.model import SHORTCUTS, is_infrastructure
 from rl_verify.core.names import short_sha
 from rl_verify.core.spread import DRIFT_WORDS
 from rl_verify.orchestration import links
@@ -140,7 +140,7 @@ def suite_summary(result: Any, outcome: dict[str, Any] | None = None) -> SuiteSu
 def _cause(result: Any) -> str:
     """An infrastructure FAIL's first finding without its "Infrastructure failure: " label, cut to a
     message's length; "" otherwise."""
-    if result.failure_class != "infrastructure" or not result.abnormal:
+    if not is_infrastructure(result.failure_class) or not result.abnormal:
         return ""
     text = result.abnormal[0].removeprefix("Infrastructure failure: ")
     return text if len(text) <= CAUSE_CHARS else text[:CAUSE_CHARS - 1] + "…"

@@ -24,11 +24,12 @@ from rl_verify.core import evidence
 from rl_verify.core.model import BITWISE
 from rl_verify.core.names import repeat_seed, short_sha
 from rl_verify.engines import engine_of, live_config, load_suite
+from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.node import remote
 from rl_verify.orchestration import bitwise_lane
 from rl_verify.orchestration.contract import Resolved
-from rl_verify.orchestration.nodes import expanded_spec, node_settings, ssh_client, suite_node
+from rl_verify.orchestration.nodes import expanded_spec, node_launcher, node_settings, ssh_client, suite_node
 from rl_verify.orchestration.triggers import RLJobTrigger
 from rl_verify.store import record, references
 from rl_verify.store.baselines import RECORD_FOLDER
@@ -69,7 +70,8 @@ class SuiteTrainingOperator(BaseOperator):
         self.job_name = settings.attempt_name(suite, attempt)
         #: The record folder of this training's findings (default: the job's; a calibration run's own).
         self.record_as = record_as or self.job_name
-        self._launched: tuple[str, str, str] | None = None  # (node, job_dir, marker) of a launch by this process
+        #: (node, job_dir, marker, launcher config) of a launch by this process
+        self._launched: tuple[str, str, str, dict[str, Any]] | None = None
 
     def execute(self, context: Any) -> None:
         with _worker_time(context):
@@ -92,7 +94,8 @@ class SuiteTrainingOperator(BaseOperator):
         node, job_dir, marker, live = self._launch_or_attach(context)
         self.defer(trigger=RLJobTrigger(ssh_conn_id=node, job_dir=job_dir, job_marker=marker,
                                         poll_interval=self.poll_interval_s,
-                                        max_reconnect_attempts=self.max_reconnect_attempts, live=live),
+                                        max_reconnect_attempts=self.max_reconnect_attempts, live=live,
+                                        launcher=node_launcher(node)),
                    method_name="execute_complete", timeout=timedelta(seconds=self.job_timeout_s))
 
     # --- the bitwise lane (issue 33: orchestration.bitwise_lane) ---------------------------------------------
@@ -130,7 +133,8 @@ class SuiteTrainingOperator(BaseOperator):
         k_share = self.spec.bitwise.steps / max(1, self.spec.expected_steps)
         self.defer(trigger=RLJobTrigger(ssh_conn_id=conn, job_dir=job_dir, job_marker=marker,
                                         poll_interval=self.poll_interval_s,
-                                        max_reconnect_attempts=self.max_reconnect_attempts, lane=lane_watch),
+                                        max_reconnect_attempts=self.max_reconnect_attempts, lane=lane_watch,
+                                        launcher=node_launcher(conn)),
                    method_name=method, timeout=timedelta(seconds=max(600.0, 3 * k_share * self.job_timeout_s)))
 
     def _lane_reading(self, context: Any, which: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -144,8 +148,8 @@ class SuiteTrainingOperator(BaseOperator):
             job_dir = remote.RunLayout(folders["run_dir"]).job_dir(settings.lane_job(self.suite, which))
             try:
                 with ssh_client(conn) as client:
-                    _run(client, remote.kill_job_script(job_dir, remote.job_marker(self.resolved["run_key"],
-                                                        settings.lane_job(self.suite, which))))
+                    _run(client, launchers.launcher_for(node_launcher(conn)).stop(
+                        job_dir, remote.job_marker(self.resolved["run_key"], settings.lane_job(self.suite, which))))
             except Exception as err:  # the run's cleanup stops what is left
                 self.log.warning("Could not stop the %s job (%s); cleanup will", which, err)
         for line in (event.get("log_chunk") or "").splitlines()[-20:]:
@@ -267,10 +271,10 @@ class SuiteTrainingOperator(BaseOperator):
         # Killed while launching (the worker phase lasts seconds); a deferred job is the trigger's.
         if self._launched is None:
             return
-        conn, job_dir, marker = self._launched
+        conn, job_dir, marker, launcher = self._launched
         try:
             with ssh_client(conn) as client:
-                _, out, _ = _run(client, remote.kill_job_script(job_dir, marker))
+                _, out, _ = _run(client, launchers.launcher_for(launcher).stop(job_dir, marker))
             self.log.warning("Killed job %s: %s", marker, out.strip())
         except Exception as err:  # the DAG's cleanup task kills what is left
             self.log.warning("Could not kill job %s (%s); cleanup will", marker, err)
@@ -323,15 +327,18 @@ class SuiteTrainingOperator(BaseOperator):
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
         conn, folders = suite_node(resolved, self.suite)
         values = node_settings(conn)
+        launcher = node_launcher(conn)
+        chosen = launchers.launcher_for(launcher)
         layout = remote.RunLayout(folders["run_dir"])
         spec = expanded_spec(spec, values, layout.worktree, resolved.get("baselines"))
         work_dir, job_dir = layout.work_dir(job), layout.job_dir(job)
         marker = remote.job_marker(resolved["run_key"], job)
 
         with ssh_client(conn) as client:
-            state = job_state(client, job_dir)
+            state, said = job_state(client, job_dir, launcher)
             if state == "absent":
-                _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], job)
+                if chosen.kind == launchers.SSH:  # on Slurm, placement is the scheduler's
+                    _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], job)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
                 command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
                                              settings.STALL_TIMEOUT_S, spec.tracker)
@@ -340,21 +347,29 @@ class SuiteTrainingOperator(BaseOperator):
                     env.update(node.evidence_setup(client, layout.evidence_dir(job), layout.worktree))
                     self.log.info("%s: recording the checkout's executed lines in every process of %s (coverage.py, "
                                   "%s)", self.suite, job, layout.evidence_dir(job))
-                self._launched = (conn, job_dir, marker)
-                status, out, err = _run(client, remote.submit_job_script(job_dir, command, env))
+                self._launched = (conn, job_dir, marker, launcher)
+                status, out, err = _run(client, chosen.run(job_dir, command, env, resolved["run_key"], job,
+                                                           int(spec.node.gpus or 0)))
+                if status == 5:  # sbatch's refusal: asking again is refused again
+                    raise AirflowFailException(f"Slurm refused the {job} job: {err.strip()}")
                 if status != 0:
                     raise RuntimeError(f"could not submit the {job} job (exit {status}): {err.strip()}")
-                self.log.info("Launched %s %s: job %s, WORK_DIR %s", self.suite,
-                              "training" if job == self.job_name else f"deterministic job {job}", job_dir, work_dir)
-            elif once and state in ("dead", "finished"):
+                self.log.info("Launched %s %s: job %s, WORK_DIR %s%s", self.suite,
+                              "training" if job == self.job_name else f"deterministic job {job}", job_dir, work_dir,
+                              f"; Slurm {out.strip()} in partition {launcher['partition']}"
+                              if chosen.kind == launchers.SLURM else "")
+            elif once and state in ("dead", "finished", "ended"):
                 raise _JobEnded(f"the deterministic job {job} of this run already ended ({state}) in an earlier try")
-            elif state == "dead":
-                # Started, no exit code, no process: killed (or the node rebooted). Waiting for it
+            elif state in ("dead", "ended"):
+                # Started, no exit code, no process: killed (or the node rebooted, or Slurm ended it). Waiting for it
                 # would only run into the timeout; relaunching would be a second training.
-                raise AirflowFailException(f"the {job} job of this run ({job_dir}) died without an "
-                                           "exit code (killed or node restarted); not launching a second training")
+                raise AirflowFailException(f"the {job} job of this run ({job_dir}) " + (
+                    f"was ended by Slurm without an exit code ({launchers.end_class(said)}: {said})"
+                    if state == "ended" else "died without an exit code (killed or node restarted)")
+                    + "; not launching a second training")
             else:
-                self.log.info("Re-attaching to the %s job of this run (%s): no second training", state, job_dir)
+                self.log.info("Re-attaching to the %s job of this run (%s)%s: no second training", state, job_dir,
+                              f" ({said})" if said else "")
         return conn, job_dir, marker, work_dir, spec
 
     def _confirms(self, context: Any) -> dict[str, list[float]] | None:
@@ -412,6 +427,8 @@ def _training_failure(suite: str, event: dict[str, Any]) -> AirflowException | N
         return None
     if status == "log_rule":
         return AirflowFailException(f"{suite} {event.get('message')}")
+    if status == "scheduler":  # Slurm ended it, or it never left the queue: a retry would find it ended
+        return AirflowFailException(f"the {suite} job: {event.get('message')}")
     if exit_code is None:
         return AirflowException(f"the {suite} job could not be watched to its end: {event.get('message')}")
     if exit_code == 124:
@@ -448,10 +465,11 @@ def _run(client: Any, script: str) -> tuple[int, str, str]:
     return node.run_script(client, script, timeout=60)
 
 
-def job_state(client: Any, job_dir: str) -> str:
-    """"absent", "running", "finished" or "dead" (started, no exit code, process gone)."""
-    _, out, _ = _run(client, remote.job_state_script(job_dir))
-    return out.strip() or "absent"
+def job_state(client: Any, job_dir: str, launcher: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(state, what the scheduler said): "absent", "pending" (Slurm only), "running", "finished", "ended" (Slurm
+    ended it without an exit code) or "dead" (started, no exit code, process gone)."""
+    _, out, _ = _run(client, launchers.launcher_for(launcher).status(job_dir))
+    return launchers.parse_status(out.strip().splitlines()[-1] if out.strip() else "absent")
 
 
 def _refuse_if_busy(client: Any, runs_root: str, key: str, suite: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rl_verify.core.bitwise import LaneWatch
 from rl_verify.core.live import LiveWatch, describe_hit
+from rl_verify.node import launcher as launchers
 from rl_verify.node import remote
 
 #: The task states after which a user's "kill" really means stop the job (a cleared task comes back).
@@ -49,7 +51,7 @@ def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
     """
     head, _, chunk = output.partition(b"\n")
     fields = head.decode(errors="replace").split()
-    if len(fields) not in (3, 4) or not (fields[1].isdigit() and fields[2].isdigit()):
+    if len(fields) not in (3, 4, 5) or not (fields[1].isdigit() and fields[2].isdigit()):
         raise ValueError(f"unexpected job poll output: {head[:200]!r}")
     exit_code = None if fields[0] == "-" else int(fields[0])
     start, size = int(fields[1]), int(fields[2])
@@ -63,7 +65,19 @@ def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
 def poll_elapsed(output: bytes) -> float | None:
     """Seconds since the job started, from the ``job_poll`` header (None when absent)."""
     fields = output.partition(b"\n")[0].split()
-    return float(fields[3]) if len(fields) == 4 and fields[3].lstrip(b"-").isdigit() else None
+    return float(fields[3]) if len(fields) >= 4 and fields[3].lstrip(b"-").isdigit() else None
+
+
+def poll_scheduler(output: bytes) -> dict[str, str] | None:
+    """What the scheduler said of the job, from the ``job_poll`` header's fifth field (a Slurm launcher's poll:
+    ``{"state": "pending", "detail": "Resources"}``); None for a job no scheduler holds."""
+    fields = output.partition(b"\n")[0].split()
+    return launchers.scheduler_of(fields[4].decode(errors="replace")) if len(fields) == 5 else None
+
+
+def pending_too_long(scheduler: dict[str, str] | None, waited_s: float, limit_s: int) -> bool:
+    """Whether a job the scheduler still holds in its queue has waited past the limit (0: no limit)."""
+    return bool(scheduler and scheduler["state"] == "pending" and limit_s and waited_s >= limit_s)
 
 
 def _utf8_prefix(data: bytes) -> bytes:
@@ -89,7 +103,7 @@ class RLJobTrigger(BaseTrigger):
     def __init__(self, *, ssh_conn_id: str, job_dir: str, job_marker: str, poll_interval: float = 5,
                  log_chunk_size: int = 65536, log_offset: int = 0, command_timeout: float = 30.0,
                  max_reconnect_attempts: int = 12, live: dict[str, Any] | None = None,
-                 lane: dict[str, Any] | None = None) -> None:
+                 lane: dict[str, Any] | None = None, launcher: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.ssh_conn_id = ssh_conn_id
         self.job_dir = job_dir
@@ -105,6 +119,12 @@ class RLJobTrigger(BaseTrigger):
         #: The bitwise lane's watch of a deterministic job (``core.bitwise.LaneWatch``'s config): the job is
         #: stopped once its k steps are read or one differs from the reference. None: not a lane job.
         self.lane = lane
+        #: How the job was launched (``node.launcher.launcher_config``'s dict; None: over SSH, as before issue 45).
+        self.launcher = launcher
+        self._launcher = launchers.launcher_for(launcher)
+        #: What the scheduler said at the last poll, and since when (monotonic) the job has waited in its queue.
+        self._scheduler: dict[str, str] | None = None
+        self._pending_since: float | None = None
         self._watch: LiveWatch | None = None
         self._lane_watch: LaneWatch | None = None
         self._elapsed: float | None = None
@@ -114,13 +134,14 @@ class RLJobTrigger(BaseTrigger):
             "ssh_conn_id": self.ssh_conn_id, "job_dir": self.job_dir, "job_marker": self.job_marker,
             "poll_interval": self.poll_interval, "log_chunk_size": self.log_chunk_size,
             "log_offset": self.log_offset, "command_timeout": self.command_timeout,
-            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live, "lane": self.lane})
+            "max_reconnect_attempts": self.max_reconnect_attempts, "live": self.live, "lane": self.lane,
+            "launcher": self.launcher})
 
     def _event(self, exit_code: int | None, chunk: str, message: str) -> TriggerEvent:
         status = "error" if exit_code is None else "success" if exit_code == 0 else "failed"
         return TriggerEvent({"status": status, "done": True, "exit_code": exit_code, "log_chunk": chunk,
                              "log_offset": self.log_offset, "job_dir": self.job_dir, "job_marker": self.job_marker,
-                             "message": message})
+                             "message": message, "scheduler": self._scheduler})
 
     async def _connect(self) -> Any:
         import asyncssh
@@ -143,8 +164,8 @@ class RLJobTrigger(BaseTrigger):
 
         Sets ``self._elapsed`` to the seconds since the job started (node clock).
         """
-        status, out = await self._script(conn, remote.job_poll_script(self.job_dir, self.log_offset,
-                                                                      self.log_chunk_size))
+        status, out = await self._script(conn, self._launcher.log(self.job_dir, self.log_offset,
+                                                                  self.log_chunk_size))
         if not out:
             # The poll script always prints its header line: nothing at all means the session was cut
             # (sshd going down mid-command), a lost connection to reconnect after, not a broken job.
@@ -153,6 +174,7 @@ class RLJobTrigger(BaseTrigger):
             raise ValueError(f"job poll exited {status}: {out[-300:]!r}")
         exit_code, start, size, text, offset = parse_poll(out)
         self._elapsed = poll_elapsed(out)
+        self._note_scheduler(poll_scheduler(out))
         if self.log_offset == 0 and start > 0:
             self.log.info("Resuming the remote log at byte %d (streamed by an earlier monitor)", start)
         self.log_offset = offset
@@ -185,6 +207,10 @@ class RLJobTrigger(BaseTrigger):
                     await asyncio.sleep(delay)
                     continue
                 failures = 0
+                ended_by = await self._scheduler_end(conn, exit_code)
+                if ended_by is not None:
+                    yield ended_by
+                    return
                 done = exit_code is not None and read_all
                 if text and not done:
                     self.log.info("%s", text.rstrip("\n"))  # the last chunk goes with the event instead
@@ -222,6 +248,47 @@ class RLJobTrigger(BaseTrigger):
             if conn is not None:
                 conn.close()
 
+    def _note_scheduler(self, said: dict[str, str] | None) -> None:
+        """Keep what the scheduler says of the job; log each change (a pending job's reason goes to the task log)."""
+        if said is None:
+            return
+        if said != self._scheduler:
+            if said["state"] == "pending":
+                self.log.info("Slurm holds the job in its queue: reason %s", said["detail"] or "None")
+            elif said["state"] == "running" and (self._scheduler or {}).get("state") in (None, "pending"):
+                self.log.info("Slurm started the job")
+        if said["state"] == "pending":
+            self._pending_since = self._pending_since or asyncio.get_running_loop().time()
+        else:
+            self._pending_since = None
+        self._scheduler = said
+
+    async def _scheduler_end(self, conn: Any, exit_code: int | None) -> TriggerEvent | None:
+        """The event that ends the watch because of the scheduler (issue 45), else None: a job Slurm ended without
+        its exit code (cancelled outside rl-verify, preempted, timed out, out of memory, node failure), or one that
+        waited in the queue past the target's limit (cancelled here; Slurm's reason named)."""
+        said = self._scheduler
+        if said is None or exit_code is not None:
+            return None
+        if said["state"] in ("ended", "dead"):
+            what = launchers.end_class(said["detail"]) if said["state"] == "ended" else said["detail"]
+            event = self._event(None, "", f"Slurm ended the job before the training did: {what} ({said['detail']})")
+            event.payload["status"] = "scheduler"
+            return event
+        limit = int((self.launcher or {}).get("pending_limit_s") or 0)
+        waited = asyncio.get_running_loop().time() - self._pending_since if self._pending_since else 0.0
+        if not pending_too_long(said, waited, limit):
+            return None
+        reason = re.sub(r"[^A-Za-z0-9_ ().,:-]", "_", said["detail"] or "None")[:150]
+        _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker,
+                                                              ended_as=f"PENDING {reason}"))
+        self.log.error("The job waited %.0f s in Slurm's queue (limit %d s), reason %s: cancelled (%s)", waited,
+                       limit, said["detail"], out.decode(errors="replace").strip())
+        event = self._event(None, "", f"pending in Slurm's queue for {waited:.0f} s (limit {limit} s): Slurm's reason "
+                                      f"{said['detail'] or 'None'}; the job was cancelled")
+        event.payload["status"] = "scheduler"
+        return event
+
     async def _lane(self, conn: Any, ended: bool) -> TriggerEvent | None:
         """The bitwise lane's look at the tracker: once k steps are read (or one differs from the reference),
         the job is stopped and the watch ends with the reading (``status`` ``lane``). A job that ended by
@@ -242,7 +309,7 @@ class RLJobTrigger(BaseTrigger):
         what = "identical to the reference" if watch.reference is not None else "recorded"
         self.log.info("Bitwise lane: %s", f"{reading.steps_seen} of {reading.steps} steps {what}"
                       if reading.difference is None else f"differs at {reading.difference.line()}")
-        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        _, killed = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
         self.log.info("Stopped the lane job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
         event = self._event(None, "", "lane decided")
         event.payload.update(status="lane", lane=watch.summary())
@@ -295,7 +362,7 @@ class RLJobTrigger(BaseTrigger):
         if not watch.early_abort and hit.get("stop") != "always":
             self.log.warning("early_abort is off: the run goes on (it would have been stopped here)")
             return None
-        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        _, killed = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
         self.log.warning("Stopped job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
         event = self._event(None, "", f"stopped: {describe_hit(hit)}")
         event.payload.update(status="log_rule", live=watch.summary())
@@ -330,7 +397,7 @@ class RLJobTrigger(BaseTrigger):
         if watch.doomed is None or not watch.early_abort or watch.stopped:
             return None
         watch.stopped = True
-        _, killed = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+        _, killed = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
         self.log.warning("Early abort: killed job %s: %s", self.job_marker, killed.decode(errors="replace").strip())
         event = self._event(None, "", watch.abort_message())
         event.payload.update(status="aborted", live=watch.summary())
@@ -367,7 +434,7 @@ class RLJobTrigger(BaseTrigger):
             return
         conn = await self._connect()
         try:
-            _, out = await self._script(conn, remote.kill_job_script(self.job_dir, self.job_marker))
+            _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
             self.log.warning("Killed job %s on user request: %s", self.job_marker, out.decode(errors="replace").strip())
         finally:
             conn.close()

@@ -31,8 +31,9 @@ from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
 from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged, verification_history
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
-from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_problems, node_settings,
-                                           pool_problems, ssh_client, suite_node, suites_by_node, version_files)
+from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_launcher, node_problems,
+                                           node_settings, pool_problems, ssh_client, suite_node, suites_by_node,
+                                           version_files)
 from rl_verify.store import baselines, record
 from rl_verify.suites import card
 from rl_verify.suites.spec import SuiteSpec
@@ -313,8 +314,12 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     with record.workspace(dag_run_id, parts=fetched) as run_dir:
         for conn, suites in by_node.items():
             folders = suite_node(resolved, suites[0])[1]
+            # Every job the run may have started on this node (a Slurm target cancels each, and any job by the run's
+            # name); an SSH node stops the run's processes by their marker.
+            names = [settings.attempt_name(s, k) for s in suites for k in range(settings.MAX_REPEATS + 1)] + \
+                [settings.lane_job(s, which) for s in suites for which in settings.LANE_JOBS]
             with ssh_client(conn) as client:
-                done = node.cleanup(client, folders["run_dir"], resolved["run_key"])
+                done = node.cleanup(client, folders["run_dir"], resolved["run_key"], node_launcher(conn), names)
                 lines += done
                 said = node.gpu_line(done)
                 if said:

@@ -10,6 +10,7 @@ from typing import Any, Iterable, Mapping
 
 from rl_verify import settings
 from rl_verify.core import bisect
+from rl_verify.core.model import is_infrastructure
 from rl_verify.orchestration import links
 from rl_verify.orchestration.standing import card_fingerprint
 from rl_verify.store import record
@@ -156,7 +157,7 @@ def suite_verdicts(suites: Iterable[str]) -> list[dict[str, Any]]:
             out.append({"suite": row["suite"], "sha": sha, "outcome": outcome, "failure_class": failure,
                         "run_id": run_id, "written_at": when,
                         "report": links.report_view_path(settings.verification_dag_of(run_id), run_id),
-                        "doubting": outcome in DOUBTING and failure != "infrastructure"})
+                        "doubting": outcome in DOUBTING and not is_infrastructure(failure)})
     return sorted(out, key=lambda v: v["written_at"], reverse=True)
 
 

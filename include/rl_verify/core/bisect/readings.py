@@ -66,7 +66,7 @@ def reading(outcome: str, failure_class: str | None = None, chased: str = "accur
     if outcome == _FAIL:
         if chased not in ("accuracy", "performance"):
             raise ValueError(f"chased class {chased!r}: accuracy or performance")
-        if failure_class == "infrastructure":
+        if str(failure_class or "").startswith("infrastructure"):  # a named cause too: "infrastructure (preempted)"
             return Reading.SKIP
         if failure_class == chased:
             return Reading.BAD

@@ -1,0 +1,288 @@
+"""How a training job reaches the GPUs: the launcher seam (issue 45).
+
+One interface, the verbs of XTuner's own CI client (clusterx): **run** a job, its **status**, its **log**, **stop**
+it; plus the run's **cleanup** and the **check** the cluster answers before the card. Each verb returns the bash
+script that does it on the machine the node's SSH connection reaches (``node.ops.run_script`` runs it there), so
+the operator, the trigger and the cleanup stay launcher-blind: they hold a launcher's config (a plain dict, what a
+trigger serialises) and call :func:`launcher_for`.
+
+- ``ssh`` (:class:`SshLauncher`): a detached job on the named node; rl-verify keeps the node exclusive (its pool of
+  one slot, the busy check), stops the job by its process group and marker, and cleans up (``sh/job_*.sh``,
+  ``sh/stop.sh``): today's behaviour, unchanged.
+- ``slurm`` (:class:`SlurmLauncher`): the connection reaches a login node; the job is ``sbatch --parsable`` with the
+  suite's GPUs as GRES, named ``rlv.<run key>.<job>``, in the connection's partition, account and QOS, its output in
+  the run's folder on the shared filesystem. Slurm owns placement, exclusivity, queueing and the stop (``scancel``);
+  the tracker and logs are read through the login node as before (``sh/slurm_*.sh``, ``sh/lib_slurm.sh``).
+
+A third launcher (Kubernetes, clusterx) is one more class with these verbs and one more ``kind``.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+from rl_verify import settings
+from rl_verify.node import remote
+from rl_verify.node.remote import BadInput
+
+SSH, SLURM = "ssh", "slurm"
+KINDS = (SSH, SLURM)
+#: The connection extras the Slurm launcher reads (lower-case keys), each with what it is.
+SLURM_FIELDS = {
+    "slurm_partition": "the partition the jobs run in (required)",
+    "slurm_account": "the account the jobs are charged to (--account)",
+    "slurm_qos": "the quality of service (--qos)",
+    "slurm_time": "the jobs' time limit (--time, e.g. 02:00:00); default: the partition's",
+    "slurm_pending_limit_s": "seconds a job may wait in the queue before the run gives up, naming Slurm's reason",
+}
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_SLURM_TIME = re.compile(r"(\d+-)?\d{1,3}(:\d{2}){0,2}")
+#: Slurm states a scheduler poll may report whose job no longer runs (``lib_slurm.sh``'s ``ended``).
+SCHEDULER_ENDS = {
+    "PREEMPTED": "preempted",
+    "NODE_FAIL": "node failure",
+    "TIMEOUT": "time limit",
+    "OUT_OF_MEMORY": "out of memory",
+    "CANCELLED": "cancelled outside rl-verify",
+    "BOOT_FAIL": "node failure",
+    "DEADLINE": "time limit",
+    "FAILED": "failed in Slurm",
+    "PENDING": "never scheduled",
+}
+
+
+def launcher_config(extra: Mapping[str, Any], conn_id: str = "the node") -> dict[str, Any]:
+    """The launcher of a node connection, from its extras: ``{"kind": "ssh"}`` (no ``launcher`` key, the default)
+    or ``{"kind": "slurm", "partition", "account", "qos", "time", "pending_limit_s"}``. Raises BadInput naming
+    every bad field and its fix."""
+    kind = str(extra.get("launcher") or SSH).strip().lower()
+    if kind not in KINDS:
+        raise BadInput(f"connection {conn_id!r}: extra 'launcher' is {extra.get('launcher')!r}; use one of "
+                       f"{', '.join(KINDS)} (none: ssh)")
+    if kind == SSH:
+        return {"kind": SSH}
+    problems = []
+    config: dict[str, Any] = {"kind": SLURM}
+    for field in ("slurm_partition", "slurm_account", "slurm_qos"):
+        value = extra.get(field)
+        if value in (None, ""):
+            if field == "slurm_partition":
+                problems.append("extra 'slurm_partition' is missing: name the partition the jobs run in "
+                                "(sinfo -s lists them)")
+            config[field.removeprefix("slurm_")] = None
+        elif not isinstance(value, str) or not _SLURM_NAME.fullmatch(value):
+            problems.append(f"extra {field!r} is {value!r}: a Slurm name is letters, digits, _ . - (at most 64)")
+        else:
+            config[field.removeprefix("slurm_")] = value
+    time_limit = extra.get("slurm_time")
+    if time_limit not in (None, "") and not (isinstance(time_limit, str) and _SLURM_TIME.fullmatch(time_limit)):
+        problems.append(f"extra 'slurm_time' is {time_limit!r}: give [days-]hours:minutes:seconds, e.g. 02:00:00")
+    config["time"] = time_limit or None
+    limit = extra.get("slurm_pending_limit_s", settings.SLURM_PENDING_LIMIT_S)
+    try:
+        config["pending_limit_s"] = int(limit)
+        if config["pending_limit_s"] < 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        problems.append(f"extra 'slurm_pending_limit_s' is {limit!r}: give whole seconds (0: wait without a limit)")
+    if problems:
+        raise BadInput(f"connection {conn_id!r} (launcher slurm): " + "; ".join(problems))
+    return config
+
+
+def slurm_job_name(key: str, job: str) -> str:
+    """The Slurm job name of one job of one run: ``rlv.<run key>.<job>`` (how a retry and the cleanup find it)."""
+    return f"rlv.{remote.validate_key(key)}.{remote.validate_suite_name(job)}"
+
+
+def render(template: str, **values: Any) -> str:
+    """``remote.render`` for the launchers' scripts (the same quoting rules)."""
+    return remote.render(template, **values)
+
+
+class Launcher(Protocol):
+    """The verbs of a launcher; each returns the script that does it on the node connection's machine."""
+
+    kind: str
+
+    def run(self, job_dir: str, command: str, environment: Mapping[str, str], key: str, job: str,
+            gpus: int) -> str:
+        """Start ``command`` as job ``job`` of run ``key`` in ``job_dir`` (a job this run already holds is kept)."""
+
+    def status(self, job_dir: str) -> str:
+        """One line: ``absent``, ``pending <reason>``, ``running``, ``finished``, ``ended <how>`` or ``dead``."""
+
+    def log(self, job_dir: str, offset: int, max_bytes: int) -> str:
+        """The ``job_poll`` look: exit code, log offset and size, seconds running, [scheduler state], bytes."""
+
+    def stop(self, job_dir: str, marker: str, ended_as: str = "") -> str:
+        """Stop one job and everything it started (``ended_as``: the end a scheduler's job is recorded with)."""
+
+    def cleanup(self, run_dir: str, key: str, jobs: Sequence[str]) -> str:
+        """Stop every job of the run; wait (bounded) until none runs; LEFT lines for what is left."""
+
+
+@dataclass(frozen=True)
+class SshLauncher:
+    """A detached job on the named node (``sh/job_submit.sh``): rl-verify keeps the node exclusive."""
+
+    kind: str = SSH
+
+    def run(self, job_dir: str, command: str, environment: Mapping[str, str], key: str, job: str,
+            gpus: int) -> str:
+        return remote.submit_job_script(job_dir, command, environment)
+
+    def status(self, job_dir: str) -> str:
+        return remote.job_state_script(job_dir)
+
+    def log(self, job_dir: str, offset: int, max_bytes: int) -> str:
+        return remote.job_poll_script(job_dir, offset, max_bytes)
+
+    def stop(self, job_dir: str, marker: str, ended_as: str = "") -> str:
+        return remote.kill_job_script(job_dir, marker)
+
+    def cleanup(self, run_dir: str, key: str, jobs: Sequence[str]) -> str:
+        return remote.cleanup_script(run_dir, key)
+
+
+@dataclass(frozen=True)
+class SlurmLauncher:
+    """A Slurm job submitted from the login node the connection reaches (``sh/slurm_*.sh``)."""
+
+    partition: str
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    pending_limit_s: int = 0
+    kind: str = SLURM
+
+    def sbatch_args(self, gpus: int) -> list[str]:
+        """The options every job of this target gets (validated values: ``launcher_config``)."""
+        args = [f"--partition={self.partition}", "--nodes=1", "--ntasks=1"]
+        args += [f"--account={self.account}"] if self.account else []
+        args += [f"--qos={self.qos}"] if self.qos else []
+        args += [f"--time={self.time}"] if self.time else []
+        args += [f"--gres=gpu:{int(gpus)}"] if gpus else []
+        return args
+
+    def run(self, job_dir: str, command: str, environment: Mapping[str, str], key: str, job: str,
+            gpus: int) -> str:
+        bad = [name for name in environment if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)]
+        if bad:
+            raise BadInput(f"environment variable name(s) {', '.join(map(repr, bad))} are not shell names "
+                           "(letters, digits, _; not starting with a digit): fix the suite spec's env")
+        exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in environment.items())
+        return render("lib_slurm") + render("slurm_submit", job_dir=remote.validate_path(job_dir, "job dir"),
+                                            job_exports=exports, job_command=command,
+                                            job_name=slurm_job_name(key, job), sbatch_args=self.sbatch_args(gpus))
+
+    def status(self, job_dir: str) -> str:
+        return render("lib_slurm") + render("slurm_status", job_dir=remote.validate_path(job_dir, "job dir"))
+
+    def log(self, job_dir: str, offset: int, max_bytes: int) -> str:
+        # The scheduler's word rides on the poll's header (one token: "pending:Resources", "ended:TIMEOUT:outside").
+        settle = 'read -r sched_word sched_rest <<<"$(slurm_settle "$job_dir")"\n' \
+                 'scheduler=$sched_word${sched_rest:+:${sched_rest// /:}}\n'
+        poll = remote.job_poll_script(job_dir, offset, max_bytes)
+        head, _, body = poll.partition("\n#!/usr/bin/env bash\n")
+        return render("lib_slurm") + head + "\n" + settle + body
+
+    def stop(self, job_dir: str, marker: str, ended_as: str = "") -> str:
+        """``ended_as``: the end to record for the job (``PENDING <reason>``: the run gave up on the queue)."""
+        remote.validate_marker(marker)
+        if not re.fullmatch(r"[A-Za-z0-9_ ().,:-]{0,200}", ended_as):
+            raise BadInput(f"ended_as {ended_as!r} must be plain words")
+        return render("lib_slurm") + render("slurm_stop", job_dirs=[remote.validate_path(job_dir, "job dir")],
+                                            name_pre="", wait_s=settings.SLURM_STOP_WAIT_S, ended_as=ended_as)
+
+    def cleanup(self, run_dir: str, key: str, jobs: Sequence[str]) -> str:
+        layout = remote.RunLayout(remote.validate_path(run_dir, "run dir"))
+        return render("lib_slurm") + render(
+            "slurm_stop", job_dirs=[layout.job_dir(remote.validate_suite_name(j)) for j in jobs],
+            name_pre=f"rlv.{remote.validate_key(key)}.", wait_s=settings.SLURM_STOP_WAIT_S, ended_as="")
+
+    def check(self, gpus: int) -> str:
+        """Script: the partition's state, how many jobs of ``gpus`` GPUs it runs at once, ``sbatch --test-only``."""
+        return render("slurm_check", partition=self.partition, gpus=int(gpus or 0),
+                      test_args=self.sbatch_args(gpus))
+
+
+def launcher_for(config: Mapping[str, Any] | None) -> SshLauncher | SlurmLauncher:
+    """The launcher a config (``launcher_config``'s dict; None: ssh) names."""
+    if not config or config.get("kind", SSH) == SSH:
+        return SshLauncher()
+    return SlurmLauncher(partition=config["partition"], account=config.get("account"), qos=config.get("qos"),
+                         time=config.get("time"), pending_limit_s=int(config.get("pending_limit_s") or 0))
+
+
+def parse_status(line: str) -> tuple[str, str]:
+    """(state, Slurm's words) of a status line: ``("pending", "Resources")``, ``("ended", "TIMEOUT outside")``."""
+    word, _, rest = line.strip().partition(" ")
+    return (word or "absent"), rest.strip()
+
+
+def scheduler_of(token: str | None) -> dict[str, str] | None:
+    """The poll header's scheduler token as ``{"state", "detail"}`` (None: an SSH job's poll has none)."""
+    if not token:
+        return None
+    word, _, rest = token.partition(":")
+    return {"state": word, "detail": rest.replace(":", " ")}
+
+
+def end_class(detail: str) -> str:
+    """What a job Slurm ended without its exit code is called (``"TIMEOUT outside"`` -> ``time limit``; a
+    cancel by rl-verify itself -> ``stopped by rl-verify``)."""
+    state, _, who = detail.partition(" ")
+    if state == "CANCELLED" and who.strip() == "ours":
+        return "stopped by rl-verify"
+    return SCHEDULER_ENDS.get(state, f"ended {state} in Slurm")
+
+
+def parse_check(out: str, config: Mapping[str, Any], gpus: int, conn_id: str) -> tuple[list[str], int | None]:
+    """(problems, slots) from ``slurm_check.sh``'s lines: each problem names the connection field and its fix;
+    slots: how many jobs of this size the partition runs at once (None when it could not be read)."""
+    problems: list[str] = []
+    slots: int | None = None
+    where = f"connection {conn_id!r} (launcher slurm)"
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "SLURMCMD":
+            problems.append(f"{where}: `{parts[2]}` is not on the SSH user's PATH on the login node. Fix: install "
+                            "Slurm's client commands there (Debian: slurm-client) or reach a login node that has them")
+        elif parts[0] == "PARTITION" and parts[1] == "MISSING":
+            problems.append(f"{where}: partition {config['partition']!r} does not exist (slurm_partition). Fix: "
+                            "set the extra 'slurm_partition' to one `sinfo -s` lists")
+        elif parts[0] == "PARTITION" and parts[1] != "up":
+            problems.append(f"{where}: partition {config['partition']!r} is {parts[1]} (slurm_partition): Slurm "
+                            "starts no job in it. Fix: ask the cluster's admins to bring it up, or set "
+                            "'slurm_partition' to one that is up")
+        elif parts[0] == "SLOTS" and parts[1].isdigit():
+            slots = int(parts[1])
+        elif parts[0] == "TESTONLY" and len(parts) >= 3 and parts[1] != "0":
+            problems.append(_refusal(where, parts[2], config, gpus))
+    if slots == 0 and gpus and not any("partition" in p for p in problems):
+        problems.append(f"{where}: no node of partition {config['partition']!r} has {gpus} GPUs (GRES gpu) for one "
+                        "job (slurm_partition). Fix: choose a partition with such nodes")
+    return problems, slots
+
+
+def _refusal(where: str, words: str, config: Mapping[str, Any], gpus: int) -> str:
+    """``sbatch --test-only``'s refusal as the field to change and how."""
+    said = words.replace("sbatch: error: ", "").strip()
+    low = said.lower()
+    if "account" in low:
+        return (f"{where}: Slurm refuses account {config.get('account')!r} (slurm_account): {said}. Fix: set the "
+                "extra 'slurm_account' to an account allowed in the partition (sacctmgr show assoc user=$USER)")
+    if "qos" in low:
+        return (f"{where}: Slurm refuses QOS {config.get('qos')!r} (slurm_qos): {said}. Fix: set the extra "
+                "'slurm_qos' to a QOS the partition allows (scontrol show partition)")
+    if "time limit" in low:
+        return f"{where}: Slurm refuses the time limit {config.get('time')!r} (slurm_time): {said}. Fix: shorten it"
+    if "gres" in low or "node configuration" in low or "generic resource" in low:
+        return (f"{where}: Slurm cannot grant {gpus} GPUs per job in partition {config['partition']!r}: {said}. "
+                "Fix: choose a partition whose nodes have them (slurm_partition)")
+    return f"{where}: `sbatch --test-only` refuses this run's job: {said}. Fix: the fields slurm_partition, " \
+           "slurm_account, slurm_qos, slurm_time"
