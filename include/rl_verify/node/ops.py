@@ -384,6 +384,16 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
     return result
 
 
+def slurm_slots(client: "paramiko.SSHClient", launcher: Mapping[str, Any], gpus: int, conn_id: str) -> int:
+    """How many jobs of ``gpus`` GPUs a Slurm target's partition runs at once (its ``sbatch --test-only`` and state
+    checked in the same round trip); raises PrerequisitesError naming every field Slurm refuses."""
+    status, out, err = run_script(client, launchers.launcher_for(launcher).check(gpus))  # type: ignore[union-attr]
+    problems, slots = launchers.parse_check(out, launcher, gpus, conn_id)
+    if status != 0 or problems:
+        raise PrerequisitesError("\n".join(problems) or f"the Slurm check could not run (exit {status}): {err}")
+    return max(1, slots or 1)
+
+
 def reap(client: "paramiko.SSHClient", runs_root: str, checkout: str, keep_key: str,
          max_age_days: int) -> list[str]:
     """Remove run folders older than ``max_age_days`` with no live job; return what was removed."""

@@ -21,7 +21,7 @@ from rl_verify.core.names import short_sha
 from rl_verify.node import ops as node
 from rl_verify.node import remote
 from rl_verify.orchestration import airflow_api, links, notify, verification_history
-from rl_verify.orchestration.nodes import no_retry_on, node_problems, node_settings, ssh_client
+from rl_verify.orchestration.nodes import no_retry_on, node_launcher, node_problems, node_settings, ssh_client
 from rl_verify.orchestration.verification_history import fingerprint_of, recorded_readings
 from rl_verify.store import record
 from rl_verify.suites.spec import SuiteSpec, data_file
@@ -151,24 +151,44 @@ def plan_range(params: Mapping[str, Any], dag_run_id: str, event: Mapping[str, A
                 unmoved = unmoved_commits(client, node_settings(conn)[settings.NODE_CHECKOUT_KEY], shas, specs)
     for sha in unmoved:  # as good as the good end: nothing that can move a number changed since it
         recorded[sha] = bisect.Reading.GOOD
-    free = len(p["nodes"])
+    slots = node_slots(p["nodes"], specs)
+    free = sum(slots.values())
     scale = run_scale(specs)
     worst = promised_worst(len(shas) - 1, free, shas[0] in recorded, shas[-1] in recorded, 1 + p["repeats"], scale)
     probe_lane, lane_why = lane.for_bisection(p["source"].get("onset"),
                                               [s.bitwise.steps for s in specs if s.bitwise is not None])
     plan = {**p, "commits": commits, "fingerprint": fingerprint, "recorded": {c: r.value for c, r in recorded.items()},
             "scale": scale, "worst": worst, "dag_run_id": dag_run_id, "lane": probe_lane, "lane_why": lane_why,
-            "unmoved": unmoved}
+            "unmoved": unmoved, "slots": slots}
     if unmoved:
         log.info("%d commit(s) of the range are good without a probe: their diff from the good end touches no path "
                  "that can move the suites' numbers: %s", len(unmoved), ", ".join(short_sha(s) for s in unmoved))
     log.info("Probes run with lane = %s: %s", probe_lane, lane_why)
     record.put_json(dag_run_id, PLAN_FILE, plan, dag_id=settings.BISECT_DAG_ID)
-    log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s) on %d node(s); "
+    log.info("Range %s..%s: %d commit(s) after good on %s; worst case %d probe(s) in %d round(s), %d at once; "
              "ends taken from the record: %s", short_sha(shas[0]), short_sha(shas[-1]), len(shas) - 1, conn,
              worst["probes"], worst["rounds"], free,
              ", ".join(f"{short_sha(c)} {r.value}" for c, r in recorded.items()) or "none")
     return plan
+
+
+def node_slots(nodes: list[str], specs: list[Any]) -> dict[str, int]:
+    """How many probes each node runs at once: an SSH node one; a Slurm target (issue 45) as many jobs of the suites'
+    GPU count as its partition runs at once, asked of Slurm (a refused field fails the plan, naming it)."""
+    out: dict[str, int] = {}
+    gpus = max((int(s.node.gpus or 0) for s in specs), default=0)
+    for conn in nodes:
+        launcher = node_launcher(conn)
+        if launcher["kind"] != "slurm":
+            out[conn] = 1
+            continue
+        with ssh_client(conn) as client:
+            try:
+                out[conn] = node.slurm_slots(client, launcher, gpus, conn)
+            except node.PrerequisitesError as err:
+                raise BisectParamError(f"param 'nodes': {err}; nothing was launched") from err
+        log.info("%s: Slurm partition %s runs %d probe(s) at once", conn, launcher["partition"], out[conn])
+    return out
 
 
 def promised_worst(n_commits: int, free: int, good_known: bool, bad_known: bool, runs_per_probe: int,
@@ -255,7 +275,7 @@ def card(plan: Mapping[str, Any]) -> dict[str, Any]:
     skip_note = (f"; {no_skip} if every commit launches, {worst['probes']} with one commit that cannot be checked "
                  "out or launched, each further such commit can add probes" if worst.get("skips") else "")
     lines += ["", f"**Probes at most: {worst['probes']}** (verifications{skip_note}; {worst['rounds']} round(s) on "
-              f"{len(plan['nodes'])} node(s): {', '.join(plan['nodes'])}), each up to {1 + plan['repeats']} run(s) "
+              f"{len(plan['nodes'])} node(s): {_slots_text(plan)}), each up to {1 + plan['repeats']} run(s) "
               f"(the confirmation's repeats): at most **{worst['runs']} training runs, "
               f"{worst['gpu_hours']} GPU-hours** "
               f"at the runbook's scale ({minutes} per run, {' or '.join(map(str, gpus))} GPUs), about "
@@ -321,3 +341,9 @@ def finish(plan: Mapping[str, Any], rows: list[dict[str, Any]], answer: dict[str
     notify.send(*notify.bisection(result), failure=answer["kind"] != bisect.CULPRIT)
     return {"answer": answer, "link": result["link"], "probes": len(rows), "runs": result["runs"],
             "suites": plan["suites"], "dag_run_id": dag_run_id}
+
+
+def _slots_text(plan: Mapping[str, Any]) -> str:
+    """The plan's nodes, a Slurm target with the probes it runs at once: ``slurm_gpu (2 at once)``."""
+    slots = plan.get("slots") or {}
+    return ", ".join(n + (f" ({slots[n]} at once, Slurm)" if slots.get(n, 1) > 1 else "") for n in plan["nodes"])

@@ -132,6 +132,13 @@ def stopped_probe_evidence(run_id: str) -> dict[str, Any]:
             "run_page": links.run_page_path(settings.PROBE_DAG_ID, run_id)}
 
 
+def free_slots(plan: Mapping[str, Any], busy: list[str]) -> list[str]:
+    """One entry per probe that may start now: each node of the plan as often as it has slots (an SSH node one, a
+    Slurm target as many jobs as its partition runs at once: ``plan["slots"]``) less the probes it runs."""
+    slots = plan.get("slots") or {}
+    return [n for n in plan["nodes"] for _ in range(max(0, int(slots.get(n, 1)) - busy.count(n)))]
+
+
 class BisectOperator(BaseOperator):
     """Runs a bisection's probes: asks the planner (``core.bisect.plan``) what to probe, triggers each probe as
     a verification run on a free node, defers until one ends (``ProbesTrigger``), reads its outcome from the
@@ -176,8 +183,7 @@ class BisectOperator(BaseOperator):
             self.log.info("Probe %s of %s on %s: %s (%s)", probe_id, short_sha(probe["sha"]), probe["node"],
                           reading.value, row["outcome"])
         recorded = {c: bisect.Reading(r) for c, r in (plan.get("recorded") or {}).items()}
-        busy = {p["node"] for p in [*state["running"].values(), *state["stopping"].values()]}
-        free = [n for n in plan["nodes"] if n not in busy]
+        free = free_slots(plan, [p["node"] for p in [*state["running"].values(), *state["stopping"].values()]])
         running = {p["sha"]: probe_id for probe_id, p in state["running"].items()}
         step = bisect.plan(shas, {c: [bisect.Reading(r) for r in rs] for c, rs in state["readings"].items()},
                            list(running), len(free), record=recorded, max_commits=len(shas))
@@ -209,7 +215,7 @@ class BisectOperator(BaseOperator):
         watched = [*state["running"], *state["stopping"]]
         if not watched:
             raise AirflowFailException(f"the bisection cannot go on: nothing to probe and no probe running "
-                                       f"({len(free)} free node(s) of {len(plan['nodes'])})")
+                                       f"({len(free)} free slot(s) on {len(plan['nodes'])} node(s))")
         self.defer(trigger=ProbesTrigger(dag_id=settings.PROBE_DAG_ID, run_ids=watched,
                                          poll_interval=self.poll_interval or settings.BISECT_POLL_S),
                    method_name="resume", kwargs={"state": state})
