@@ -25,17 +25,21 @@ POOL = "rl_node_rl_gpu_node"
 
 
 API_CONN_ID = "rl_verify_airflow_api"
+#: The rig's private Slurm (issue 45): the partition and the account its connection names.
+SLURM_PARTITION = "gpu"
+SLURM_ACCOUNT = "rl-verify"
 
 
 def deployment_env(node: Mapping[str, Any], record_root: Path | str, poll_s: int = 1,
-                   schedule: str | None = None) -> dict[str, str]:
+                   schedule: str | None = None, launcher: Mapping[str, Any] | None = None) -> dict[str, str]:
     """Environment that points the DAG at the simulated node (what .env.example documents).
 
-    ``schedule``: a cron for scheduled runs; None keeps the rig to manual runs only.
+    ``schedule``: a cron for scheduled runs; None keeps the rig to manual runs only. ``launcher``: the connection's
+    launcher extras (``{"launcher": "slurm", "slurm_partition": ...}``: the node is a Slurm login node).
     """
     conn = {"conn_type": "ssh", "host": node["host"], "port": node["port"], "login": node["user"],
             "extra": {"key_file": node["client_key"], "host_key": node["host_key"],
-                      "no_host_key_check": False, **_own_ray(node)}}
+                      "no_host_key_check": False, **_own_ray(node), **(launcher or {})}}
     return {
         f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
         **node["env"],
@@ -134,7 +138,7 @@ class Rig:
     """
 
     def __init__(self, state_dir: Path, record_root: Path | None = None, step_seconds: float = 1.0,
-                 nodes: int = 1, distributed: bool = False, database: str = "sqlite") -> None:
+                 nodes: int = 1, distributed: bool = False, database: str = "sqlite", slurm_gpus: int = 0) -> None:
         if database not in DATABASES:
             raise ValueError(f"database must be one of {', '.join(DATABASES)}, not {database!r}")
         self.database = "postgres" if distributed else database
@@ -150,6 +154,10 @@ class Rig:
         self.stack: AirflowStack | None = None
         self.client: AirflowClient | None = None
         self.timings: dict[str, float] = {}
+        #: ``slurm_gpus`` > 0: a private single-node Slurm with that many GPUs (harness.slurm), the node its login
+        #: node and the connection's launcher ``slurm`` (issue 45); its pool has a slot per 8-GPU job it runs at once.
+        self.slurm_gpus = slurm_gpus
+        self.slurm: Any = None
 
     def node_state(self, conn_id: str = CONN_ID) -> Path:
         """The state folder of the simulated node behind ``conn_id``."""
@@ -165,8 +173,19 @@ class Rig:
         once the nodes are up (for connections to them)."""
         t0 = time.monotonic()
         conn_ids = [CONN_ID] + [f"{CONN_ID}_{i}" for i in range(2, self.node_count + 1)]
+        login_env: dict[str, str] = {}
+        if self.slurm_gpus:
+            from harness.slurm import Slurm
+
+            self.slurm = Slurm(self.state_dir / "slurm", gpus=self.slurm_gpus, partition=SLURM_PARTITION,
+                               accounts=(SLURM_ACCOUNT, "ml-infra"))
+            self.services.append(self.slurm)
+            self.slurm.start()
+            login_env = dict(self.slurm.env)
+            self.timings["slurm start"] = time.monotonic() - t0
         for conn_id in conn_ids:
-            self.nodes[conn_id] = sim.start_node(self.node_state(conn_id), step_seconds=self.step_seconds)
+            self.nodes[conn_id] = sim.start_node(self.node_state(conn_id), step_seconds=self.step_seconds,
+                                                 login_env=login_env)
         self.node = self.nodes[CONN_ID]
         self.timings["node start"] = time.monotonic() - t0
         t1 = time.monotonic()
@@ -182,7 +201,7 @@ class Rig:
             self.timings["services start"] = time.monotonic() - t1
         self.stack = AirflowStack(self.state_dir / "airflow", port=free_port(), **kwargs)
         self.stack.ensure_password()
-        env = {**deployment_env(self.node, self.record_root, schedule=schedule),
+        env = {**deployment_env(self.node, self.record_root, schedule=schedule, launcher=self.launcher_extra()),
                **{k: v for c in conn_ids[1:] for k, v in node_connection_env(c, self.nodes[c]).items()},
                **services_env,
                **api_connection_env(self.stack.base_url, self.stack.username, self.stack.password),
@@ -198,11 +217,28 @@ class Rig:
         self.client = AirflowClient(self.stack.base_url, self.stack.username, self.stack.password,
                                     worker_released=self.stack.worker_released)
         for conn_id in conn_ids:
+            if self.slurm_gpus and conn_id == CONN_ID:
+                self.client.create_pool(f"rl_node_{conn_id}", self.slurm_slots, include_deferred=True,
+                                        description=f"As many trainings as Slurm partition {SLURM_PARTITION} runs "
+                                                    "at once")
+                continue
             self.client.create_pool(f"rl_node_{conn_id}", 1, include_deferred=True,
                                     description=f"One training at a time on the simulated GPU node {conn_id}")
         self.enable_dag(DAG_ID)
         self.timings["airflow start"] = time.monotonic() - t1
         return self
+
+    @property
+    def slurm_slots(self) -> int:
+        """How many 8-GPU jobs the rig's Slurm runs at once (0: no Slurm)."""
+        return self.slurm_gpus // 8
+
+    def launcher_extra(self, **fields: str) -> dict[str, str] | None:
+        """The main connection's launcher extras: Slurm's partition and account (``fields`` override them), or None
+        for a rig without Slurm (the SSH launcher)."""
+        if not self.slurm_gpus:
+            return None
+        return {"launcher": "slurm", "slurm_partition": SLURM_PARTITION, "slurm_account": SLURM_ACCOUNT, **fields}
 
     def enable_dag(self, dag_id: str) -> None:
         """Waits until Airflow has parsed ``dag_id``, then unpauses it (a DAG beside the verification DAG that a

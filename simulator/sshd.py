@@ -9,7 +9,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from simulator.common import (
     SSHD,
@@ -55,7 +55,8 @@ def _ensure_keys(state: Path) -> tuple[Path, Path, str]:
     return host, client, host_pub
 
 
-def _write_sshd_config(state: Path, root: Path, port: int, host_key: Path) -> Path:
+def _write_sshd_config(state: Path, root: Path, port: int, host_key: Path,
+                       login_env: Mapping[str, str] | None = None) -> Path:
     path_value = f"{root / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     cfg = state / "sshd_config"
     cfg.write_text("\n".join([
@@ -79,7 +80,9 @@ def _write_sshd_config(state: Path, root: Path, port: int, host_key: Path) -> Pa
         # SHLVL=1: the shell sshd starts each session with is then a nested one (level 2), which bash runs
         # without the tester's ~/.bashrc - the simulated node's user is not whoever runs the tests (a
         # pyenv init there cost ~0.19 core-s per session, ~24 sessions per run, and put its shims on PATH).
-        f'SetEnv PATH="{path_value}" RLSIM_NODE="{root}" SHLVL=1',
+        # login_env: what a login node's sessions carry besides (a private Slurm's SLURM_CONF, issue 45).
+        f'SetEnv PATH="{path_value}" RLSIM_NODE="{root}" SHLVL=1'
+        + "".join(f' {k}="{v}"' for k, v in (login_env or {}).items()),
         # Every session starts through the node's session start: its open-files limit, the
         # no-python trap (simulator/traps.py); absent when no external sftp server exists.
         *([f"ForceCommand {wrapper}"] if (wrapper := traps.session_wrapper(root)) else []),
@@ -120,12 +123,13 @@ def _wait_port(port: int, timeout: float) -> None:
 
 
 def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None,
-               bisect: dict[str, Any] | None = None) -> dict[str, Any]:
+               bisect: dict[str, Any] | None = None, login_env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Build the node under ``state`` (idempotent), start its sshd, write and return node.json.
 
     ``bisect``: the layout of the checkout's bisection history (``common.BisectLayout`` fields, e.g.
     ``{"culprit": 5, "from_step": 5}``), kept in sim.json; None keeps the node's (default: the documented
-    layout). A changed layout rebuilds the checkout (worktrees of the old one are then stale).
+    layout). A changed layout rebuilds the checkout (worktrees of the old one are then stale). ``login_env``: more
+    variables every SSH session gets (the node as a Slurm login node: ``SLURM_CONF`` of a private Slurm).
 
     Promises: on return sshd accepts SSH on 127.0.0.1:<port> with the pinned host key, the client key
     logs in as the current user, and node.json is complete. If this node's sshd already runs, it is
@@ -158,7 +162,7 @@ def start_node(state: Path, step_seconds: float = 1.0, port: int | None = None,
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege-separation dir
         for attempt in range(5):
             chosen = port or _free_port()
-            cfg = _write_sshd_config(state, root, chosen, host_key)
+            cfg = _write_sshd_config(state, root, chosen, host_key, login_env)
             _run([str(SSHD), "-t", "-f", str(cfg)])
             # sshd daemonises itself (new session, own pid file); its log goes to STATE/sshd.log.
             # Under the node's hard open-files limit: every SSH session inherits it.
