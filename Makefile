@@ -9,6 +9,8 @@
 #   make demo-distributed  the same on PostgreSQL + Redis + two Celery workers + S3 + two nodes
 #                        (GRPO and OPD in parallel; SEQUENTIAL=1 adds a one-node run for comparison)
 #   make demo-bisect     a nightly FAIL bisected to its culprit commit, probes in parallel on two nodes
+#   make demo-slurm      the verification (PASS) and a bisection (its culprit, two probes at once) with the GPU jobs
+#                        through a real private single-node Slurm (as root: Debian's slurmctld, slurmd, munge)
 #   make gallery         report headline, class and first next step for every simulated regression
 #                        (.venv/bin/python -m scripts.report_gallery --no-early-abort: reports comparable byte for byte)
 #   make lint            byte-compile + ruff + the layer contract (lint-imports) + shellcheck (pinned in
@@ -40,7 +42,7 @@ PYTEST_ARGS ?=
 # $(call q,TEXT): TEXT as one single-quoted shell word, whatever it holds (the script judges the value).
 q = '$(subst ','\'',$(1))'
 
-.PHONY: venv test demo demo-distributed demo-calibration demo-bisect demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services
+.PHONY: venv test demo demo-distributed demo-calibration demo-bisect demo-slurm demo-stop bench gallery lint clean ensure-sshd ensure-chromium ensure-services ensure-slurm
 
 venv:
 	./scripts/bootstrap.sh
@@ -53,13 +55,17 @@ ensure-sshd:
 ensure-chromium:
 	bash scripts/ensure_chromium.sh
 
+# Debian's slurmctld, slurmd, slurm-client and munge for the private single-node Slurm (issue 45; started as root).
+ensure-slurm:
+	bash scripts/ensure_slurm.sh
+
 # Debian's postgresql and redis-server for the distributed (Celery) stack's private services.
 ensure-services:
 	bash scripts/ensure_services.sh
 
 # Three test processes on two cores: the end-to-end tests spend part of their time waiting on the simulated
 # node (a cron tick, an sshd outage, an approval timeout); a third process keeps the cores busy meanwhile.
-test: venv ensure-sshd ensure-chromium ensure-services lint
+test: venv ensure-sshd ensure-chromium ensure-services ensure-slurm lint
 	@rc=0; $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 tests $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: FAILED - pytest collected no tests" >&2; fi; \
 	exit $$rc
@@ -80,6 +86,10 @@ demo-calibration: venv ensure-sshd
 # A reproduced FAIL bisected to its culprit commit on two nodes (NODES=1: one node, for the comparison).
 demo-bisect: venv ensure-sshd
 	STEP_SECONDS=$(call q,$(STEP_SECONDS)) NODES=$(call q,$(NODES)) $(PY) -m scripts.demo_bisect
+
+# The verification and a two-probe-parallel bisection with GPU jobs through a real (private, single-node) Slurm.
+demo-slurm: venv ensure-sshd ensure-services ensure-slurm
+	$(PY) -m scripts.demo_slurm
 
 demo-stop: venv
 	$(PY) -m scripts.demo --stop

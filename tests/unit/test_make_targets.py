@@ -33,6 +33,7 @@ TARGET_VARS: dict[str, tuple[str, ...]] = {
     "demo-calibration": ("COMMIT", "RUNS", "STEP_SECONDS"),
     "demo-distributed": ("COMMIT", "SEQUENTIAL", "STEP_SECONDS"),
     "demo-bisect": ("NODES", "STEP_SECONDS"),
+    "demo-slurm": (),
     "demo-stop": (),
     "gallery": (),
     "bench": (),

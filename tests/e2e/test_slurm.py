@@ -1,0 +1,222 @@
+"""GPU jobs through Slurm (issue 45), end to end: a real single-node Slurm on this machine (munged, slurmctld,
+slurmd; 16 GPUs as device files, two simulated 8-GPU compute nodes: harness.slurm, harness.rig), the simulated node as
+its login node, a real Airflow. The simulated trainer runs inside the Slurm jobs. A verification PASS, an early abort
+that cancels its job, an account Slurm refuses named before the card, a job cancelled from outside classified, a DAG
+run cancelled mid-training whose job is gone within 60 s, a bisection whose probes run as concurrent Slurm jobs.
+After every test Slurm holds no job of it. Every wait is for a state, never a guessed duration.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.rig import CONN_ID, DAG_ID, Rig, node_connection_env
+from rl_verify.core.names import run_key
+from simulator import node as sim
+from simulator.checkout import bisect_history
+
+pytestmark = pytest.mark.e2e
+BISECT_DAG_ID = "rl_regression_bisect"
+PROBE_DAG_ID = "rl_accuracy_probe"
+STEP_SECONDS = 0.05
+#: A connection to the same login node whose account the partition does not allow.
+REFUSED = "rl_slurm_unknown_account"
+#: A short bisection history: the culprit at 2 of 3 commits, the OPD teacher regression at full size.
+LAYOUT = {"commits": 3, "culprit": 2, "launch_fails": 0, "scale": 1.0}
+GONE_WITHIN_S = 60
+
+
+def _refused_connection(rig: Rig) -> dict[str, str]:
+    env = node_connection_env(REFUSED, rig.node)
+    conn = json.loads(env[f"AIRFLOW_CONN_{REFUSED.upper()}"])
+    conn["extra"].update(rig.launcher_extra(slurm_account="nobody"))
+    return {f"AIRFLOW_CONN_{REFUSED.upper()}": json.dumps(conn), "RL_VERIFY_JOB_POLL_INTERVAL_S": "1",
+            "RL_VERIFY_BISECT_POLL_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def rig(start_rig):
+    # Two simulated 8-GPU compute nodes behind one slurmd of 16 GPUs (harness.rig: Slurm's TaskProlog gives a job the
+    # node its GPUs belong to); the first node is also the login node.
+    with start_rig("e2e-slurm", step_seconds=STEP_SECONDS, database="postgres", slurm_gpus=16, nodes=2,
+                   extra_env=_refused_connection) as rig:
+        rig.nodes[CONN_ID] = sim.start_node(rig.node_state(), step_seconds=STEP_SECONDS, bisect=LAYOUT,
+                                            login_env=rig.slurm.env)
+        rig.client.create_pool(f"rl_node_{REFUSED}", 1, include_deferred=True, description="refused account")
+        for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
+            rig.enable_dag(dag_id)
+        yield rig
+
+
+def _jobs(rig: Rig) -> list[dict[str, str]]:
+    """Every job Slurm holds that is not ended: id, name, state."""
+    return [job for job in rig.slurm.jobs() if job["state"] in ACTIVE]
+
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+
+
+def _wait(what: str, predicate: Any, timeout: float, poll: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll)
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(rig):
+    """After every test, Slurm shows no job of it (a cancelled job may take Slurm's KillWait to leave)."""
+    yield
+    left = []
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while time.monotonic() < deadline:
+        left = _jobs(rig)
+        if not left:
+            break
+        time.sleep(0.5)
+    rig.slurm.cancel_all()
+    sim.clear_faults(rig.node_state())
+    assert not left, f"Slurm still holds jobs of the test: {left}"
+
+
+def _step_seconds(rig: Rig, seconds: float) -> None:
+    """The simulated training's step time on every compute node (read by each training at its launch)."""
+    for conn in rig.nodes:
+        path = Path(rig.nodes[conn]["root"]) / "sim.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "step_seconds": seconds}))
+
+
+def _job_dir(rig: Rig, run_id: str, job: str) -> Path:
+    return Path(rig.node["root"]) / "runs" / run_key(run_id) / "jobs" / job
+
+
+def _job_id(rig: Rig, run_id: str, job: str = "grpo") -> str:
+    return (_job_dir(rig, run_id, job) / "slurm_job_id").read_text().strip()
+
+
+def _running(rig: Rig, run_id: str, job: str = "grpo", min_steps: int = 2) -> str:
+    """Wait until Slurm runs the run's job and its tracker has ``min_steps`` rows; its Slurm job id."""
+    name = f"rlv.{run_key(run_id)}.{job}"
+
+    def ready() -> str | None:
+        running = [j for j in _jobs(rig) if j["name"] == name and j["state"] == "RUNNING"]
+        trackers = list((Path(rig.node["root"]) / "runs" / run_key(run_id) / "work" / job).glob(
+            "*/logs/exp_tracking/tracker.jsonl"))
+        rows = trackers[0].read_text(errors="replace").count("response/rewards/mean") if trackers else 0
+        return running[0]["id"] if running and rows >= min_steps else None
+
+    return _wait(f"Slurm job {name} running with {min_steps} tracker rows", ready, 240)
+
+
+def _log(rig: Rig, run_id: str, task: str) -> str:
+    tries = int(rig.client.task_instance(DAG_ID, run_id, task).get("try_number") or 1)
+    return "\n".join(rig.client.task_log(DAG_ID, run_id, task, try_number=t) for t in range(1, tries + 1))
+
+
+def test_a_verification_through_slurm_passes_with_the_trainer_inside_the_job(rig):
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, timeout=900)
+    assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
+    job_id = _job_id(rig, out.run_id)
+    log = _log(rig, out.run_id, "run_grpo")
+    assert f"Slurm JOB {job_id} submitted in partition gpu" in log
+    assert "Slurm started the job" in log
+    # The trainer ran inside the job: the batch step wrote when it started, the training's output and its exit code.
+    job_dir = _job_dir(rig, out.run_id, "grpo")
+    assert (job_dir / "exit_code").read_text().strip() == "0" and (job_dir / "started").exists()
+    assert "launch script exited 0" in (job_dir / "stdout.log").read_text()
+    assert "Slurm partition gpu is up" in _log(rig, out.run_id, "check_prerequisites")
+
+
+def test_an_account_slurm_refuses_is_named_before_the_card_and_nothing_is_submitted(rig):
+    before = {j["id"] for j in rig.slurm.jobs()}
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": REFUSED}, decision=None, timeout=600)
+    assert out.state == "failed"
+    assert out.tasks["check_prerequisites"] == "failed" and out.tasks["approve"] in (None, "upstream_failed")
+    log = _log(rig, out.run_id, "check_prerequisites")
+    assert "slurm_account" in log and "'nobody'" in log and "Fix:" in log
+    assert {j["id"] for j in rig.slurm.jobs()} == before
+
+
+def test_an_early_abort_cancels_the_slurm_job(rig):
+    _step_seconds(rig, 0.5)  # 45 steps of 0.5 s: the live check reads the breach long before the training's end
+    try:
+        out = rig.run({"commit": "sim/regress-mismatch", "suites": ["grpo"], "node": CONN_ID}, timeout=900)
+    finally:
+        _step_seconds(rig, STEP_SECONDS)
+    assert out.summary["verdict"] == "FAIL", rig.client.failures(DAG_ID, out.run_id)
+    log = _log(rig, out.run_id, "run_grpo")
+    job_id = _job_id(rig, out.run_id)
+    assert "Early abort: killed job" in log and f"SCANCEL {job_id}" in log
+    assert not (_job_dir(rig, out.run_id, "grpo") / "exit_code").exists()  # cancelled, not ended by itself
+    assert out.summary["failure_classes"] == ["accuracy"]  # the cancel is rl-verify's own: no scheduler failure
+
+
+def test_a_job_cancelled_outside_rl_verify_gets_its_own_failure_class(rig):
+    sim.set_fault(rig.node_state(), "grpo", "hold", at_step=3)
+    seen: dict[str, Any] = {}
+
+    def cancel(run_id: str) -> None:
+        seen["id"] = _running(rig, run_id)
+        subprocess.run(["scancel", seen["id"]], env={**rig.slurm.env, "PATH": "/usr/bin:/bin"}, check=True)
+
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=cancel, timeout=900)
+    assert out.state == "failed" and out.summary["verdict"] == "FAIL"
+    assert out.summary["failure_classes"] == ["infrastructure (cancelled outside rl-verify)"]
+    report = json.loads(Path(out.summary["report"]["json"]).read_text())
+    assert f"Slurm ended job {seen['id']}" in json.dumps(report)
+    assert "cancelled outside rl-verify" in _log(rig, out.run_id, "run_grpo")
+
+
+def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
+    sim.set_fault(rig.node_state(), "grpo", "hold", at_step=3)
+    seen: dict[str, Any] = {}
+
+    def cancel(run_id: str) -> None:
+        job_id = _running(rig, run_id)
+        rig.client.set_run_state(DAG_ID, run_id, "failed")
+        t0 = time.monotonic()
+        _wait(f"Slurm job {job_id} gone", lambda: job_id not in {j["id"] for j in _jobs(rig)}, GONE_WITHIN_S)
+        seen["gone_s"] = time.monotonic() - t0
+
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=cancel, timeout=900)
+    assert out.state == "failed" and seen["gone_s"] < GONE_WITHIN_S
+    print(f"DAG run cancelled: its Slurm job gone {seen['gone_s']:.1f} s later")
+
+
+def test_a_bisection_runs_its_probes_as_concurrent_slurm_jobs_and_names_the_culprit(rig):
+    history = bisect_history(Path(rig.node["root"]))
+    most, stop = [0], threading.Event()
+
+    def watch() -> None:  # the most probe jobs Slurm ran at once
+        while not stop.is_set():
+            running = [j for j in _jobs(rig) if j["state"] == "RUNNING" and j["name"].startswith("rlv.")]
+            most[0] = max(most[0], len(running))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run_id = rig.client.trigger(BISECT_DAG_ID, conf={"good": history["commits"][0], "bad": history["commits"][-1],
+                                                         "suites": ["opd"], "nodes": CONN_ID})
+        detail = rig.client.wait_for_hitl(BISECT_DAG_ID, run_id, task_id="approve", timeout=600)
+        assert "2 at once, Slurm" in detail["body"]
+        rig.client.respond_hitl(BISECT_DAG_ID, run_id, "approve", ["Approve"])
+        state = rig.client.wait_for_run(BISECT_DAG_ID, run_id, timeout=1500)
+    finally:
+        stop.set()
+        watcher.join()
+    result = json.loads((Path(rig.record_root) / BISECT_DAG_ID / run_key(run_id) / "bisection.json").read_text())
+    assert state == "success" and result["answer"]["culprit"]["sha"] == history["culprit"], result.get("answer")
+    assert most[0] == 2, f"at most {most[0]} probe job(s) ran at once"
+    print(f"bisection: {len(result['probes'])} probe(s), at most {most[0]} Slurm jobs at once")
