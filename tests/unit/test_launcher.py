@@ -1,5 +1,6 @@
 """The launcher seam (issue 45): a node connection's launcher, the Slurm launcher's options and scripts, what its
-check and its poll say, and how a job Slurm ended is classed. The scripts against a real Slurm: tests/e2e/test_slurm.py."""
+check and its poll say, and how a job Slurm ended is classed. The scripts against a real Slurm:
+tests/e2e/test_slurm.py."""
 
 from __future__ import annotations
 
