@@ -263,6 +263,9 @@ def parse_check(out: str, config: Mapping[str, Any], gpus: int, conn_id: str) ->
             slots = int(parts[1])
         elif parts[0] == "TESTONLY" and len(parts) >= 3 and parts[1] != "0":
             problems.append(_refusal(where, parts[2], config, gpus))
+    if not any(line.startswith(("PARTITION\t", "SLURMCMD\t")) for line in out.splitlines()):
+        problems.append(f"{where}: the Slurm check printed nothing (the login node's shell ended before it). Fix: "
+                        "check that a non-interactive SSH session on the login node runs bash scripts")
     if slots == 0 and gpus and not any("partition" in p for p in problems):
         problems.append(f"{where}: no node of partition {config['partition']!r} has {gpus} GPUs (GRES gpu) for one "
                         "job (slurm_partition). Fix: choose a partition with such nodes")

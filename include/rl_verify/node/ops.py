@@ -358,8 +358,8 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
     checked = NodeNeeds() if slurm else needs
     script = remote.prerequisites_script(input_checks(specs), runs_root, key, needs=checked,
                                          env_packages=None if slurm else environment_packages(specs))
-    if slurm:
-        script += "\n" + launchers.launcher_for(slurm).check(needs.gpus or 0)  # type: ignore[union-attr]
+    if slurm:  # each in its own subshell: the inputs' script ends with its own exit
+        script = f"(\n{script}\n)\n(\n{launchers.launcher_for(slurm).check(needs.gpus or 0)}\n)\n"  # type: ignore[union-attr]
     status, out, err = run_script(client, script)
     if status != 0:
         raise NodeError(f"prerequisite check could not run on the node (exit {status}): {err.strip()}")
