@@ -186,7 +186,10 @@ def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
         job_id = _running(rig, run_id)
         rig.client.set_run_state(DAG_ID, run_id, "failed")
         t0 = time.monotonic()
-        _wait(f"Slurm job {job_id} gone", lambda: job_id not in {j["id"] for j in _jobs(rig)}, GONE_WITHIN_S)
+        try:
+            _wait(f"Slurm job {job_id} gone", lambda: job_id not in {j["id"] for j in _jobs(rig)}, GONE_WITHIN_S)
+        except AssertionError as err:
+            raise AssertionError(f"{err}; run_grpo: {_log(rig, run_id, 'run_grpo')[-4000:]}") from None
         seen["gone_s"] = time.monotonic() - t0
 
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=cancel, timeout=900)

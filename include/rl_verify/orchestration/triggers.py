@@ -421,6 +421,22 @@ class RLJobTrigger(BaseTrigger):
         state = by_task.get(ti.task_id) if isinstance(by_task, dict) else None
         return str(getattr(state, "value", state)) if state is not None else None
 
+    async def _run_state(self) -> str | None:
+        """The DAG run's state as Airflow records it (a run marked failed or cancelled ends its jobs, and no cleanup
+        task of it will run), or None when it cannot be read."""
+        ti = self.task_instance
+        if ti is None:
+            return None
+        try:
+            from asgiref.sync import sync_to_async
+            from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+
+            state = await sync_to_async(RuntimeTaskInstance.get_dagrun_state)(dag_id=ti.dag_id, run_id=ti.run_id)
+        except Exception as err:
+            self.log.warning("Could not read the DAG run's state: %s", err)
+            return None
+        return str(getattr(state, "value", state))
+
     async def on_kill(self) -> None:
         """Stop every process of the job (group, teachers, Ray) when a user ended the task.
 
@@ -429,9 +445,12 @@ class RLJobTrigger(BaseTrigger):
         be read, the DAG's cleanup task (``one_failed``) does the kill.
         """
         state = await self._task_state()
-        if state not in ENDED_STATES:
-            self.log.info("Task state is %s (cleared or rescheduled): the job keeps running for re-attach", state)
+        run_state = await self._run_state() if state not in ENDED_STATES else None
+        if state not in ENDED_STATES and run_state not in ("failed", "success"):
+            self.log.info("Task state is %s, DAG run %s (cleared or rescheduled): the job keeps running for re-attach",
+                          state, run_state)
             return
+        self.log.warning("Task %s, DAG run %s: stopping the job", state, run_state or "running")
         conn = await self._connect()
         try:
             _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
