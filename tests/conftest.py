@@ -29,6 +29,7 @@ FILE_SECONDS = {
     "tests/e2e/test_nightly.py": 455,
     "tests/e2e/test_confirmation.py": 520,
     "tests/e2e/test_shortcuts.py": 560,
+    "tests/e2e/test_slurm.py": 420,
     "tests/e2e/test_distributed.py": 275,
     "tests/e2e/test_bad_input_and_security.py": 160,
     "tests/e2e/test_airflow_stack.py": 150,

@@ -9,6 +9,7 @@ After every test Slurm holds no job of it. Every wait is for a state, never a gu
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import time
@@ -124,8 +125,25 @@ def _log(rig: Rig, run_id: str, task: str) -> str:
     return "\n".join(rig.client.task_log(DAG_ID, run_id, task, try_number=t) for t in range(1, tries + 1))
 
 
+def _first_row_after_submit(rig: Rig, run_id: str, job: str = "grpo") -> float:
+    """Seconds from the job's submission (its id recorded) to the first step row in its tracker."""
+    submitted = _wait("the job's submission", lambda: (_job_dir(rig, run_id, job) / "slurm_job_id").exists() and
+                      time.monotonic(), 300, poll=0.05)
+    work = Path(rig.node["root"]) / "runs" / run_key(run_id) / "work" / job
+
+    def first_row() -> float | None:
+        trackers = list(work.glob("*/logs/exp_tracking/tracker.jsonl"))
+        rows = trackers[0].read_text(errors="replace").count("response/rewards/mean") if trackers else 0
+        return time.monotonic() if rows else None
+
+    return _wait("the first tracker row", first_row, 300, poll=0.05) - submitted
+
+
 def test_a_verification_through_slurm_passes_with_the_trainer_inside_the_job(rig):
-    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, timeout=900)
+    seen: dict[str, float] = {}
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, timeout=900,
+                  during=lambda run_id: seen.update(first_row_s=_first_row_after_submit(rig, run_id)))
+    print(f"Slurm: job submitted to its first tracker row in {seen['first_row_s']:.1f} s")
     assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
     job_id = _job_id(rig, out.run_id)
     log = _log(rig, out.run_id, "run_grpo")
@@ -158,6 +176,9 @@ def test_an_early_abort_cancels_the_slurm_job(rig):
     log = _log(rig, out.run_id, "run_grpo")
     job_id = _job_id(rig, out.run_id)
     assert "Early abort: killed job" in log and f"SCANCEL {job_id}" in log
+    gone = re.search(rf"GONE {job_id} after (\d+) ms", log)
+    assert gone, log[-3000:]
+    print(f"Slurm: early abort's scancel to the job gone: {int(gone.group(1))} ms")
     assert not (_job_dir(rig, out.run_id, "grpo") / "exit_code").exists()  # cancelled, not ended by itself
     assert out.summary["failure_classes"] == ["accuracy"]  # the cancel is rl-verify's own: no scheduler failure
 

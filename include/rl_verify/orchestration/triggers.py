@@ -438,12 +438,19 @@ class RLJobTrigger(BaseTrigger):
         return str(getattr(state, "value", state))
 
     async def on_kill(self) -> None:
-        """Stop every process of the job (group, teachers, Ray) when a user ended the task.
+        """Stop every process of the job (group, teachers, Ray; a Slurm job: ``scancel``) when a user ended the task
+        or its DAG run.
 
         Airflow calls this for "clear" as well as "mark failed/success". A cleared task comes back
-        and re-attaches to the live job, so only a task that ended is killed; when the state cannot
-        be read, the DAG's cleanup task (``one_failed``) does the kill.
+        and re-attaches to the live job, so only a task that ended (or whose DAG run ended: no cleanup task of it
+        will run) is killed; when the state cannot be read, the DAG's cleanup task (``one_failed``) does the kill.
+        The work is shielded: the triggerer may cancel this coroutine again while it waits on Airflow and the node
+        (a DAG run marked failed was seen to), and a stop cut short would leave the job running.
         """
+        self._kill = asyncio.ensure_future(self._kill_if_ended())  # held: a shielded task must not be collected
+        await asyncio.shield(self._kill)
+
+    async def _kill_if_ended(self) -> None:
         state = await self._task_state()
         run_state = await self._run_state() if state not in ENDED_STATES else None
         if state not in ENDED_STATES and run_state not in ("failed", "success"):
@@ -451,12 +458,16 @@ class RLJobTrigger(BaseTrigger):
                           state, run_state)
             return
         self.log.warning("Task %s, DAG run %s: stopping the job", state, run_state or "running")
-        conn = await self._connect()
         try:
-            _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
-            self.log.warning("Killed job %s on user request: %s", self.job_marker, out.decode(errors="replace").strip())
-        finally:
-            conn.close()
+            conn = await self._connect()
+            try:
+                _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
+                self.log.warning("Killed job %s on user request: %s", self.job_marker,
+                                 out.decode(errors="replace").strip())
+            finally:
+                conn.close()
+        except Exception:  # said in the task log; the run's cleanup (when it runs) stops what is left
+            self.log.exception("Could not stop job %s", self.job_marker)
 
 
 class ProbesTrigger(BaseTrigger):
