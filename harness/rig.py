@@ -201,6 +201,7 @@ class Rig:
             from harness.slurm import Slurm
 
             prolog = self.state_dir / "slurm-task-prolog.sh"
+            prolog.parent.mkdir(parents=True, exist_ok=True)
             prolog.write_text(compute_nodes_prolog([self.node_state(c) / "node" for c in conn_ids]))
             prolog.chmod(0o755)
             self.slurm = Slurm(self.state_dir / "slurm", gpus=self.slurm_gpus, partition=SLURM_PARTITION,
