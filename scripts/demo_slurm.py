@@ -42,6 +42,7 @@ class JobWatch:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> "JobWatch":
+        self._before = {j["id"] for j in self.slurm.jobs()}  # squeue -t all still lists earlier, ended jobs
         self._thread.start()
         return self
 
@@ -51,7 +52,7 @@ class JobWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            jobs = [j for j in self.slurm.jobs() if j["name"].startswith("rlv.")]
+            jobs = [j for j in self.slurm.jobs() if j["name"].startswith("rlv.") and j["id"] not in self._before]
             for job in jobs:
                 self.seen.setdefault(job["id"], job["name"])
             self.most = max(self.most, sum(j["state"] == "RUNNING" for j in jobs))
