@@ -77,18 +77,24 @@ def _wait(what: str, predicate: Any, timeout: float, poll: float = 0.25) -> Any:
 
 @pytest.fixture(autouse=True)
 def no_job_left(rig):
-    """After every test, Slurm shows no job of it (a cancelled job may take Slurm's KillWait to leave)."""
+    """After every test, Slurm shows no job of it (a cancelled job may take Slurm's KillWait to leave), and no
+    process of its jobs is left on a compute node: Ray's daemons leave the job's process tree, and a cancelled job
+    that left them running made the next OPD job on that node fail ("Ray is already running")."""
     yield
-    left = []
+    left: list[Any] = []
     deadline = time.monotonic() + GONE_WITHIN_S
     while time.monotonic() < deadline:
-        left = _jobs(rig)
+        left = _jobs(rig) + [(conn, pid, cmd) for conn in rig.nodes
+                             for pid, cmd in sim.node_processes(rig.node_state(conn)) if "rlsim-ray-" in cmd]
         if not left:
             break
         time.sleep(0.5)
     rig.slurm.cancel_all()
+    for entry in left:
+        if isinstance(entry, tuple):  # a leftover Ray daemon: ended so the next test starts clean
+            subprocess.run(["kill", "-KILL", str(entry[1])], check=False)
     sim.clear_faults(rig.node_state())
-    assert not left, f"Slurm still holds jobs of the test: {left}"
+    assert not left, f"Slurm jobs or job processes still there after the test: {left}"
 
 
 def _step_seconds(rig: Rig, seconds: float) -> None:

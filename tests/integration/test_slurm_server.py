@@ -129,3 +129,49 @@ def test_scancel_makes_a_running_job_leave_running_within_a_minute(slurm: Slurm)
     print(f"\nscancel -> not RUNNING in {time.monotonic() - t0:.1f}s ({_job(slurm, job)['state']})")
     _wait(f"job {job} out of the active queue", lambda: not slurm.active_jobs(), timeout=GONE_WITHIN_S)
     print(f"scancel -> squeue empty in {time.monotonic() - t0:.1f}s")
+
+
+def _marked(value: str) -> list[int]:
+    """The pids whose environment holds RL_VERIFY_JOB=<value>."""
+    want = f"RL_VERIFY_JOB={value}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and want in (d / "environ").read_bytes().split(b"\0"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_scancel_ends_the_processes_a_launched_job_detached_from_its_process_tree(slurm: Slurm, tmp_path: Path) -> None:
+    """Ray's daemons leave the job's process tree; Slurm tracking processes by parentage (proctrack/linuxproc) does
+    not signal them. A plain batch job's detached process outlives its scancel; the Slurm launcher's batch step ends
+    every process carrying the job's marker when Slurm signals it."""
+    from rl_verify.node import launcher as launchers
+
+    detach = "( ( setsid sleep 300 </dev/null >/dev/null 2>&1 & ); sleep 300 )"
+    plain = _submit(slurm, "--gres=gpu:8", "--output=/dev/null", "--export=ALL,RL_VERIFY_JOB=plain/grpo",
+                    "--wrap", detach)
+    _wait("the plain job's detached sleep", lambda: len(_marked("plain/grpo")) >= 2)
+    slurm.run("scancel", plain, check=True)
+    _wait(f"job {plain} out of the active queue", lambda: not slurm.active_jobs(), timeout=GONE_WITHIN_S)
+    escaped = _marked("plain/grpo")
+    for pid in escaped:
+        os.kill(pid, 9)
+    assert escaped, "expected the detached sleep to outlive a plain job's scancel"
+
+    chosen = launchers.launcher_for(launchers.launcher_config(
+        {"launcher": "slurm", "slurm_partition": "gpu", "slurm_account": ACCOUNT}))
+    job_dir = tmp_path / "jobs" / "grpo"
+    script = chosen.run(str(job_dir), detach, {"RL_VERIFY_JOB": "itest/grpo"}, "itest", "grpo", 8)
+    out = subprocess.run(["bash", "-s"], input=script, env={**os.environ, **slurm.env}, text=True,
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0 and "submitted" in out.stdout, out.stderr
+    job = (job_dir / "slurm_job_id").read_text().strip()
+    _wait("the launched job's detached sleep", lambda: len(_marked("itest/grpo")) >= 2)
+    t0 = time.monotonic()
+    slurm.run("scancel", job, check=True)
+    _wait("no process of the launched job left", lambda: not _marked("itest/grpo"), timeout=GONE_WITHIN_S)
+    print(f"\nscancel -> no process of the job in {time.monotonic() - t0:.1f}s")
+    assert not (job_dir / "exit_code").exists()  # ended by Slurm: no exit code of its own

@@ -51,11 +51,12 @@ def test_the_slurm_job_name_carries_the_run_key_and_the_job():
 
 def test_the_submit_script_quotes_every_value_and_submits_with_the_targets_options():
     chosen = launchers.launcher_for(launchers.launcher_config(SLURM))
-    script = chosen.run("/runs/k/jobs/grpo", "( true )", {"EVIL": "$(touch /tmp/pwned)"}, "k", "grpo", 8)
-    prelude = next(line for line in script.splitlines() if line.startswith("job_exports="))
+    env = {"EVIL": "$(touch /tmp/pwned)", "RL_VERIFY_JOB": "k/grpo"}
+    script = chosen.run("/runs/k/jobs/grpo", "( true )", env, "k", "grpo", 8)
+    prelude = script[script.index("\njob_exports=") + 1:script.index("\njob_command=")]  # one value, two lines
     written = subprocess.run(["bash", "-c", prelude + '\nprintf %s "$job_exports"'], capture_output=True, text=True,
                              check=True).stdout
-    assert written == "export EVIL='$(touch /tmp/pwned)'"  # the job's export line, never run while rendered
+    assert written == "export EVIL='$(touch /tmp/pwned)'\nexport RL_VERIFY_JOB=k/grpo"  # never run while rendered
     assert "sbatch_args=(--partition=gpu --nodes=1 --ntasks=1 --account=rl-verify --qos=normal --gres=gpu:8)" in script
     assert "job_name=rlv.k.grpo" in script and "sbatch --parsable" in script
     with pytest.raises(BadInput):

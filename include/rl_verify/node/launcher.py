@@ -175,9 +175,11 @@ class SlurmLauncher:
             raise BadInput(f"environment variable name(s) {', '.join(map(repr, bad))} are not shell names "
                            "(letters, digits, _; not starting with a digit): fix the suite spec's env")
         exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in environment.items())
-        return render("lib_slurm") + render("slurm_submit", job_dir=remote.validate_path(job_dir, "job dir"),
-                                            job_exports=exports, job_command=command,
-                                            job_name=slurm_job_name(key, job), sbatch_args=self.sbatch_args(gpus))
+        # The job's marker rides into its batch step, which ends every process carrying it when Slurm signals.
+        marker = remote.validate_marker(str(environment.get(remote.JOB_MARKER_ENV, "")))
+        return render("lib_slurm") + remote.marked_fn(remote.JOB_MARKER_ENV) + render(
+            "slurm_submit", job_dir=remote.validate_path(job_dir, "job dir"), job_exports=exports, job_command=command,
+            job_name=slurm_job_name(key, job), job_marker=marker, sbatch_args=self.sbatch_args(gpus))
 
     def status(self, job_dir: str) -> str:
         return render("lib_slurm") + render("slurm_status", job_dir=remote.validate_path(job_dir, "job dir"))

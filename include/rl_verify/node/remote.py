@@ -291,7 +291,7 @@ def _alive_fn() -> str:
     return render("lib_alive")
 
 
-def _marked_fn(marker: str) -> str:
+def marked_fn(marker: str) -> str:
     """Bash function ``marked VALUE`` (``sh/lib_marked.sh``): pids whose environment holds
     ``marker=VALUE`` exactly; rendered in front of the scripts that call it."""
     return render("lib_marked", marker_env=marker)
@@ -321,7 +321,7 @@ def job_command(worktree: str, work_dir: str, script: str, args: Sequence[str], 
                   glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE))
     # One subshell: the job's exit status is that of the command as a whole (sh/job_submit.sh
     # records it), and the job's exports stay outside it.
-    return f"( {_marked_fn(JOB_MARKER_ENV)}{body}\n)"
+    return f"( {marked_fn(JOB_MARKER_ENV)}{body}\n)"
 
 
 def job_environment(spec_env: Mapping[str, str], work_dir: str, key: str, suite: str,
@@ -362,7 +362,7 @@ def cleanup_script(run_dir: str, key: str, gpu_wait_s: int | None = None) -> str
 
 
 def _stop_script(marker: str, value: str, job_dir: str = "", run_dir: str = "", gpu_wait: int = -1) -> str:
-    return _alive_fn() + _marked_fn(marker) + _gpu_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir,
+    return _alive_fn() + marked_fn(marker) + _gpu_fn(marker) + render("stop", job_dir=job_dir, run_dir=run_dir,
                                                                        value=value, gpu_wait=int(gpu_wait))
 
 

@@ -5,6 +5,8 @@
 #   job_exports  lines "export NAME='value'" (names validated, values quoted)
 #   job_command  the job's command (one compound command, built by remote.job_command)
 #   job_name     the Slurm job name (rlv.<run key>.<job>): how a retry finds a job an earlier try submitted
+#   job_marker   the job marker value (<run key>/<job>) every process of the job inherits; marked() and
+#                marker_env come from lib_marked.sh, rendered before this text
 #   sbatch_args  array of sbatch options (partition, account, QOS, GRES, time limit)
 # Writes job.sh and batch.sh in job_dir, submits batch.sh, records the job id in slurm_job_id.
 # Prints "JOB <id> submitted" or "JOB <id> adopted" (a job of this name Slurm already holds: never a second one).
@@ -21,17 +23,34 @@ if [ -n "$existing" ]; then
 fi
 : >"$job_dir/stdout.log"
 printf '%s\n%s\n' "$job_exports" "$job_command" >"$job_dir/job.sh"
-cat >"$job_dir/batch.sh" <<'BATCH'
-#!/usr/bin/env bash
+# The batch step carries marked() (lib_marked.sh) and the job's marker: processes that left the job's process
+# tree (Ray's daemons, teacher servers started with setsid) escape what Slurm signals where it tracks processes by
+# parentage (proctrack/linuxproc), and would hold the node's Ray port against the next job.
+{
+  echo '#!/usr/bin/env bash'
+  printf 'marker_env=%q\njob=%q\n' "$marker_env" "$job_marker"
+  declare -f marked
+  cat <<'BATCH'
 # The job's batch step: the job body with its output in stdout.log, then its exit code (reported, never
-# trusted: the tracker decides). A job Slurm ends (scancel, preemption, time limit) writes none.
+# trusted: the tracker decides). A job Slurm ends (scancel, preemption, time limit) writes none: its SIGTERM
+# ends every process carrying the job's marker, then the step.
 d=$1
+end_job() {
+  trap - TERM
+  for p in $(marked "$job"); do kill -TERM "$p" 2>/dev/null; done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do [ -z "$(marked "$job")" ] && break; sleep 0.2; done
+  for p in $(marked "$job"); do kill -KILL "$p" 2>/dev/null; done
+  exit 143
+}
+trap end_job TERM
 date +%s >"$d/started"
-bash "$d/job.sh" >"$d/stdout.log" 2>&1
+bash "$d/job.sh" >"$d/stdout.log" 2>&1 &
+wait "$!"
 rc=$?
 echo "$rc" >"$d/exit_code.tmp" && mv "$d/exit_code.tmp" "$d/exit_code"
 exit "$rc"
 BATCH
+} >"$job_dir/batch.sh"
 if ! id=$(sbatch --parsable "${sbatch_args[@]}" --job-name="$job_name" --output="$job_dir/slurm.out" \
     --chdir="$job_dir" "$job_dir/batch.sh" "$job_dir"); then
   exit 5
