@@ -155,7 +155,8 @@ def test_a_verification_through_slurm_passes_with_the_trainer_inside_the_job(rig
     job_id = _job_id(rig, out.run_id)
     log = _log(rig, out.run_id, "run_grpo")
     assert f"Slurm JOB {job_id} submitted in partition gpu" in log
-    assert "Slurm started the job" in log
+    # The trigger read the job's Slurm state (a busy triggerer's first look may come after the short job ended).
+    assert "Slurm started the job" in log or "Slurm ran the job" in log
     # The trainer ran inside the job: the batch step wrote when it started, the training's output and its exit code.
     job_dir = _job_dir(rig, out.run_id, "grpo")
     assert (job_dir / "exit_code").read_text().strip() == "0" and (job_dir / "started").exists()

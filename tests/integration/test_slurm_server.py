@@ -174,4 +174,18 @@ def test_scancel_ends_the_processes_a_launched_job_detached_from_its_process_tre
     slurm.run("scancel", job, check=True)
     _wait("no process of the launched job left", lambda: not _marked("itest/grpo"), timeout=GONE_WITHIN_S)
     print(f"\nscancel -> no process of the job in {time.monotonic() - t0:.1f}s")
-    assert not (job_dir / "exit_code").exists()  # ended by Slurm: no exit code of its own
+    # Slurm's signal may reach the body before the batch step, which then records the body's death as exit code 143:
+    # written here whether or not this run raced so, the job's state is still Slurm's end, named as outside.
+    (job_dir / "exit_code").write_text("143\n")
+
+    def status() -> str:
+        return subprocess.run(["bash", "-s"], input=chosen.status(str(job_dir)), env={**os.environ, **slurm.env},
+                              text=True, capture_output=True, timeout=60).stdout.strip()
+
+    # While Slurm completes the job (KillWait) it is still running to rl-verify; then Slurm's end names it.
+    said = _wait("Slurm's end of the job", lambda: (s := status()) != "running" and s, timeout=GONE_WITHIN_S)
+    assert said == "ended CANCELLED outside"
+    poll = subprocess.run(["bash", "-s"], input=chosen.log(str(job_dir), 0, 1024), env={**os.environ, **slurm.env},
+                          text=True, capture_output=True, timeout=60)
+    header = poll.stdout.partition("\n")[0].split()
+    assert header[0] == "-" and header[4] == "ended:CANCELLED:outside", poll.stdout  # no exit code of the job's own

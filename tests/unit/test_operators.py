@@ -367,3 +367,15 @@ def test_a_training_the_live_check_stopped_on_purpose_succeeds_and_every_other_b
     assert str(stalled) == "STALLED at step 7: no new step for 600 s"
     lost = _training_failure("grpo", {"status": "error", "exit_code": None, "message": "node unreachable"})
     assert type(lost) is AirflowException and "node unreachable" in str(lost)  # retryable: a retry re-attaches
+
+
+def test_the_task_log_says_slurm_ran_the_job_even_when_it_finished_before_the_first_look(capsys):
+    seen_running, seen_finished = _trigger(), _trigger()
+    seen_running._note_scheduler({"state": "running", "detail": ""})
+    seen_running._note_scheduler({"state": "finished", "detail": ""})  # its end comes with the job's event
+    seen_finished._note_scheduler({"state": "finished", "detail": ""})
+    out, err = capsys.readouterr()
+    said = [line for line in (out + err).splitlines() if "Slurm" in line]
+    assert len(said) == 2, said
+    assert "Slurm started the job" in said[0]
+    assert "Slurm ran the job: its batch step had finished by the watch's first look" in said[1]

@@ -257,6 +257,9 @@ class RLJobTrigger(BaseTrigger):
                 self.log.info("Slurm holds the job in its queue: reason %s", said["detail"] or "None")
             elif said["state"] == "running" and (self._scheduler or {}).get("state") in (None, "pending"):
                 self.log.info("Slurm started the job")
+            elif said["state"] == "finished" and self._scheduler is None:
+                # A short job can end before a busy triggerer's first look: the log still says Slurm ran it.
+                self.log.info("Slurm ran the job: its batch step had finished by the watch's first look")
         if said["state"] == "pending":
             self._pending_since = self._pending_since or asyncio.get_running_loop().time()
         else:

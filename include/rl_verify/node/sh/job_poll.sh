@@ -18,6 +18,9 @@ echo "$offset" >"$job_dir/stream_offset"
 code=-
 if [ -f "$job_dir/exit_code" ]; then code=$(cat "$job_dir/exit_code"); fi
 case "$code" in '' | *[!0-9]*) code=- ;; esac
+# Where a scheduler holds the job, its word says whether the exit code is the job's own ("finished"): Slurm's signal
+# can reach the body before the batch step, which then records the body's death as an exit code.
+case "${scheduler:-finished}" in finished) ;; *) code=- ;; esac
 size=$(stat -c %s "$log" 2>/dev/null || echo 0)
 started=$(cat "$job_dir/started" 2>/dev/null || stat -c %Y "$job_dir/pid" 2>/dev/null || date +%s)
 case "$started" in '' | *[!0-9]*) started=$(date +%s) ;; esac

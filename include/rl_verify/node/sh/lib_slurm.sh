@@ -24,7 +24,7 @@ slurm_of() {
 slurm_settle() {
   local d=$1 state reason who
   read -r state reason <<<"$(slurm_of "$d")"
-  if [ -f "$d/exit_code" ]; then echo finished; return 0; fi
+  if slurm_body_ended "$d" "$state"; then echo finished; return 0; fi
   case "$state" in
     NONE) if [ -d "$d" ]; then echo "dead never submitted"; else echo absent; fi ;;
     PENDING | CONFIGURING | REQUEUED | REQUEUE_HOLD | REQUEUE_FED | RESV_DEL_HOLD) echo "pending ${reason:-None}" ;;
@@ -35,11 +35,27 @@ slurm_settle() {
     *)
       # The batch step may still be writing its exit code as Slurm records the end: look once more.
       sleep 1
-      if [ -f "$d/exit_code" ]; then echo finished; return 0; fi
+      if slurm_body_ended "$d" "$state"; then echo finished; return 0; fi
       who=outside
       [ -f "$d/stopped" ] && who=ours
       [ -s "$d/scheduler_end" ] || echo "$state $who" >"$d/scheduler_end"
       echo "ended $(cat "$d/scheduler_end")" ;;
+  esac
+}
+
+# slurm_body_ended JOB_DIR STATE: succeeds when the job's body ended by itself: its exit code is recorded and Slurm
+# (in STATE, slurm_of's first word) did not end the job. Slurm's signal can reach the body before the batch step,
+# which then records the body's death by signal (128+n) as its exit code: where Slurm ended the job, its end wins,
+# and while Slurm still completes a job whose body died by a signal (COMPLETING), its end is awaited.
+slurm_body_ended() {
+  local d=$1 code
+  [ -f "$d/exit_code" ] || return 1
+  code=$(cat "$d/exit_code")
+  case "$2" in
+    CANCELLED | PREEMPTED | TIMEOUT | OUT_OF_MEMORY | NODE_FAIL | BOOT_FAIL | DEADLINE | COMPLETING)
+      [ "$code" -le 128 ] 2>/dev/null ;;
+    GONE) [ ! -s "$d/scheduler_end" ] ;;
+    *) return 0 ;;
   esac
 }
 
