@@ -14,7 +14,7 @@ recording on a step.
    every_step, warmup_end, replay_buffer, entropy_decay, lr_schedule, kl_schedule). The lane's bits are the
    simulator's deterministic rows (``curves.run_rows``, the same seed healthy and regressed, through
    ``core.bitwise.read_lane``); the lane's verdict is ``core.lane.judge``'s (the DAG's decision) without evidence (the
-   path rules) and with it (``core.evidence.lane_blind``). The remaining blind spot: the same regressions written in a
+   path rules) and with it (``core.evidence.read_diff``). The remaining blind spot: the same regressions written in a
    line that runs every step (``every_step``: ``if step >= onset: ...``), which the lane's steps run.
 3. **Seeded histories**: commits drawn from code edits of the simulated checkout (neutral edits of each code path,
    edits of code no process runs, regressions in each code path, docs), each verified against the reference by
@@ -94,7 +94,8 @@ def record(repo: Path, tmp: Path, env: dict[str, str], steps: int, name: str) ->
     seconds = _run(repo, folder, {**env, "PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"],
                                   "COVERAGE_CORE": "sysmon"}, steps)
     script = remote.evidence_read_script(str(folder / "evidence"), str(repo), "python3", evidence.COMPILED_BODY.pattern,
-                                         str(folder / "work"), load_suite(SUITE).tracker)
+                                         str(folder / "work"), load_suite(SUITE).tracker,
+                                         [(p.kind, p.runs) for p in load_suite(SUITE).evidence.processes])
     # The node's python3 first on the PATH, as on the simulated node.
     reading = json.loads(_bash(f"PATH={Path(NODE_PYTHON).parent}:$PATH\n" + script).strip().splitlines()[-1])
     return reading, seconds
@@ -110,21 +111,26 @@ def body_lines(repo: Path) -> dict[str, int]:
     return out
 
 
+def one_line_edit(found: evidence.Evidence | None, path: str, line: int) -> dict[str, evidence.Change]:
+    """A one-line edit of ``path`` at ``line`` since the reference, as ``core.evidence.read_changes`` gives it."""
+    blob = None if found is None else found.hashes.get(path)
+    return {path: evidence.Change(path, "M", base_blob=blob, hunks=((line, 1),), head_parses=True)}
+
+
 def lane_choice(found: evidence.Evidence | None, path: str, line: int) -> str:
     """``core.lane.judge``'s verdict on a one-line edit since the reference: bitwise, full (or unchanged)."""
     spec = load_suite(SUITE)
-    touched = {path: evidence.Touched(path, frozenset({line}))}
-    unseen = None if found is None else [b.words() for b in evidence.lane_blind(found, touched)]
+    reading = None if found is None else evidence.read_diff(found, one_line_edit(found, path, line))
     rules = lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by)
     return lane.judge(rules, lane.Facts(changed_since_reference=[path], stale={}, reference="trusted",
-                                        lane_unseen=unseen)).choice
+                                        evidence=reading)).choice
 
 
 def unchanged(found: evidence.Evidence | None, path: str, line: int) -> bool:
-    """Whether the edit is PASS (unchanged) by the evidence (no process of the full run ran the line)."""
+    """Whether the edit is PASS (unchanged) by the evidence (no process of the full run ran its block)."""
     if found is None or found.problems:
         return False
-    return not evidence.ran_lines(found, {path: evidence.Touched(path, frozenset({line}))})
+    return path in evidence.read_diff(found, one_line_edit(found, path, line)).judged()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         server.shutdown()
         found = evidence.Evidence(full_read["files"], lane_read["files"], full_read["hashes"],
                                   tuple(full_read["compiled"]),
-                                  tuple(evidence.completeness(full_read["files"], lane_read["files"],
-                                                              spec.evidence.entries,
-                                                              {"full run": full_read["processes"],
-                                                               "lane's steps": lane_read["processes"]})))
+                                  tuple(evidence.completeness({"full run": full_read, "lane's steps": lane_read},
+                                                              # its teachers are this process's HTTP server
+                                                              [(p.kind, p.runs) for p in spec.evidence.processes
+                                                               if p.kind != "teacher"])))
         lines_of = body_lines(repo)
     print(f"## 1. Evidence recorded ({SUITE}, node interpreter {NODE_PYTHON}, coverage {full_read.get('coverage')})\n")
     print(f"full run: {full_read['processes']} processes, {len(full_read['files'])} files, last step "

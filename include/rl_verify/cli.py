@@ -21,17 +21,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 from pathlib import Path
 
+from rl_verify.core import evidence as executed
 from rl_verify.core import lane
 from rl_verify.core.errors import InputError
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.report import ReportMeta, text_table, write_report
 from rl_verify.engines import engine_of, known_suites, load_suite
+from rl_verify.node import remote
 from rl_verify.store import baselines
+from rl_verify.suites.rules import rules_of
 
 EXIT_PASS, EXIT_FAIL, EXIT_CANNOT_EVALUATE = 0, 1, 2
 # argparse's subparsers object (add_parser); its class is private to argparse.
@@ -294,39 +298,85 @@ def _commit(checkout: Path, rev: str, flag: str) -> str:
                          f"give a SHA, branch or tag the checkout has as {flag} (git fetch first)") from None
 
 
+def _read_evidence(path: str, base: str) -> Any:
+    """The evidence JSON a reference keeps (``bitwise-references/evidence/<key>.json``) as ``core.evidence.Evidence``;
+    InputError naming the file when it is not one, or is another commit's."""
+    where = Path(path).expanduser()
+    try:
+        data = json.loads(where.read_text(encoding="utf-8"))
+        found = executed.Evidence.from_dict(data)
+    except (OSError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise InputError(f"not an evidence file: {exc}", where, None, "give the JSON a reference keeps beside it in "
+                         "the record store (bitwise-references/evidence/<key>.json)") from None
+    if data.get("sha") and data["sha"] != base:
+        raise InputError(f"the evidence was recorded at {data['sha'][:9]}, not at --base {base[:9]}", where, None,
+                         "give --base the reference's commit (the evidence's 'sha')")
+    return found
+
+
+def _diff_on_checkout(checkout: Path, base: str, head: str) -> Any:
+    """The diff read by the node's own script (``sh/changed_lines.sh``, run here with bash) and parsed as the DAG
+    parses it."""
+    import subprocess
+
+    done = subprocess.run(["bash", "-c", remote.changed_lines_script(str(checkout.resolve()), base, head,
+                                                                     Path(sys.executable).name)],
+                          capture_output=True, text=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
+                                                               f":{os.environ.get('PATH', '')}"})
+    if done.returncode != 0:
+        raise InputError(f"reading the diff failed: {done.stderr.strip()}", checkout, None,
+                         "give a clone of XTuner that has both commits")
+    return executed.read_changes(done.stdout)
+
+
 def _run_shortcut(args: argparse.Namespace) -> int:
     """What a verification would do with the diff ``--base``..``--head`` per suite (``core.lane.judge``, the DAG's own
-    decision): unchanged, bitwise or full, the rule and the files that decided, and every stale pattern."""
+    decision): unchanged, bitwise or full, the rule and the files that decided, and every stale pattern; with
+    ``--evidence``, what the reference's executed-code evidence says of the diff (read as the DAG reads it)."""
     checkout = Path(args.checkout).expanduser()
     if not (checkout / ".git").exists() and not _git(checkout, "rev-parse", "--git-dir"):
         raise InputError("not a git checkout", checkout, None, "give a clone of XTuner as --checkout")
     base, head = _commit(checkout, args.base, "--base"), _commit(checkout, args.head, "--head")
-    changed = _git(checkout, "diff", "--name-only", "--no-renames", base, head, "--")
+    found = _read_evidence(args.evidence, base) if args.evidence else None
+    changes = _diff_on_checkout(checkout, base, head) if found is not None else None
+    changed = list(changes) if changes is not None else \
+        _git(checkout, "diff", "--name-only", "--no-renames", base, head, "--")
     tree = _git(checkout, "ls-tree", "-r", "--name-only", head)
     suites = [args.suite] if args.suite else known_suites()
     out: dict[str, Any] = {}
     for name in suites:
         spec = load_suite(name)
-        rules = lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by if spec.bitwise else None)
-        out[name] = lane.judge(rules, lane.Facts(verified_pass=base, changed_since_pass=changed,
-                                                 changed_since_reference=changed, tree=tree,
-                                                 reference="trusted")).to_dict()
+        reading = None if found is None or changes is None else executed.read_diff(found, changes)
+        judged = lane.judge(rules_of(spec), lane.Facts(
+            verified_pass=base, changed_since_pass=changed, changed_since_reference=changed, tree=tree,
+            reference="trusted", reference_sha=base, evidence=reading)).to_dict()
+        judged["evidence"] = "none given (--evidence): the path rules alone" if reading is None else \
+            ("not used: " + "; ".join(reading.problems)) if reading.problems else reading.to_dict()
+        out[name] = judged
     assumes = ("--base stands for each suite's last verified PASS and its trusted bitwise reference on the node's "
-               "environment; the record (a FAIL of --head) and the environment are the DAG's to read")
+               "environment" + (" (the evidence's)" if found is not None else "")
+               + "; the record (a FAIL of --head) and the environment are the DAG's to read")
     if args.json:
         print(json.dumps({"checkout": str(checkout), "base": base, "head": head, "files": changed,
                           "suites": out, "assumes": assumes}, indent=1))
         return EXIT_PASS
     print(f"{base[:9]}..{head[:9]} in {checkout}: {len(changed)} file(s) changed")
-    for name, found in out.items():
-        print(f"{name}: {found['choice']} (rule: {found['rule']}): {found['why']}")
-        deciding = found["disabling"] if found["rule"] == "bitwise.disabled_by" else found["affecting"]
+    for name, judged in out.items():
+        print(f"{name}: {judged['choice']} (rule: {judged['rule']}): {judged['why']}")
+        deciding = judged["disabling"] if judged["rule"] == "bitwise.disabled_by" else judged["affecting"]
         if deciding:
             print(f"  files: {', '.join(deciding[:10])}" + (f" and {len(deciding) - 10} more" if len(deciding) > 10
                                                              else ""))
-        for field, stale in (("affects", found["stale_affects"]), ("bitwise.disabled_by", found["stale_lane"])):
+        for field, stale in (("affects", judged["stale_affects"]), ("bitwise.disabled_by", judged["stale_lane"])):
             if stale:
                 print(f"  stale: {field} {', '.join(stale)} (matches no file at {head[:9]})")
+        said = judged["evidence"]
+        if isinstance(said, str):
+            print(f"  evidence: {said}")
+        else:
+            print(f"  evidence: {len(said['ran'])} touched line(s) in blocks that ran ({', '.join(said['ran'][:5])}), "
+                  f"{len(said['lane_unseen'])} the lane's steps never ran, {len(said['unrun'])} in blocks no process "
+                  f"ran; cannot judge: {', '.join(said['unknown']) or 'none'}")
     print(f"Assumes: {assumes}.")
     return EXIT_PASS
 
@@ -339,6 +389,8 @@ def register_shortcut(subparsers: Subparsers) -> None:
     parser.add_argument("--base", required=True, help="the verified commit (a suite's last verified PASS)")
     parser.add_argument("--head", required=True, help="the commit to verify")
     parser.add_argument("--suite", choices=known_suites(), help="one suite (default: every suite)")
+    parser.add_argument("--evidence", metavar="FILE", help="the executed-code evidence a reference keeps (its JSON in "
+                        "the record store, recorded at --base): judge the diff with it, as the DAG does")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=_run_shortcut)
 

@@ -324,8 +324,8 @@ def test_the_evidence_records_the_lines_every_process_of_a_training_ran(sim_node
     full, lane_read = readings["grpo"], readings["grpo-ref1"]
     assert full["problems"] == [] and full["processes"] >= 2, full  # the trainer and its worker
     assert full["last_step"] == 45
-    for entry in load_suite("grpo").evidence.entries:
-        assert full["files"].get(entry), entry
+    for process in load_suite("grpo").evidence.processes:
+        assert full["files"].get(process.path), process.path
     assert full["files"].get("xtuner/v1/rl/rollout/lmdeploy.py") and "xtuner/v1/rl/rollout/sglang.py" not in \
         full["files"]
     assert lane_read["files"].get("xtuner/v1/rl/rollout/sglang.py")

@@ -1,78 +1,234 @@
-"""Executed-code evidence (core.evidence, issue 44): a diff's touched lines on the reference's side, and what the
-lines a reference's runs executed say of them."""
+"""Executed-code evidence (core.evidence, core.blocks; issues 44 and 53): the node's own scripts read a diff from real
+git (changed_lines.sh) and record what real coverage.py saw a real interpreter run (evidence_setup.sh,
+evidence_read.sh, run with bash here); the verdict is judged at the unit Python executes, the block."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
+from pathlib import Path
 
-from rl_verify.core import evidence
+import pytest
+
+from rl_verify.core import blocks, evidence
+from rl_verify.node import remote
+
+NODE_PYTHON = "/usr/bin/python3"  # the simulated node's interpreter, coverage.py from Debian
+pytestmark = pytest.mark.skipif(subprocess.run([NODE_PYTHON, "-c", "import coverage"], capture_output=True).returncode,
+                                reason="the node's interpreter has no coverage.py (.ci/run installs python3-coverage)")
 
 
-def _diff(tmp_path, before: dict[str, str], after: dict[str, str]) -> str:
-    repo = tmp_path / "repo"
-    repo.mkdir(parents=True)
+def _bash(script: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PATH": f"{Path(NODE_PYTHON).parent}:{os.environ['PATH']}",
+                               **(env or {})}).stdout
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
-                              check=True, capture_output=True, text=True).stdout
 
-    git("init", "-q")
-    for files in (before, after):
-        for path in list(p.relative_to(repo).as_posix() for p in repo.rglob("*.py")):
-            if path not in files:
-                (repo / path).unlink()
+class Repo:
+    """A git repository whose base commit a driver runs under the node's recording, and edits of it."""
+
+    def __init__(self, root: Path, files: dict[str, str]) -> None:
+        self.root = root
+        root.mkdir(parents=True)
+        self.git("init", "-q")
+        self.base = self.commit(files)
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(self.root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    def commit(self, files: dict[str, str | bytes | None], chmod: str = "") -> str:
         for path, text in files.items():
-            (repo / path).parent.mkdir(parents=True, exist_ok=True)
-            (repo / path).write_text(text)
-        git("add", "-A")
-        git("commit", "-qm", "x", "--allow-empty")
-    return git("diff", "-U0", "--no-renames", "HEAD~1", "HEAD")
+            target = self.root / path
+            if text is None:
+                target.unlink()
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(text if isinstance(text, bytes) else text.encode())
+        if chmod:
+            (self.root / chmod).chmod(0o755)
+        self.git("add", "-A")
+        self.git("commit", "-qm", "x", "--allow-empty")
+        return self.git("rev-parse", "HEAD")
+
+    def record(self, tmp: Path, full_args: str, lane_args: str) -> evidence.Evidence:
+        """The base commit run twice under the node's recording: ``full_args`` then ``lane_args`` for main.py."""
+        self.git("checkout", "-q", self.base)
+        readings = []
+        for name, args in (("full", full_args), ("lane", lane_args)):
+            folder = tmp / name
+            kv = dict(line.split("=", 1) for line in _bash(remote.evidence_setup_script(
+                str(folder / "evidence"), str(self.root))).splitlines() if "=" in line)
+            (folder / "work").mkdir(parents=True)
+            subprocess.run([NODE_PYTHON, "main.py", *args.split()], cwd=self.root, check=True,
+                           env={**os.environ, "PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"]})
+            script = remote.evidence_read_script(str(folder / "evidence"), str(self.root), "python3",
+                                                 evidence.COMPILED_BODY.pattern, str(folder / "work"), "*.jsonl")
+            readings.append(json.loads(_bash(script).strip().splitlines()[-1]))
+        self.git("checkout", "-q", "-")
+        full, lane = readings
+        return evidence.Evidence.from_dict({
+            "full": full["files"], "lane": lane["files"], "hashes": full["hashes"], "compiled": full["compiled"],
+            "problems": full["problems"] + lane["problems"], "blocks": full["blocks"], "unparsed": full["unparsed"]})
+
+    def changes(self, head: str) -> dict[str, evidence.Change]:
+        return evidence.read_changes(_bash(remote.changed_lines_script(str(self.root), self.base, head)))
 
 
-BASE = "def a():\n    return 1\n\n\ndef late(step):\n    return 1.0\n"
+MOD = '''"""The module the driver imports."""
+SCALE = 1.0
 
 
-def test_a_changed_line_touches_itself_and_an_insertion_touches_its_neighbours(tmp_path):
-    after = "def a():\n    return 1\n\n\ndef late(step):\n    return 1.3\n"
-    touched = evidence.parse_diff(_diff(tmp_path, {"m.py": BASE}, {"m.py": after}))
-    assert touched["m.py"].lines == {6}
-    inserted = evidence.parse_diff(_diff(tmp_path / "b", {"m.py": BASE},
-                                         {"m.py": BASE.replace("    return 1\n", "    x = 2\n    return 1\n", 1)}))
-    assert inserted["m.py"].lines == {1, 2}  # after line 1: lines 1 and 2 are its neighbours
+def mean(values, mode):
+    if mode == "a":
+        total = sum(values)
+    else:
+        total = sum(values) * SCALE
+    return total / len(values)
 
 
-def test_new_and_deleted_files_are_named(tmp_path):
-    touched = evidence.parse_diff(_diff(tmp_path, {"m.py": BASE, "old.py": "x = 1\n"}, {"m.py": BASE,
-                                                                                      "new.py": "y = 2\n"}))
-    assert touched["old.py"].deleted and touched["old.py"].lines == {1}
-    assert touched["new.py"].added
+def late(step):
+    weights = [
+        1.0,
+        2.0,
+    ]
+    return sum(weights) * step
 
 
-FULL = evidence.Evidence(full={"m.py": (1, 2, 5, 6)}, lane={"m.py": (1, 2)}, hashes={"m.py": "h1"})
+def never_called():
+    return 0
+'''
+MAIN = '''import sys
+import mod
+
+steps = int(sys.argv[1])
+print(mod.mean([1.0, 2.0], "b"))
+if steps > 5:
+    print(mod.late(steps))
+'''
 
 
-def test_a_line_the_full_run_ran_and_the_lane_did_not_makes_the_lane_blind_to_it():
-    touched = {"m.py": evidence.Touched("m.py", frozenset({6}))}
-    assert [b.words() for b in evidence.lane_blind(FULL, touched)] == ["m.py:6"]
-    early = {"m.py": evidence.Touched("m.py", frozenset({2}))}
-    assert evidence.lane_blind(FULL, early) == []
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The base recorded: the full run (10 steps: ``late`` runs) and the lane (3 steps: it does not)."""
+    tmp = tmp_path_factory.mktemp("evidence")
+    repo = Repo(tmp / "repo", {"mod.py": MOD, "main.py": MAIN, "README.md": "docs\n",
+                               "data.bin": b"\x00\x01\x02"})
+    return repo, repo.record(tmp, "10", "3")
 
 
-def test_a_line_no_process_ran_is_not_run_and_a_compiled_file_counts_whole():
-    touched = {"m.py": evidence.Touched("m.py", frozenset({3, 4}))}
-    assert evidence.ran_lines(FULL, touched) == []
-    compiled = evidence.Evidence(full={"k.py": (1,)}, lane={}, compiled=("k.py",))
-    kernel = {"k.py": evidence.Touched("k.py", frozenset({40}))}
-    assert evidence.ran_lines(compiled, kernel) == ["k.py (its bodies compile: the whole file counts as run)"]
-    assert [b.words() for b in evidence.lane_blind(compiled, kernel)] == ["k.py:40"]
+def _edit(repo: Repo, old: str, new: str, path: str = "mod.py") -> str:
+    text = (repo.root / path).read_text() if (repo.root / path).exists() else ""
+    assert old in text
+    head = repo.commit({path: text.replace(old, new, 1)})
+    repo.git("reset", "-q", "--hard", repo.base)
+    return head
 
 
-def test_evidence_missing_a_process_or_measured_on_other_content_is_named():
-    problems = evidence.completeness({"train.py": (1,)}, {"train.py": (1,)}, ["train.py", "worker.py"],
-                                     {"full run": 1, "lane's steps": 1})
-    assert problems and all("worker.py" in p for p in problems)
-    assert evidence.completeness({}, {}, ["train.py"], {"full run": 0, "lane's steps": 2})[0].startswith(
-        "the full run recorded nothing")
-    assert evidence.stale_files(FULL, {"m.py": "h2"}, ["m.py"]) == ["m.py"]
-    assert evidence.stale_files(FULL, {"m.py": "h1"}, ["m.py"]) == []
-    assert evidence.Evidence.from_dict(FULL.to_dict()) == FULL
+def _read(repo: Repo, head: str, found: evidence.Evidence) -> evidence.Reading:
+    return evidence.read_diff(found, repo.changes(head))
+
+
+def test_else_turned_into_elif_counts_as_run_though_no_touched_line_has_bytecode(recorded):
+    repo, found = recorded
+    reading = _read(repo, _edit(repo, "    else:\n", '    elif mode == "b":\n'), found)
+    assert reading.ran == ("mod.py:8",) and "mod.py" not in reading.judged()
+
+
+def test_a_module_level_insertion_between_the_blank_lines_before_a_def_counts_as_run(recorded):
+    repo, found = recorded
+    head = _edit(repo, "    return total / len(values)\n\n\n",
+                 "    return total / len(values)\n\nmean = lambda values, mode: 0.85 * sum(values) / len(values)\n\n")
+    reading = _read(repo, head, found)
+    assert reading.ran and "mod.py" not in reading.judged()
+
+
+def test_a_change_on_a_closing_bracket_line_counts_as_run_and_the_lane_is_blind_to_it(recorded):
+    repo, found = recorded
+    reading = _read(repo, _edit(repo, "        2.0,\n    ]\n", "        2.0,\n    ] + [0.5]\n"), found)
+    assert reading.ran == ("mod.py:17",)
+    assert reading.lane_unseen == ("mod.py:17",)  # late() runs after the lane's steps only
+
+
+def test_a_removed_line_beginning_with_two_dashes_does_not_lose_its_file(tmp_path):
+    repo = Repo(tmp_path / "r", {"notes.txt": "keep\n-- a removed line\n", "m.py": "x = 1\n"})
+    head = repo.commit({"notes.txt": "keep\n++ an added line\n", "m.py": "x = 2\n"})
+    changes = repo.changes(head)
+    assert set(changes) == {"notes.txt", "m.py"} and changes["notes.txt"].hunks == ((2, 1),)
+
+
+def test_binary_mode_only_and_empty_new_files_are_touched_whole(tmp_path):
+    repo = Repo(tmp_path / "r", {"data.bin": b"\x00\x01", "run.py": "x = 1\n"})
+    head = repo.commit({"data.bin": b"\x00\x02", "empty.py": ""}, chmod="run.py")
+    changes = repo.changes(head)
+    assert set(changes) == {"data.bin", "run.py", "empty.py"}
+    assert changes["data.bin"].whole == "binary"
+    assert changes["run.py"].whole == "a mode change only" and changes["run.py"].base_lines(1) == {1}
+    assert changes["empty.py"].status == "A" and changes["empty.py"].whole
+
+
+def test_a_mode_only_change_of_a_module_that_ran_counts_as_run(tmp_path):
+    repo = Repo(tmp_path / "r", {"mod.py": MOD, "main.py": MAIN})
+    found = repo.record(tmp_path, "10", "3")
+    head = repo.commit({}, chmod="mod.py")
+    reading = _read(repo, head, found)
+    assert "mod.py:1" in reading.ran and "mod.py" not in reading.judged()
+
+
+def test_a_new_py_file_is_unknown_to_the_evidence(recorded):
+    repo, found = recorded
+    head = repo.commit({"plugin.py": "import mod\nmod.SCALE = 0.5\n"})
+    repo.git("reset", "-q", "--hard", repo.base)
+    reading = _read(repo, head, found)
+    assert reading.unknown == ("plugin.py (a new file: nothing recorded it)",) and not reading.judged()
+
+
+def test_a_change_to_a_function_no_process_ran_is_unrun_and_so_is_only_it(recorded):
+    repo, found = recorded
+    reading = _read(repo, _edit(repo, "    return 0\n", "    return 1\n"), found)
+    assert reading.unrun == ("mod.py:22",) and not reading.ran and reading.judged() == {"mod.py"}
+
+
+def test_content_other_than_the_measured_one_or_a_syntax_error_at_the_head_is_not_judged(recorded):
+    repo, found = recorded
+    other = evidence.Evidence(found.full, found.lane, {**found.hashes, "mod.py": "0" * 40}, (), (), found.blocks)
+    head = _edit(repo, "    return 0\n", "    return 1\n")
+    assert "not the content measured" in _read(repo, head, other).unknown[0]
+    broken = _edit(repo, "    return 0\n", "    return (\n")
+    assert "does not parse" in _read(repo, broken, found).unknown[0]
+
+
+def test_incomplete_evidence_judges_nothing(recorded):
+    repo, found = recorded
+    head = _edit(repo, "    return 0\n", "    return 1\n")
+    lacking = evidence.Evidence(found.full, found.lane, found.hashes, (), ("the lane's steps recorded nothing",),
+                                found.blocks)
+    reading = _read(repo, head, lacking)
+    assert reading.problems and not reading.judged()
+
+
+def test_a_docstring_only_function_is_judged_by_the_block_that_defines_it():
+    source = 'def stub():\n    """only a docstring"""\n\n\ndef other():\n    return 1\n'
+    found = blocks.blocks_of(source)
+    assert found is not None and found[1] == (2, 2, 0, False)  # no line of its body is one Python reports
+    assert blocks.judged_block(found, 2) == 0 and blocks.judged_block(found, 6) == 2
+    assert blocks.blocks_of("def broken(:\n") is None
+    assert blocks.blocks_of("")[0][3] is False  # an empty module: nothing could ever show it ran
+
+
+def test_evidence_round_trips_through_its_dict(recorded):
+    _, found = recorded
+    assert evidence.Evidence.from_dict(json.loads(json.dumps(found.to_dict()))) == found
+
+
+def test_the_node_output_must_carry_gits_file_list():
+    with pytest.raises(ValueError, match="RAW"):
+        evidence.read_changes("HUNK 0 @@ -1 +1 @@\n")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _git_available():
+    if not shutil.which("git"):
+        pytest.skip("git is not installed")

@@ -31,6 +31,7 @@ from typing import Literal
 
 from rl_verify import settings
 from rl_verify.core import paths
+from rl_verify.core.evidence import Reading
 from rl_verify.core.names import short_sha
 
 #: The values of the run param ``lane``.
@@ -71,7 +72,8 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
            has_lane: bool, lane_disabling: Sequence[str], reference: ReferenceState,
            last_full_at: datetime | None, now: datetime, full_every_days: float,
            environment_change: str = "", stale_affects: Sequence[str] = (), stale_lane: Sequence[str] = (),
-           contradicted: str = "", blind: str = "", lane_unseen: Sequence[str] = ()) -> LaneChoice:
+           contradicted: str = "", blind: str = "", lane_unseen: Sequence[str] = (),
+           unrun_since: str = "") -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
@@ -83,7 +85,9 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     file of the checkout at this commit. ``contradicted``: what the record knows against a shortcut (a FAIL of
     this commit, ...), one phrase; "" when nothing. ``blind``: with ``reference`` "blind", the regression the
     reference's bits did not show. ``lane_unseen``: the diff's touched lines (``path:line``) that the reference's
-    full run executed and its lane's k steps did not (``core.evidence.lane_blind``, issue 44).
+    full run executed and its lane's k steps did not (``core.evidence.read_diff``, issues 44, 53). ``unrun_since``:
+    the commit of a trusted reference since which the diff changes only ``.py`` blocks no process of its full run ran
+    and no other file that can affect the suite ("" when not so): PASS (unchanged) by executed-code evidence.
     """
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
@@ -105,6 +109,11 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
             return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches "
                                            "no path that can affect this suite", "affects")
         skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
+    if unrun_since and not stale_affects and not skip_off:
+        return LaneChoice("unchanged", f"no block of Python the diff since the verified PASS at "
+                                       f"{short_sha(unrun_since)} touches ran in any process of its full run "
+                                       "(executed-code evidence of its reference), and no other file that can "
+                                       "affect this suite changed", "evidence")
     if requested == "skip":
         return LaneChoice("full", skip_off or "the run asked for the path-aware skip only (lane = skip)",
                           "affects" if skip_off else "lane = skip")
@@ -164,6 +173,9 @@ class Rules:
     affects: Sequence[str] = paths.DEFAULT_AFFECTS
     unaffecting: Sequence[str] = paths.DEFAULT_UNAFFECTING
     disabled_by: Sequence[str] | None = None
+    #: The checkout files the training or its verdict reads whatever runs (launch script, config, checker): a
+    #: change to one of them moves numbers whatever executed-code evidence says.
+    read: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -184,12 +196,17 @@ class Facts:
     #: as ``stale_rules`` found them; used instead of ``tree``).
     stale: Mapping[str, Sequence[str]] | None = None
     reference: ReferenceState = "absent"
+    #: The bitwise reference's commit (a verified PASS), what ``changed_since_reference`` and ``evidence`` read from.
+    reference_sha: str | None = None
     #: Why ``changed_since_reference`` is None (shown as the lane's reason to stay off).
     reference_diff_problem: str = ""
-    #: With executed-code evidence of the reference (issue 44): the diff's touched lines its full run executed and
-    #: its lane's k steps did not (``path:line``; [] none). The path rule ``disabled_by`` then judges only the
-    #: changed files the evidence cannot see (not ``.py``). None: no usable evidence, the path rules alone.
-    lane_unseen: Sequence[str] | None = None
+    #: What the reference's executed-code evidence says of the diff since its commit (``core.evidence.read_diff``;
+    #: issues 44, 53; None: no evidence). Evidence only ever takes a shortcut away from what the path rules give,
+    #: except PASS (unchanged) for ``.py`` files whose every touched block no process of the full run ran.
+    evidence: Reading | None = None
+    #: Why the evidence may not grant PASS (unchanged) here ("" when it may): recorded on another environment than
+    #: the node's now, or the reference is not a trusted verified PASS.
+    evidence_off: str = ""
     contradicted: str = ""
     blind: str = ""
     last_full_at: datetime | None = None
@@ -238,19 +255,25 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
     affecting = tuple(paths.affecting(since_pass or (), rules.affects, rules.unaffecting))
     has_lane = rules.disabled_by is not None
     since_ref = facts.changed_since_reference
+    reading = facts.evidence if facts.evidence is not None and not facts.evidence.problems else None
     disabling: tuple[str, ...] = ()
     reference = facts.reference
     if has_lane and reference == "trusted" and since_ref is None:  # without the diff nothing clears the lane
         disabling = (facts.reference_diff_problem or "(the diff since the reference's commit is not known)",)
-    elif has_lane and since_ref:
-        unseen_by_evidence = [p for p in since_ref if not p.endswith(".py")] if facts.lane_unseen is not None \
-            else since_ref
-        disabling = tuple(paths.affecting(unseen_by_evidence, rules.disabled_by or (), ()))
+    elif has_lane and since_ref:  # every changed file, .py included: evidence never grants against a rule
+        disabling = tuple(paths.affecting(since_ref, rules.disabled_by or (), ()))
+    by_evidence = ""
+    if reading is not None and since_ref is not None and reference == "trusted" and not facts.evidence_off \
+            and facts.reference_sha:
+        unrun = reading.judged() - set(rules.read)
+        if not [p for p in paths.affecting(since_ref, rules.affects, rules.unaffecting) if p not in unrun]:
+            by_evidence = facts.reference_sha
     chosen = choose(requested=facts.requested, scheduled=facts.scheduled, verified_pass=verified, affecting=affecting,
                     has_lane=has_lane, lane_disabling=disabling, reference=reference,
                     last_full_at=facts.last_full_at, now=facts.now or datetime.now(timezone.utc),
                     full_every_days=settings.FULL_EVERY_DAYS if facts.full_every_days is None else
                     facts.full_every_days, environment_change=facts.environment_change,
                     stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
-                    blind=facts.blind, lane_unseen=tuple(facts.lane_unseen or ()))
+                    blind=facts.blind, lane_unseen=tuple(reading.lane_unseen if reading else ()),
+                    unrun_since=by_evidence)
     return Judgement(chosen.choice, chosen.why, chosen.rule, affecting, disabling, stale_affects, stale_lane)

@@ -136,11 +136,13 @@ def changed_files(client: "paramiko.SSHClient", checkout: str, base: str, head: 
     return [line for line in out.splitlines() if line]
 
 
-def evidence_setup(client: "paramiko.SSHClient", evidence_dir: str, worktree: str) -> dict[str, str]:
+def evidence_setup(client: "paramiko.SSHClient", evidence_dir: str, worktree: str,
+                   python: str = "python3") -> dict[str, str]:
     """Prepare one job's executed-code evidence (issue 44); return what the job's environment adds: PYTHONPATH (the
     folder of the sitecustomize.py that starts coverage.py), COVERAGE_PROCESS_START and COVERAGE_CORE (sysmon
-    where the interpreter has it: coverage.py falls back to its C tracer elsewhere)."""
-    status, out, err = run_script(client, remote.evidence_setup_script(evidence_dir, worktree))
+    where the interpreter has it: coverage.py falls back to its C tracer elsewhere). ``python``: the launch
+    interpreter (its coverage.py's version decides the config, ``sh/evidence_setup.sh``)."""
+    status, out, err = run_script(client, remote.evidence_setup_script(evidence_dir, worktree, python))
     if status != 0:
         raise NodeError(f"could not prepare the executed-code evidence (exit {status}): {err.strip()}")
     kv = _kv(out)
@@ -148,12 +150,14 @@ def evidence_setup(client: "paramiko.SSHClient", evidence_dir: str, worktree: st
 
 
 def evidence_read(client: "paramiko.SSHClient", evidence_dir: str, worktree: str, python: str,
-                  compiled_re: str, work_dir: str, tracker_glob: str) -> dict[str, Any]:
+                  compiled_re: str, work_dir: str, tracker_glob: str,
+                  processes: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
     """The lines of the checkout every process of one job ran (``sh/evidence_read.sh``'s JSON), and ``last_step``: the
     last step-summary row the job's tracker (``work_dir``/``tracker_glob``) holds; a reading that cannot be had comes
-    back with its problem named (no evidence, never a failure)."""
+    back with its problem named (no evidence, never a failure). ``processes``: the suite's expected kinds of process
+    ((kind, ``path.py:qualname``) each, issue 53): the reading's ``kinds`` names the pids that proved each."""
     status, out, err = run_script(client, remote.evidence_read_script(evidence_dir, worktree, python, compiled_re,
-                                                                      work_dir, tracker_glob))
+                                                                      work_dir, tracker_glob, processes))
     try:
         return json.loads(out.strip().splitlines()[-1]) if status == 0 and out.strip() else \
             {"files": {}, "processes": 0, "problems": [f"the evidence could not be read (exit {status}): "
@@ -162,23 +166,15 @@ def evidence_read(client: "paramiko.SSHClient", evidence_dir: str, worktree: str
         return {"files": {}, "processes": 0, "problems": [f"the evidence reading is not JSON: {exc}"]}
 
 
-def changed_lines(client: "paramiko.SSHClient", checkout: str, base: str,
-                  head: str) -> tuple[str, dict[str, str]] | None:
-    """The diff ``base``..``head``'s ``git diff -U0`` text and each changed path's blob id at ``base`` ("-": none
-    there), or None when ``base`` is not in the checkout. Raises NodeError when git fails otherwise."""
+def changed_lines(client: "paramiko.SSHClient", checkout: str, base: str, head: str) -> str | None:
+    """The diff ``base``..``head`` as ``sh/changed_lines.sh`` prints it (``core.evidence.read_changes`` reads it),
+    or None when ``base`` is not in the checkout. Raises NodeError when git fails otherwise."""
     status, out, err = run_script(client, remote.changed_lines_script(checkout, base, head))
     if status == 3 and err.strip().startswith("base:"):
         return None
     if status != 0:
         raise NodeError(f"reading the diff since {short_sha(base)} failed (exit {status}): {err.strip()}")
-    diff, blobs = [], {}
-    for line in out.splitlines():
-        if line.startswith("BLOB "):
-            _, blob, path = line.split(" ", 2)
-            blobs[path] = blob
-        else:
-            diff.append(line)
-    return "\n".join(diff), blobs
+    return out
 
 
 def tree_files(client: "paramiko.SSHClient", checkout: str, sha: str) -> list[str] | None:

@@ -214,31 +214,66 @@ def changed_files_script(checkout: str, base: str, head: str) -> str:
                   base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
 
 
-def evidence_setup_script(evidence_dir: str, source: str) -> str:
+def evidence_setup_script(evidence_dir: str, source: str, python: str = "python3") -> str:
     """Script: one job's executed-code evidence prepared (``sh/evidence_setup.sh``): a sitecustomize.py starting
-    coverage.py in every Python process of the job and its config measuring ``source``; prints SITE= and
-    CONFIG= (the job's PYTHONPATH entry and COVERAGE_PROCESS_START)."""
+    coverage.py in every Python process of the job (and in the children multiprocessing forks or spawns) and its
+    config measuring ``source``, with coverage.py's subprocess patch where the launch interpreter ``python`` has
+    coverage.py 7.10 or later; prints SITE= and CONFIG= (the job's PYTHONPATH entry and COVERAGE_PROCESS_START)."""
     return render("evidence_setup", evidence_dir=validate_path(evidence_dir, "evidence dir"),
-                  source=validate_path(source, "worktree"))
+                  source=validate_path(source, "worktree"), py=_interpreter(python))
+
+
+def _interpreter(python: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,40}", python or ""):
+        raise BadInput(f"launch interpreter {python!r} must be a command name such as python or python3")
+    return python
+
+
+def _process_kinds(processes: Iterable[tuple[str, str]]) -> str:
+    """The suite's expected kinds of process as evidence_read.sh's ``kinds`` JSON ([kind, path, qualname] each), every
+    part validated (issue 53)."""
+    import json
+
+    out = []
+    for kind, runs in processes:
+        path, _, qualname = runs.partition(":")
+        if not re.fullmatch(r"[a-z][a-z0-9 _-]{0,39}", kind or ""):
+            raise BadInput(f"process kind {kind!r} must be lower-case letters, digits, space, _ or -")
+        if not path.endswith(".py") or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", qualname):
+            raise BadInput(f"process kind {kind!r}: {runs!r} must be <path>.py:<function or Class.method>")
+        out.append([kind, validate_relative(path, f"process kind {kind!r}'s file"), qualname])
+    return json.dumps(out)
+
+
+def _package_source(package: str, name: str) -> str:
+    """The text of one of the package's modules (a stdlib-only one the node runs as it is)."""
+    from importlib.resources import files
+
+    return files(package).joinpath(name).read_text()
 
 
 def evidence_read_script(evidence_dir: str, source: str, python: str, compiled_re: str, work_dir: str,
-                         tracker_glob: str) -> str:
+                         tracker_glob: str, processes: Iterable[tuple[str, str]] = ()) -> str:
     """Script: the lines of ``source`` every process of one job ran, combined (``sh/evidence_read.sh``), as JSON,
-    read with the launch interpreter ``python``, and the last step of the job's tracker."""
+    read with the launch interpreter ``python``, and the last step of the job's tracker; with ``processes`` (the
+    suite's expected kinds, (kind, ``path.py:qualname``) each), the pids whose own data file proves each kind."""
     if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,40}", python or ""):
         raise BadInput(f"launch interpreter {python!r} must be a command name such as python or python3")
     return render("evidence_read", evidence_dir=validate_path(evidence_dir, "evidence dir"),
                   source=validate_path(source, "worktree"), py=python, compiled_re=compiled_re,
+                  blocks_py=_package_source("rl_verify.core", "blocks.py"), kinds=_process_kinds(processes),
                   work_dir=validate_path(work_dir, "work dir"),
                   tracker_glob=validate_relative(tracker_glob, "tracker glob", _GLOB_RE))
 
 
-def changed_lines_script(checkout: str, base: str, head: str) -> str:
-    """Script: the diff's touched lines (``git diff -U0``) and each changed path's blob id at ``base``
-    (``sh/changed_lines.sh``). Exit 3: a commit is not in the checkout; 4: no checkout."""
+def changed_lines_script(checkout: str, base: str, head: str, python: str = "python3") -> str:
+    """Script: the diff's files as git lists them (modes, blobs, status), each file's hunks and whether each changed
+    ``.py`` file parses at ``head`` with ``python`` (``sh/changed_lines.sh``; read by ``core.evidence.read_changes``).
+    Exit 3: a commit is not in the checkout; 4: no checkout."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,40}", python or ""):
+        raise BadInput(f"node interpreter {python!r} must be a command name such as python or python3")
     return render("changed_lines", checkout=validate_path(checkout, "node checkout"),
-                  base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"))
+                  base=validate_sha(base, "base commit"), head=validate_sha(head, "head commit"), py=python)
 
 
 def tree_files_script(checkout: str, sha: str) -> str:

@@ -114,17 +114,17 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         changed = _environment_change(suite, experiment, config, key, facts) if state == "absent" else ""
         since: list[str] | None = None
         problem = ""
-        unseen: list[str] | None = None
+        reading: executed.Reading | None = None
         evidence_note = ""
         if state == "trusted":
-            since, problem, unseen, evidence_note = _changed_since(conn, spec, key, kept, resolved["sha"])
+            since, problem, reading, evidence_note = _changed_since(conn, spec, key, kept, resolved["sha"])
         stale = (resolved.get("stale") or {}).get(suite) or {}
         contradicted = (resolved.get("contradicted") or {}).get(suite, "")
         last_full = (resolved.get("last_full") or {}).get(suite)
         chosen = lane.judge(
             lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by),
             lane.Facts(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
-                       changed_since_reference=since, reference_diff_problem=problem, lane_unseen=unseen,
+                       changed_since_reference=since, reference_diff_problem=problem, evidence=reading,
                        stale=stale,  # resolve_commit checked the rules against the tree
                        reference=state,  # type: ignore[arg-type]
                        contradicted=contradicted, blind=references.blind_words(kept),
@@ -159,47 +159,44 @@ def _environment_change(suite: str, experiment: str, config: str, key: str, fact
 
 
 def _changed_since(conn: str, spec: SuiteSpec, key: str, kept: Mapping[str, Any],
-                   head: str) -> tuple[list[str] | None, str, list[str] | None, str]:
+                   head: str) -> tuple[list[str] | None, str, executed.Reading | None, str]:
     """What changed since the reference's commit on the node's checkout: (the files, or None with why they are not
-    known: a diff that cannot be read keeps the lane off), and with the reference's executed-code evidence (issue
-    44) the touched lines its full run ran and its lane's steps did not (None: no usable evidence), with one
-    sentence saying what the evidence said or why it was not used."""
+    known: a diff that cannot be read keeps the lane off), and with the reference's executed-code evidence (issues
+    44, 53) what it says of the diff (``core.evidence.read_diff``; None: no usable evidence), with one sentence saying
+    what the evidence said or why it was not used."""
     base = kept["sha"]
     if base == head:
-        return [], "", ([] if spec.evidence else None), ""
+        return [], "", (executed.Reading() if spec.evidence else None), ""
     recorded = references.get_evidence(key, dict(kept)) if spec.evidence else None
     try:
         with ssh_client(conn) as client:
             checkout = node_settings(conn)[settings.NODE_CHECKOUT_KEY]
             if recorded is None:
                 changed = node.changed_files(client, checkout, base, head)
-                read = None
+                changes = None
             else:
                 read = node.changed_lines(client, checkout, base, head)
-                changed = None if read is None else list(read[1])
-    except node.NodeError as err:
+                changes = None if read is None else executed.read_changes(read)
+                changed = None if changes is None else list(changes)
+    except (node.NodeError, ValueError) as err:
         return None, f"(the diff since {short_sha(base)} could not be read: {err})", None, ""
     if changed is None:
         return None, f"(the reference's commit {short_sha(base)} is not in the node's checkout)", None, ""
     if spec.evidence is None:
         return changed, "", None, ""
-    if recorded is None:
+    if recorded is None or changes is None:
         return changed, "", None, "no executed-code evidence kept with the reference: the path rules decide"
-    assert read is not None
     found = executed.Evidence.from_dict(recorded)
     if found.problems:
         return changed, "", None, ("the reference's executed-code evidence is incomplete (" + "; ".join(found.problems)
                                    + "): the path rules decide")
-    touched = executed.parse_diff(read[0])
-    stale = executed.stale_files(found, read[1], [p for p in touched if p.endswith(".py")])
-    if stale:
-        return changed, "", None, (f"the evidence measured other content of {', '.join(stale[:3])}: the path rules "
-                                   "decide")
-    unseen = [b.words() for b in executed.lane_blind(found, touched)]
-    said = (f"executed-code evidence of {short_sha(base)}: " + (f"{len(unseen)} touched line(s) the lane's steps never "
-            "ran" if unseen else f"every touched line the full run ran, the lane's steps ran too ({len(touched)} "
-            "file(s) changed)"))
-    return changed, "", unseen, said
+    reading = executed.read_diff(found, changes)
+    said = (f"executed-code evidence of {short_sha(base)}: " + (
+        f"{len(reading.lane_unseen)} touched line(s) in blocks the lane's steps never ran" if reading.lane_unseen
+        else f"every touched block the full run ran, the lane's steps ran too ({len(changes)} file(s) changed)")
+        + (f"; {len(reading.unknown)} .py file(s) it cannot judge ({', '.join(reading.unknown[:3])}): the path "
+           "rules decide for them" if reading.unknown else ""))
+    return changed, "", reading, said
 
 
 def card_notes(prereq: Mapping[str, Any]) -> list[str]:
@@ -254,7 +251,8 @@ def decided(dag_run_id: str, suite: str, dag_id: str | None = None) -> dict[str,
 def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> dict[str, Any] | None:
     """The executed-code evidence this run recorded for ``spec``'s reference (issue 44: its full run's and its lane's
     k steps' readings, ``<suite>/evidence-full.json`` and ``-lane.json``) as ``core.evidence.Evidence``'s dict,
-    its ``problems`` naming why it is no evidence (a process that recorded nothing, a reading that failed); None
+    its ``problems`` naming why it is no evidence (a kind of process of ``spec.evidence.processes`` no process
+    proved, a reading that failed); None
     when the suite declares no evidence."""
     if spec.evidence is None:
         return None
@@ -262,9 +260,8 @@ def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> 
     lane_read = record.get_json(dag_run_id, f"{spec.name}/evidence-lane.json", dag_id=dag_id) or {}
     problems = [f"full run: {p}" for p in full.get("problems") or []]
     problems += [f"lane's steps: {p}" for p in lane_read.get("problems") or []]
-    problems += executed.completeness(full.get("files") or {}, lane_read.get("files") or {}, spec.evidence.entries,
-                                      {"full run": full.get("processes", 0),
-                                       "lane's steps": lane_read.get("processes", 0)})
+    problems += executed.completeness({"full run": full, "lane's steps": lane_read},
+                                      [(p.kind, p.runs) for p in spec.evidence.processes])
     last, k = lane_read.get("last_step"), spec.bitwise.steps if spec.bitwise else 0
     if last is None or last > k - 1:
         problems.append(f"the lane's evidence run wrote step {last if last is not None else '(none read)'} before it "

@@ -308,7 +308,9 @@ class SuiteTrainingOperator(BaseOperator):
         try:
             with ssh_client(conn) as client:
                 reading = node.evidence_read(client, layout.evidence_dir(job), layout.worktree, python,
-                                             evidence.COMPILED_BODY.pattern, layout.work_dir(job), self.spec.tracker)
+                                             evidence.COMPILED_BODY.pattern, layout.work_dir(job), self.spec.tracker,
+                                             [(p.kind, p.runs) for p in self.spec.evidence.processes]
+                                             if self.spec.evidence else ())
         except Exception as err:  # the evidence only ever saves a training: without it, today's rules
             reading = {"files": {}, "processes": 0, "problems": [f"the evidence could not be read: {err}"]}
         record.put_json(context["run_id"], f"{self.suite}/evidence-{which}.json", reading,
@@ -344,7 +346,8 @@ class SuiteTrainingOperator(BaseOperator):
                                              settings.STALL_TIMEOUT_S, spec.tracker)
                 env = remote.job_environment(spec.env, work_dir, resolved["run_key"], job, shares, seed)
                 if evidence:  # coverage.py in every Python process of the job (issue 44)
-                    env.update(node.evidence_setup(client, layout.evidence_dir(job), layout.worktree))
+                    env.update(node.evidence_setup(client, layout.evidence_dir(job), layout.worktree,
+                                                   spec.node.python or "python3"))
                     self.log.info("%s: recording the checkout's executed lines in every process of %s (coverage.py, "
                                   "%s)", self.suite, job, layout.evidence_dir(job))
                 self._launched = (conn, job_dir, marker, launcher)

@@ -30,6 +30,7 @@ from rl_verify.orchestration import bitwise_lane, verification_history
 from rl_verify.orchestration.verification_history import verified_passes
 from rl_verify.store import record, references
 from rl_verify.suites import card
+from rl_verify.suites.rules import rules_of
 from rl_verify.suites.spec import SuiteSpec, data_file
 
 log = logging.getLogger(__name__)
@@ -131,79 +132,52 @@ def _contradiction(spec: SuiteSpec, rules: lane.Rules, sha: str, base: Mapping[s
     return ""
 
 
-def read_by_the_training(spec: SuiteSpec) -> list[str]:
-    """The checkout files a suite's training and verdict read whatever line evidence says (issue 44): its launch
-    script and the spec's checkout inputs (config, checker): a config can be read without running a line."""
-    prefix = "${CHECKOUT}/"
-    return list(dict.fromkeys([spec.launch.script] + [i.path[len(prefix):] for i in spec.inputs
-                                                       if i.path.startswith(prefix)]))
-
-
-def unrun_change(recorded: Mapping[str, Any], diff_text: str, blobs: Mapping[str, str], spec: SuiteSpec,
-                 measured_root: str = "") -> tuple[list[str], list[str]]:
-    """(the changed files that can move the suite's numbers whatever the evidence says, the changed Python lines
-    the reference's full run ran): both empty means the diff touches only lines no process of the full run ran
-    (issue 44). A changed file counts as read when it is a non-Python file the path rules call affecting (a launch
-    script, config, requirements, packaging, data inside the package), one the training reads without running a
-    line of it (``read_by_the_training``), or a measured file whose base content is not the one measured."""
-    found = executed.Evidence.from_dict(recorded)
-    touched = executed.parse_diff(diff_text)
-    changed = list(blobs) or list(touched)
-    affecting = paths.affecting(changed, spec.affects, spec.unaffecting)
-    read = set(read_by_the_training(spec))
-    python = [p for p in affecting if p.endswith(".py") and p not in read]
-    moved = [p for p in affecting if p not in python]
-    moved += executed.stale_files(found, blobs, python)
-    ran = executed.ran_lines(found, {p: t for p, t in touched.items() if p in python})
-    return moved, ran
-
-
 def _by_evidence(client: Any, checkout: str, sha: str, spec: SuiteSpec, experiment: str | None,
                  tree: Sequence[str] | None, verdicts: Sequence[Mapping[str, Any]], scheduled: bool, now_at: datetime,
                  diff: Any) -> dict[str, Any] | None:
     """The suite's entry when the newest trusted reference with complete executed-code evidence vouches for ``sha``
-    (issue 44): its commit PASSed in full, and the diff since it touches only Python lines no process of that full
-    run executed. None otherwise (the path rules then decide, as before)."""
+    (issues 44, 53): its commit PASSed in full, and the diff since it changes only ``.py`` blocks no process of that
+    full run ran (``core.evidence.read_diff``) and no other file that can affect the suite. None otherwise (the path
+    rules then decide, as before)."""
     if spec.evidence is None or spec.bitwise is None or not experiment:
         return None
     kept = references.newest_with_evidence(spec.name, experiment, bitwise_lane.lane_fingerprint(spec))
     if kept is None:
         return None
     reference, recorded = kept
-    if recorded.get("problems"):
+    found = executed.Evidence.from_dict(recorded)
+    if found.problems:
         log.info("%s: the executed-code evidence of %s is incomplete (%s): the path rules decide", spec.name,
-                 short_sha(reference["sha"]), "; ".join(recorded["problems"]))
+                 short_sha(reference["sha"]), "; ".join(found.problems))
         return None
     try:
         read = node.changed_lines(client, checkout, reference["sha"], sha)
-    except node.NodeError as err:
+        changes = None if read is None else executed.read_changes(read)
+    except (node.NodeError, ValueError) as err:
         log.info("%s: the diff since the evidence's commit could not be read (%s): the path rules decide", spec.name,
                  err)
         return None
-    if read is None:
+    if changes is None:
         return None
-    moved, ran = unrun_change(recorded, read[0], read[1], spec)
-    rules = lane.Rules(spec.affects, spec.unaffecting, None)
+    reading = executed.read_diff(found, changes)
+    rules = rules_of(spec, with_lane=False)
     base = {"sha": reference["sha"], "run_id": reference.get("run_id"), "report": reference.get("report"),
             "written_at": 0}
     decided = lane.judge(rules, lane.Facts(
-        requested="auto", scheduled=scheduled, verified_pass=reference["sha"],
-        changed_since_pass=moved + [r.split(":")[0] for r in ran], tree=tree,
+        requested="auto", scheduled=scheduled, changed_since_reference=list(changes), reference="trusted",
+        reference_sha=reference["sha"], evidence=reading, tree=tree,
         contradicted=_contradiction(spec, rules, sha, base, verdicts, diff),
         last_full_at=_when(reference.get("made_at")), now=now_at))
     if decided.choice != "unchanged":
-        log.info("%s: executed-code evidence of %s: %s", spec.name, short_sha(reference["sha"]),
-                 f"{len(moved)} changed file(s) read whatever runs, {len(ran)} changed line(s) ran" if moved or ran
-                 else decided.why)
+        log.info("%s: executed-code evidence of %s: %d touched line(s) ran, %d file(s) it cannot judge (%s)",
+                 spec.name, short_sha(reference["sha"]), len(reading.ran), len(reading.unknown), decided.why)
         return None
-    touched = executed.parse_diff(read[0])
-    lines = [f"{p}:{n}" for p, t in sorted(touched.items()) for n in sorted(t.lines)]
-    files = list(read[1]) or list(touched)
-    why = (f"none of the {len(lines)} changed line(s) of Python since the verified PASS at "
-           f"{short_sha(reference['sha'])} ran in any process of its full run (executed-code evidence of its "
-           f"reference), and no file the training reads otherwise changed ({len(files)} file(s) changed)")
+    files = sorted(changes)
+    why = (f"{decided.why} ({len(reading.unrun)} changed line(s) of Python in blocks no process ran; "
+           f"{len(files)} file(s) changed)")
     return {**{k: base[k] for k in ("sha", "run_id", "report")}, "files": files, "why": why,
-            "evidence": {"lines": lines[:200], "reference": reference.get("key"), "made_at": reference.get("made_at")}}
+            "evidence": {"lines": list(reading.unrun[:200]), "reference": reference.get("key"),
+                         "made_at": reference.get("made_at")}}
 
 
 def _when(text: Any) -> datetime | None:

@@ -152,26 +152,56 @@ class BitwiseLane(_Spec):
         return value
 
 
+class EvidenceProcess(_Spec):
+    """One kind of process the suite's training runs (issue 53): ``kind`` its name (trainer, rollout worker,
+    teacher); ``runs`` a function only that kind of process runs, ``<checkout path>.py:<qualname>`` (dotted: a
+    method is ``Class.method``). A process proves its kind when its own coverage data holds a line of that body."""
+
+    kind: str = Field(pattern=r"^[a-z][a-z0-9 _-]{0,39}$")
+    runs: str
+
+    @field_validator("runs")
+    @classmethod
+    def _function(cls, value: str) -> str:
+        path, _, qualname = value.partition(":")
+        if (not path.endswith(".py") or path.startswith("/") or ".." in path.split("/")
+                or not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._/-]*", path)
+                or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", qualname)):
+            raise ValueError(f"evidence.processes.runs {value!r} must be <.py path relative to the checkout's root>:"
+                             "<function or Class.method>, e.g. xtuner/v1/rl/rollout/worker.py:RolloutWorker.init")
+        return value
+
+    @property
+    def path(self) -> str:
+        return self.runs.partition(":")[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.runs.partition(":")[2]
+
+
 class EvidenceSpec(_Spec):
     """Executed-code evidence of the suite's training (issue 44): when a bitwise reference is made, coverage.py
     records in every Python process of its full run and of its lane's k steps the checkout lines that ran.
-    ``entries``: the entry module of each kind of process the training runs (trainer, rollout worker, ...), paths
-    relative to the checkout: a recording that lacks one of them missed a process and is no evidence."""
+    ``processes``: every kind of process the training runs (issue 53), each proven by one process's own data file
+    that ran its ``runs`` function: a recording in which no process proves a kind missed that process (the
+    environment did not reach it) and is no evidence."""
 
-    #: Where the entries come from (shown, not used).
+    #: Where the processes come from (shown, not used).
     source: str = ""
-    entries: tuple[str, ...] = Field(min_length=1)
+    processes: tuple[EvidenceProcess, ...] = Field(min_length=1)
     #: The launch's own step count, set so that the lane's evidence run stops itself after the lane's steps
     #: (``${LANE_LAST_STEP}``: k - 1): its lines are then exactly the compared steps'. Without one (GRPO's config
     #: fixes its steps), the run the trigger stops counts only when it wrote no step past k - 1.
     stop_env: dict[str, str] = {}
 
-    @field_validator("entries")
+    @field_validator("processes")
     @classmethod
-    def _python_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [p for p in value if not p.endswith(".py") or p.startswith("/") or ".." in p.split("/")]
-        if bad:
-            raise ValueError(f"evidence.entries: {bad} are not .py paths relative to the checkout's root")
+    def _distinct_kinds(cls, value: tuple[EvidenceProcess, ...]) -> tuple[EvidenceProcess, ...]:
+        kinds = [p.kind for p in value]
+        twice = sorted({k for k in kinds if kinds.count(k) > 1})
+        if twice:
+            raise ValueError(f"evidence.processes: the kind(s) {twice} are named more than once")
         return value
 
 

@@ -49,6 +49,9 @@ import train_loop  # noqa: E402  (the code paths a real trainer runs at given st
 
 REPO = HERE.parents[1]
 WORKER = REPO / "xtuner" / "v1" / "rl" / "rollout" / "worker.py"
+sys.path.insert(1, str(REPO))
+# As XTuner's driver does (rl_trainer.py imports RolloutConfig from it): the worker's module runs in the trainer too.
+from xtuner.v1.rl.rollout.worker import RolloutConfig  # noqa: E402
 
 BLOCK = 1024  # emulated write-buffer size: a full block is written even if it cuts a line
 _STOP = object()
@@ -251,6 +254,7 @@ class RolloutWorker:
     def __init__(self, scrubbed: bool = False) -> None:
         import subprocess
 
+        self.config = RolloutConfig()  # built by the driver; the worker builds its own
         env = {k: v for k, v in os.environ.items() if not (scrubbed and k.startswith("COVERAGE"))}
         self._proc = subprocess.Popen([sys.executable, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True, env=env)
@@ -269,6 +273,27 @@ class RolloutWorker:
             self._proc.wait(timeout=30)
         except Exception:
             self._proc.kill()
+
+
+class RewardPool:
+    """The trainer's reward-scoring worker: a multiprocessing Pool of one process, forked (before the tracker's writer
+    thread starts), asked once a training step to score the step's rewards (train_loop.score_rewards, which leaves
+    their bits as they are). Its lines run only in that forked child."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self._pool = multiprocessing.get_context("fork").Pool(1)
+
+    def score(self, step: int, rewards: float) -> float:
+        return self._pool.apply(train_loop.score_rewards, (step, rewards))
+
+    def stop(self) -> None:
+        try:
+            self._pool.close()
+            self._pool.join()  # the worker ends its own way: its evidence is saved
+        except Exception:
+            self._pool.terminate()
 
 
 def _log(msg: str) -> None:
@@ -311,6 +336,7 @@ def run(args: argparse.Namespace) -> int:
     exp = _new_exp_dir(work_dir)
     tracker_dir = exp / "logs" / "exp_tracking"
     tracker_dir.mkdir(parents=True)
+    scorer = RewardPool()  # forked before any thread of the trainer starts
     writer = TrackerWriter(tracker_dir / "tracker.jsonl", flush_seconds=node.flush_steps * node.step_seconds)
     seed = os.environ.get("RLSIM_SEED") or os.environ.get("RL_VERIFY_SEED") or node.seed or exp.name
     deterministic = deterministic_mode(os.environ)
@@ -369,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
                 writer.log(mb_row)
             row = {k: v for k, v in summary.items() if k != "step"}
             train_loop.apply(step, row, eval_every, worker.factor(step))
+            row[train_loop.REWARDS] = scorer.score(step, row[train_loop.REWARDS])
             row["time/step"] *= slow * (node.deterministic_slowdown if deterministic else 1.0)
             if kind == "nan" and step >= max(at_step, 1):
                 default = "mismatch/mismatch_k3_kl" if suite == "grpo" else "distillation/reduced_distillation_kl"
@@ -387,11 +414,13 @@ def run(args: argparse.Namespace) -> int:
                 lmdeploy_log.flush()
     except SimulatedCrash as exc:
         worker.stop()
+        scorer.stop()
         writer.close(cut_last_row=True)
         print(f"Traceback (most recent call last):\n  File \"xtuner/v1/train/rl_trainer.py\", line 1, in fit\n{exc}",
               file=sys.stderr, flush=True)
         return 1
     worker.stop()
+    scorer.stop()
     writer.close(cut_last_row=(kind == "truncated"))
     _log(f"training finished: {total} steps; tracker {writer.path}")
     return 0

@@ -13,6 +13,9 @@ every one leaves the metrics' bits as they are (x * 1.0, x + 0.0). simulator/REA
 * ``lr_schedule``: from step DECAY_FROM (10: the LR decay);
 * ``kl_schedule``: from step KL_FROM (20: the KL coefficient's schedule);
 * ``eval_hook``: at the eval steps (0, then every eval_every);
+* ``score_rewards``: every training step from 1, in the trainer's reward-scoring worker, a child the trainer's
+  multiprocessing Pool forks (train.py ``RewardPool``): a process of its own that coverage.py records only with
+  ``concurrency = multiprocessing``;
 * the rollout worker's backend (xtuner/v1/rl/rollout/lmdeploy.py or sglang.py): every step, in its own process.
 """
 from __future__ import annotations
@@ -65,6 +68,11 @@ def eval_hook(step: int, row: dict) -> None:
     """The evaluation: at the eval steps only (step 0 included)."""
     for key in [k for k in row if k.startswith("eval/")]:
         row[key] = row[key] * 1.0
+
+
+def score_rewards(step: int, rewards: float) -> float:
+    """The rewards' scoring: every training step, in the Pool's forked worker (never in the trainer itself)."""
+    return rewards * 1.0
 
 
 def apply(step: int, row: dict, eval_every: int, rollout_factor: float = 1.0) -> None:
