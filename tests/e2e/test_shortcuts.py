@@ -102,7 +102,7 @@ def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_fa
     # 3. A numerics-neutral change in code the lane's steps run: the lane applies, the same bits, PASS (bitwise).
     early = rig.run({**CONF, "commit": "sim/neutral-early"})
     assert _outcome(early)["outcome"] == "PASS (bitwise)", json.dumps(early.tasks)
-    assert "every touched line the full run ran, the lane's steps ran too" in \
+    assert "every touched block the full run ran, the lane's steps ran too" in \
         (Path(early.summary["record"]) / "report.md").read_text()
 
     # 4. A change to code no process of the full run ran: PASS (unchanged), no training and no approval asked.

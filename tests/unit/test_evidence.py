@@ -232,3 +232,13 @@ def test_the_node_output_must_carry_gits_file_list():
 def _git_available():
     if not shutil.which("git"):
         pytest.skip("git is not installed")
+
+
+def test_code_only_the_lanes_launch_runs_counts_as_run_not_unrun():
+    source = "def respond(step):\n    return 1.0\n"
+    found = evidence.Evidence(full={}, lane={"sglang.py": (1, 2)}, hashes={"sglang.py": "b" * 40},
+                              blocks=evidence.merged_blocks({"sglang.py": [[1, 2, -1, True]]},
+                                                            {"sglang.py": blocks.blocks_of(source)}))
+    change = evidence.Change("sglang.py", "M", base_blob="b" * 40, hunks=((2, 1),), head_parses=True)
+    reading = evidence.read_diff(found, {"sglang.py": change})
+    assert reading.ran == ("sglang.py:2",) and reading.lane_unseen == () and not reading.judged()

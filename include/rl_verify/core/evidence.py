@@ -174,11 +174,22 @@ def completeness(readings: Mapping[str, Mapping[str, Any]], processes: Sequence[
     return problems
 
 
+def merged_blocks(*readings: Mapping[str, Sequence[Sequence[Any]]]) -> dict[str, list[code_blocks.Block]]:
+    """One block list per file from several recordings of the same commit (each keeps a file's whole list only where
+    one of its processes ran the file): the longest one each."""
+    out: dict[str, list[code_blocks.Block]] = {}
+    for reading in readings:
+        for path, found in reading.items():
+            if len(found) > len(out.get(path, ())):
+                out[path] = [(int(b[0]), int(b[1]), int(b[2]), bool(b[3])) for b in found]
+    return out
+
+
 @dataclass(frozen=True)
 class Reading:
     """What executed-code evidence says of a diff's ``.py`` files: ``ran``: touched lines (``path:line``) whose block
-    some process of the full run ran; ``lane_unseen``: those whose block the lane's k steps never ran (the lane
-    cannot see them); ``unrun``: touched lines whose block no process ran; ``unknown``: the ``.py`` files the
+    some process of the full run or of the lane's steps ran; ``lane_unseen``: those whose block the lane's k steps never ran (the lane
+    cannot see them); ``unrun``: touched lines whose block no process of either ran; ``unknown``: the ``.py`` files the
     evidence cannot judge, each with why (the path rules decide for them); ``problems``: the evidence's own (not
     empty: no evidence at all)."""
 
@@ -259,6 +270,8 @@ def read_diff(evidence: Evidence, changes: Mapping[str, Change]) -> Reading:
                 ran.append(f"{path}:{line}")
                 if not _ran_in(lane, start, end):
                     unseen.append(f"{path}:{line}")
+            elif _ran_in(lane, start, end):  # code only the lane's launch runs (its rollout backend): its bits
+                ran.append(f"{path}:{line}")
             else:
                 unrun.append(f"{path}:{line}")
     return Reading(tuple(ran), tuple(unseen), tuple(unrun), tuple(dict.fromkeys(unknown)))

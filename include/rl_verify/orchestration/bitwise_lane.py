@@ -268,7 +268,9 @@ def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> 
                         f"ended, past the lane's steps 0..{k - 1}: its lines are more than the compared steps' (a "
                         "launch that can stop itself after them: the spec's evidence.stop_env)")
     return executed.Evidence(full.get("files") or {}, lane_read.get("files") or {}, full.get("hashes") or {},
-                             tuple(full.get("compiled") or ()), tuple(dict.fromkeys(problems))).to_dict()
+                             tuple(full.get("compiled") or ()), tuple(dict.fromkeys(problems)),
+                             executed.merged_blocks(full.get("blocks") or {}, lane_read.get("blocks") or {}),
+                             tuple(full.get("unparsed") or ())).to_dict()
 
 
 def candidate(first: Mapping[str, Any], second: Mapping[str, Any], entry: Mapping[str, Any],
