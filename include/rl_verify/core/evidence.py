@@ -187,11 +187,11 @@ def merged_blocks(*readings: Mapping[str, Sequence[Sequence[Any]]]) -> dict[str,
 
 @dataclass(frozen=True)
 class Reading:
-    """What executed-code evidence says of a diff's ``.py`` files: ``ran``: touched lines (``path:line``) whose block
-    some process of the full run or of the lane's steps ran; ``lane_unseen``: those whose block the lane's k steps never ran (the lane
-    cannot see them); ``unrun``: touched lines whose block no process of either ran; ``unknown``: the ``.py`` files the
-    evidence cannot judge, each with why (the path rules decide for them); ``problems``: the evidence's own (not
-    empty: no evidence at all)."""
+    """What executed-code evidence says of a diff's ``.py`` files: ``ran``: touched lines (``path:line``) whose
+    block some process of the full run or of the lane's steps ran; ``lane_unseen``: those whose block the full run
+    ran and the lane's k steps never did (the lane cannot see them); ``unrun``: touched lines whose block no process
+    of either ran; ``unknown``: the ``.py`` files the evidence cannot judge, each with why (the path rules decide for
+    them); ``problems``: the evidence's own (not empty: no evidence at all)."""
 
     ran: tuple[str, ...] = ()
     lane_unseen: tuple[str, ...] = ()
