@@ -109,6 +109,8 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
             return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches "
                                            "no path that can affect this suite", "affects")
         skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
+    if unrun_since and stale_affects and not skip_off:
+        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
     if unrun_since and not stale_affects and not skip_off:
         return LaneChoice("unchanged", f"no block of Python the diff since the verified PASS at "
                                        f"{short_sha(unrun_since)} touches ran in any process of its full run "

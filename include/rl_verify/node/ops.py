@@ -336,6 +336,17 @@ def input_checks(specs: Iterable[SuiteSpec]) -> list[tuple[str, str, str]]:
     return [(spec.name, item.kind, item.path) for spec in specs for item in spec.inputs]
 
 
+def read_environment(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str, key: str,
+                     needs: NodeNeeds | None = None) -> dict[str, Any] | None:
+    """The node's environment as :func:`check_prerequisites` reads it (gpu, gpu_count, driver, cuda, the launch
+    interpreter's ``packages``), alone, for a decision that must not wait for that check (issue 53: PASS (unchanged)
+    by executed-code evidence rests only on evidence recorded on this environment); None when it cannot be read."""
+    needs = merged_needs(specs) if needs is None else needs
+    status, out, _ = run_script(client, remote.prerequisites_script([], runs_root, key, needs=needs,
+                                                                    env_packages=environment_packages(specs)))
+    return parse_prerequisites(out).environment or None if status == 0 else None
+
+
 def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str,
                         key: str, needs: NodeNeeds | None = None, user: str = "the SSH user",
                         launcher: Mapping[str, Any] | None = None, conn_id: str = "the node") -> Prerequisites:

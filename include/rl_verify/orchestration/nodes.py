@@ -183,7 +183,7 @@ def pool_problems(conn_ids: list[str]) -> list[str]:
             problems.append(f"node {conn_id!r}: pool {name!r} does not exist, so its training would never start: "
                             f"create it with `airflow pools set {name} 1 'one training at a time on {conn_id}' "
                             "--include-deferred`")
-        elif _is_slurm(conn_id):
+        elif is_slurm(conn_id):
             if not pool["include_deferred"]:
                 log.warning("Pool %s does not count deferred tasks: a waiting training takes no slot, so more jobs "
                             "may queue in Slurm than the pool says", name)
@@ -194,7 +194,8 @@ def pool_problems(conn_ids: list[str]) -> list[str]:
     return problems
 
 
-def _is_slurm(conn_id: str) -> bool:
+def is_slurm(conn_id: str) -> bool:
+    """Whether the connection leads to a Slurm login node (a training's compute node is then Slurm's choice)."""
     try:
         return node_launcher(conn_id)["kind"] == launchers.SLURM
     except ValueError:  # said by node_problems

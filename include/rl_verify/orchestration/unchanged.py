@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from rl_verify.core import evidence as executed
-from rl_verify.core import lane, paths
+from rl_verify.core import bitwise, lane, paths
 from rl_verify.core.model import UNCHANGED, SuiteResult
 from rl_verify.core.names import short_sha
 from rl_verify.engines import engine_of
@@ -58,15 +58,17 @@ def bases(specs: list[SuiteSpec], fingerprints: Mapping[str, str],
 def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpec], found: Mapping[str, dict[str, Any]],
                       scheduled: bool = False, now: float | None = None, tree: Sequence[str] | None = None,
                       verdicts: Sequence[Mapping[str, Any]] = (),
-                      fingerprints: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+                      fingerprints: Mapping[str, str] | None = None,
+                      environment: Callable[[], Mapping[str, Any] | None] | None = None) -> dict[str, dict[str, Any]]:
     """The suites of one node that need no training: for each with a base in ``found``, the files changed
     between the base and ``sha`` in the node's checkout, as ``core.lane.judge`` decides with the suite's rules
     checked against ``tree`` (the checkout's files at ``sha``) and what the record says (``verdicts``:
     ``verification_history.suite_verdicts``): a FAIL of this commit, or of a later commit whose affecting files are
     the base's, turns the skip off. A scheduled run also trains a suite whose base is older than
     ``settings.FULL_EVERY_DAYS``. With ``fingerprints`` (suite -> experiment fingerprint), a suite whose newest
-    trusted reference kept complete executed-code evidence is also unchanged when the diff since that reference's
-    commit touches only Python lines no process of its full run ran (issue 44). Entry: the base (``sha``,
+    trusted reference on the node's environment now (``environment``: read once, when first needed) kept complete
+    executed-code evidence is also unchanged when the diff since that reference's commit changes only Python blocks
+    no process of its runs ran (issues 44, 53). Entry: the base (``sha``,
     ``run_id``, ``report``), ``files`` (every changed file), ``why`` (one sentence) and, from evidence,
     ``evidence`` (the changed lines, none of which ran)."""
     out: dict[str, dict[str, Any]] = {}
@@ -84,7 +86,7 @@ def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpe
 
     for spec in specs:
         by_evidence = _by_evidence(client, checkout, sha, spec, (fingerprints or {}).get(spec.name), tree, verdicts,
-                                   scheduled, now_at, diff)
+                                   scheduled, now_at, environment or (lambda: None))
         if by_evidence:
             out[spec.name] = by_evidence
             log.info("%s: %s (%s)", spec.name, UNCHANGED, by_evidence["why"])
@@ -132,52 +134,89 @@ def _contradiction(spec: SuiteSpec, rules: lane.Rules, sha: str, base: Mapping[s
     return ""
 
 
-def _by_evidence(client: Any, checkout: str, sha: str, spec: SuiteSpec, experiment: str | None,
-                 tree: Sequence[str] | None, verdicts: Sequence[Mapping[str, Any]], scheduled: bool, now_at: datetime,
-                 diff: Any) -> dict[str, Any] | None:
-    """The suite's entry when the newest trusted reference with complete executed-code evidence vouches for ``sha``
-    (issues 44, 53): its commit PASSed in full, and the diff since it changes only ``.py`` blocks no process of that
-    full run ran (``core.evidence.read_diff``) and no other file that can affect the suite. None otherwise (the path
-    rules then decide, as before)."""
-    if spec.evidence is None or spec.bitwise is None or not experiment:
-        return None
-    kept = references.newest_with_evidence(spec.name, experiment, bitwise_lane.lane_fingerprint(spec))
-    if kept is None:
-        return None
-    reference, recorded = kept
+def _evidence_of_this_environment(spec: SuiteSpec, experiment: str,
+                                  environment: Mapping[str, Any] | None) -> tuple[dict[str, Any], Any] | str:
+    """The trusted reference of ``spec`` for this experiment, lane config and the node's environment now, with its
+    complete executed-code evidence; or why there is none (one phrase)."""
+    if not environment:
+        return "the node's environment could not be read (evidence rests only on its own environment's)"
+    key = bitwise.reference_key(spec.name, experiment, bitwise.fingerprint(environment),
+                                bitwise_lane.lane_config(spec))
+    reference = references.get(key)
+    if references.state(reference) != references.TRUSTED:
+        return f"no trusted bitwise reference on this environment ({references.state(reference)})"
+    recorded = references.get_evidence(key, reference)
+    if recorded is None:
+        return f"the reference of {short_sha(str(reference.get('sha')))} on this environment kept no evidence"
     found = executed.Evidence.from_dict(recorded)
     if found.problems:
-        log.info("%s: the executed-code evidence of %s is incomplete (%s): the path rules decide", spec.name,
-                 short_sha(reference["sha"]), "; ".join(found.problems))
+        return (f"the executed-code evidence of {short_sha(str(reference.get('sha')))} is incomplete ("
+                + "; ".join(found.problems) + ")")
+    return dict(reference), found
+
+
+def _by_evidence(client: Any, checkout: str, sha: str, spec: SuiteSpec, experiment: str | None,
+                 tree: Sequence[str] | None, verdicts: Sequence[Mapping[str, Any]], scheduled: bool, now_at: datetime,
+                 environment: Callable[[], Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The suite's entry when the trusted reference of the node's environment now, with complete executed-code
+    evidence, vouches for ``sha`` (issues 44, 53): its commit PASSed in full, and the diff since it changes only
+    ``.py`` blocks no process of that full run or lane ran (``core.evidence.read_diff``) and no other file that can
+    affect the suite; and the record knows no FAIL of this commit, nor of a later one whose diff from the reference
+    changes no block that ran either (the same executed code). None otherwise (the path rules then decide)."""
+    if spec.evidence is None or spec.bitwise is None or not experiment:
         return None
-    try:
-        read = node.changed_lines(client, checkout, reference["sha"], sha)
-        changes = None if read is None else executed.read_changes(read)
-    except (node.NodeError, ValueError) as err:
-        log.info("%s: the diff since the evidence's commit could not be read (%s): the path rules decide", spec.name,
-                 err)
+    kept = _evidence_of_this_environment(spec, experiment, environment())
+    if isinstance(kept, str):
+        log.info("%s: no PASS (unchanged) by executed-code evidence: %s: the path rules decide", spec.name, kept)
         return None
-    if changes is None:
-        return None
-    reading = executed.read_diff(found, changes)
+    reference, found = kept
     rules = rules_of(spec, with_lane=False)
-    base = {"sha": reference["sha"], "run_id": reference.get("run_id"), "report": reference.get("report"),
-            "written_at": 0}
-    decided = lane.judge(rules, lane.Facts(
-        requested="auto", scheduled=scheduled, changed_since_reference=list(changes), reference="trusted",
-        reference_sha=reference["sha"], evidence=reading, tree=tree,
-        contradicted=_contradiction(spec, rules, sha, base, verdicts, diff),
-        last_full_at=_when(reference.get("made_at")), now=now_at))
+
+    def judged(head: str) -> tuple[lane.Judgement, Any, dict[str, Any]] | None:
+        try:
+            read = node.changed_lines(client, checkout, reference["sha"], head)
+            changes = None if read is None else executed.read_changes(read)
+        except (node.NodeError, ValueError) as err:
+            log.info("%s: the diff since the evidence's commit could not be read (%s)", spec.name, err)
+            return None
+        if changes is None:
+            return None
+        reading = executed.read_diff(found, changes)
+        return lane.judge(rules, lane.Facts(
+            requested="auto", scheduled=scheduled, changed_since_reference=list(changes), reference="trusted",
+            reference_sha=reference["sha"], evidence=reading, tree=tree,
+            last_full_at=_when(reference.get("made_at")), now=now_at)), reading, changes
+
+    mine = judged(sha)
+    if mine is None:
+        return None
+    decided, reading, changes = mine
     if decided.choice != "unchanged":
         log.info("%s: executed-code evidence of %s: %d touched line(s) ran, %d file(s) it cannot judge (%s)",
                  spec.name, short_sha(reference["sha"]), len(reading.ran), len(reading.unknown), decided.why)
         return None
+    doubt = verification_history.doubted(verdicts, spec.name, sha)
+    if doubt:
+        log.info("%s: the record doubts %s (%s): no PASS (unchanged)", spec.name, short_sha(sha),
+                 verification_history.doubt_words(doubt))
+        return None
+    made = _when(reference.get("made_at"))
+    for verdict in verdicts:  # a later FAIL of the same executed code: the environment, or what the PASS missed
+        if verdict["suite"] != spec.name or not verdict["doubting"] or verdict["sha"] == sha or made is None or \
+                float(verdict.get("written_at") or 0) <= made.timestamp():
+            continue
+        theirs = judged(verdict["sha"])
+        if theirs is None or theirs[0].choice == "unchanged":
+            log.info("%s: %s, whose changed blocks since %s never ran either, ended %s after it: no PASS "
+                     "(unchanged)", spec.name, short_sha(verdict["sha"]), short_sha(reference["sha"]),
+                     verdict.get("outcome"))
+            return None
     files = sorted(changes)
     why = (f"{decided.why} ({len(reading.unrun)} changed line(s) of Python in blocks no process ran; "
            f"{len(files)} file(s) changed)")
-    return {**{k: base[k] for k in ("sha", "run_id", "report")}, "files": files, "why": why,
+    return {**{k: reference.get(k) for k in ("sha", "run_id", "report")}, "files": files, "why": why,
             "evidence": {"lines": list(reading.unrun[:200]), "reference": reference.get("key"),
-                         "made_at": reference.get("made_at")}}
+                         "made_at": reference.get("made_at"), "environment": reference.get("environment")}}
 
 
 def _when(text: Any) -> datetime | None:

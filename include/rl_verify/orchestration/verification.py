@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Mapping
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -31,9 +32,9 @@ from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
 from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged, verification_history
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
-from rl_verify.orchestration.nodes import (check_nodes, expanded_specs, no_retry_on, node_launcher, node_problems,
-                                           node_settings, pool_problems, ssh_client, suite_node, suites_by_node,
-                                           version_files)
+from rl_verify.orchestration.nodes import (is_slurm, check_nodes, expanded_specs, no_retry_on, node_launcher,
+                                           node_needs, node_problems, node_settings, pool_problems, ssh_client,
+                                           suite_node, suites_by_node, version_files)
 from rl_verify.store import baselines, record
 from rl_verify.suites import card
 from rl_verify.suites.spec import SuiteSpec
@@ -128,10 +129,10 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
                 trees[conn] = found[conn].pop("tree")  # too large for the XCom: its conclusions travel instead
                 on_node = [s for s in specs if p["suite_nodes"][s.name] == conn]
                 if skips and not found[conn]["dirty_stat"]:
-                    skipped.update(unchanged.unchanged_on_node(client, values[settings.NODE_CHECKOUT_KEY],
-                                                               found[conn]["sha"], on_node, bases,
-                                                               scheduled=run_type == "scheduled", tree=trees[conn],
-                                                               verdicts=verdicts, fingerprints=fingerprints))
+                    skipped.update(unchanged.unchanged_on_node(
+                        client, values[settings.NODE_CHECKOUT_KEY], found[conn]["sha"], on_node, bases,
+                        scheduled=run_type == "scheduled", tree=trees[conn], verdicts=verdicts,
+                        fingerprints=fingerprints, environment=_environment_reader(client, conn, on_node, values, key)))
     if len({r["sha"] for r in found.values()}) > 1:
         raise AirflowFailException(
             f"commit {p['commit']!r} is not the same commit on every node ("
@@ -162,6 +163,20 @@ def resolve_commit(params: Mapping[str, Any], dag_run_id: str, run_type: str = "
     if resolved["dirty_stat"]:
         log.warning("Worktree is dirty:\n%s", resolved["dirty_stat"])
     return resolved
+
+
+def _environment_reader(client: Any, conn: str, specs: list[SuiteSpec], values: Mapping[str, str],
+                        key: str) -> Callable[[], dict[str, Any] | None]:
+    """The node's environment, read at most once and only when a decision needs it (issue 53): None on a Slurm
+    target (its compute node is Slurm's to choose) or when it cannot be read."""
+    seen: list[dict[str, Any] | None] = []
+
+    def read() -> dict[str, Any] | None:
+        if not seen:
+            seen.append(None if is_slurm(conn) else node.read_environment(
+                client, specs, values[settings.REMOTE_RUNS_DIR_KEY], key, node_needs(specs, values)))
+        return seen[0]
+    return read
 
 
 def stale_rules(specs: list[SuiteSpec], tree: list[str]) -> dict[str, dict[str, list[str]]]:
