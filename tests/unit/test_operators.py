@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from rl_verify.orchestration.operators import SuiteTrainingOperator
-from rl_verify.orchestration.triggers import RLJobTrigger, parse_poll, reconnect_delay
+from rl_verify.node.poll import parse_poll
+from rl_verify.orchestration.triggers import RLJobTrigger, reconnect_delay
 
 
 def _trigger() -> RLJobTrigger:

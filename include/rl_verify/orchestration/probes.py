@@ -16,7 +16,7 @@ from rl_verify import settings
 from rl_verify.core import bisect
 from rl_verify.core.names import run_key, short_sha
 from rl_verify.orchestration import airflow_api, bisection, links
-from rl_verify.orchestration.triggers import ProbesTrigger
+from rl_verify.orchestration.probe_trigger import ProbesTrigger
 from rl_verify.orchestration.verification_history import suite_outcome
 from rl_verify.store import record
 

@@ -27,6 +27,11 @@ from rl_verify.core.bitwise import LaneWatch
 from rl_verify.core.live import LiveWatch, describe_hit
 from rl_verify.node import launcher as launchers
 from rl_verify.node import remote
+from rl_verify.node.poll import parse_poll, pending_too_long, poll_elapsed, poll_scheduler
+# Its serialised path in earlier versions was this module's: it stays importable from here.
+from rl_verify.orchestration.probe_trigger import ProbesTrigger
+
+__all__ = ["ProbesTrigger", "RLJobTrigger", "parse_poll", "reconnect_delay"]
 
 #: The task states after which a user's "kill" really means stop the job (a cleared task comes back).
 ENDED_STATES = ("failed", "success", "skipped", "upstream_failed", "removed")
@@ -39,56 +44,6 @@ def reconnect_delay(attempt: int) -> float:
     job survives is set by the number of attempts (``settings.SSH_RECONNECT_ATTEMPTS``).
     """
     return min(2 ** (attempt - 1), 10) + random.uniform(0, 1)
-
-
-def parse_poll(output: bytes) -> tuple[int | None, int, int, str, int]:
-    """Split the output of the ``job_poll`` script: (exit code, start offset, log size, text, new offset).
-
-    The first line is ``<exit code or -> <start offset> <log size> [<seconds since start>]``; the rest
-    is the log's bytes from the start offset (see :func:`poll_elapsed` for the fourth field). While
-    the job runs only whole lines are taken (a partial last line, or a UTF-8 character cut by the
-    chunk limit, waits for the next poll); once it has exited, all.
-    """
-    head, _, chunk = output.partition(b"\n")
-    fields = head.decode(errors="replace").split()
-    if len(fields) not in (3, 4, 5) or not (fields[1].isdigit() and fields[2].isdigit()):
-        raise ValueError(f"unexpected job poll output: {head[:200]!r}")
-    exit_code = None if fields[0] == "-" else int(fields[0])
-    start, size = int(fields[1]), int(fields[2])
-    if exit_code is None or start + len(chunk) < size:
-        whole_lines = chunk[: chunk.rfind(b"\n") + 1]
-        # A line longer than a whole chunk is passed on in pieces (never cutting a character).
-        chunk = whole_lines or (_utf8_prefix(chunk) if start + len(chunk) < size else b"")
-    return exit_code, start, size, chunk.decode("utf-8", errors="replace"), start + len(chunk)
-
-
-def poll_elapsed(output: bytes) -> float | None:
-    """Seconds since the job started, from the ``job_poll`` header (None when absent)."""
-    fields = output.partition(b"\n")[0].split()
-    return float(fields[3]) if len(fields) >= 4 and fields[3].lstrip(b"-").isdigit() else None
-
-
-def poll_scheduler(output: bytes) -> dict[str, str] | None:
-    """What the scheduler said of the job, from the ``job_poll`` header's fifth field (a Slurm launcher's poll:
-    ``{"state": "pending", "detail": "Resources"}``); None for a job no scheduler holds."""
-    fields = output.partition(b"\n")[0].split()
-    return launchers.scheduler_of(fields[4].decode(errors="replace")) if len(fields) == 5 else None
-
-
-def pending_too_long(scheduler: dict[str, str] | None, waited_s: float, limit_s: int) -> bool:
-    """Whether a job the scheduler still holds in its queue has waited past the limit (0: no limit)."""
-    return bool(scheduler and scheduler["state"] == "pending" and limit_s and waited_s >= limit_s)
-
-
-def _utf8_prefix(data: bytes) -> bytes:
-    """``data`` without a UTF-8 character cut at its end."""
-    for cut in range(min(4, len(data)) + 1):
-        try:
-            (data[: len(data) - cut]).decode("utf-8")
-            return data[: len(data) - cut]
-        except UnicodeDecodeError:
-            continue
-    return data
 
 
 class RLJobTrigger(BaseTrigger):
@@ -471,34 +426,3 @@ class RLJobTrigger(BaseTrigger):
                 conn.close()
         except Exception:  # said in the task log; the run's cleanup (when it runs) stops what is left
             self.log.exception("Could not stop job %s", self.job_marker)
-
-
-class ProbesTrigger(BaseTrigger):
-    """Waits until one of a bisection's probe runs (DAG runs of ``dag_id``) has ended, then reports the
-    states of every one of ``run_ids`` that has. It asks Airflow for the runs' states the way the
-    standard provider's ``DagStateTrigger`` does (the Task SDK's ``RuntimeTaskInstance.get_dagrun_state``),
-    so it needs no API credentials."""
-
-    def __init__(self, *, dag_id: str, run_ids: list[str], poll_interval: float = 10) -> None:
-        super().__init__()
-        self.dag_id, self.run_ids, self.poll_interval = dag_id, list(run_ids), float(poll_interval)
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return ("rl_verify.orchestration.triggers.ProbesTrigger",
-                {"dag_id": self.dag_id, "run_ids": self.run_ids, "poll_interval": self.poll_interval})
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        from asgiref.sync import sync_to_async
-        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
-
-        state_of = sync_to_async(RuntimeTaskInstance.get_dagrun_state)
-        while True:
-            ended: dict[str, str] = {}
-            for run_id in self.run_ids:
-                state = str(getattr(s := await state_of(dag_id=self.dag_id, run_id=run_id), "value", s))
-                if state in ("success", "failed"):
-                    ended[run_id] = state
-            if ended or not self.run_ids:
-                yield TriggerEvent({"ended": ended})
-                return
-            await asyncio.sleep(self.poll_interval)
