@@ -28,7 +28,7 @@ from typing import Any
 from pathlib import Path
 
 from rl_verify.core import evidence as executed
-from rl_verify.core import lane
+from rl_verify.core import lane, paths
 from rl_verify.core.errors import InputError
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.report import ReportMeta, text_table, write_report
@@ -329,6 +329,23 @@ def _diff_on_checkout(checkout: Path, base: str, head: str) -> Any:
     return executed.read_changes(done.stdout)
 
 
+def _not_yet(checkout: Path, head: str, rules: lane.Rules, tree: list[str]) -> list[str]:
+    """The suite's patterns that match no file at ``head`` but do at the checkout's HEAD, a descendant of it: the
+    rules name files added after ``head`` (its rules are newer than it), not files that are gone."""
+    stale = [p for group in lane.stale_rules(rules, tree) for p in group]
+    if not stale or _git_status(checkout, "merge-base", "--is-ancestor", head, "HEAD") != 0:
+        return []
+    newest = _git(checkout, "ls-tree", "-r", "--name-only", "HEAD")
+    return [p for p in stale if not paths.stale([p], newest)]
+
+
+def _git_status(checkout: Path, *args: str) -> int:
+    """git's exit status alone (a question git answers with it, such as ``merge-base --is-ancestor``)."""
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True).returncode
+
+
 def _run_shortcut(args: argparse.Namespace) -> int:
     """What a verification would do with the diff ``--base``..``--head`` per suite (``core.lane.judge``, the DAG's own
     decision): unchanged, bitwise or full, the rule and the files that decided, and every stale pattern; with
@@ -347,9 +364,11 @@ def _run_shortcut(args: argparse.Namespace) -> int:
     for name in suites:
         spec = load_suite(name)
         reading = None if found is None or changes is None else executed.read_diff(found, changes)
-        judged = lane.judge(rules_of(spec), lane.Facts(
+        rules = rules_of(spec)
+        judged = lane.judge(rules, lane.Facts(
             verified_pass=base, changed_since_pass=changed, changed_since_reference=changed, tree=tree,
-            reference="trusted", reference_sha=base, evidence=reading)).to_dict()
+            reference="trusted", reference_sha=base, evidence=reading,
+            not_yet=_not_yet(checkout, head, rules, tree))).to_dict()
         judged["evidence"] = "none given (--evidence): the path rules alone" if reading is None else \
             ("not used: " + "; ".join(reading.problems)) if reading.problems else reading.to_dict()
         out[name] = judged

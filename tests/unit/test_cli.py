@@ -159,3 +159,52 @@ def test_shortcut_refuses_a_commit_the_clone_lacks_naming_the_flag(clone, capsys
     repo, _ = clone
     status, out = _shortcut(capsys, repo, "main", "f" * 40)
     assert status == 2 and "--head 'ffff" in out.err and "is not a commit of this checkout" in out.err
+
+
+def _repo_with_checkout_files(root, skip=()):
+    from simulator.checkout import checkout_files
+
+    _git(root, "init", "-q", "-b", "main")
+    for rel in checkout_files():
+        if rel not in skip:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(f"{rel}\n")
+    return _git(root, "add", "-A") and _git(root, "commit", "-qm", "files")
+
+
+def test_shortcut_says_rules_newer_than_an_old_commit_are_not_out_of_date(tmp_path, capsys):
+    launch = "examples/v1/scripts/run_rl.sh"
+    old = _repo_with_checkout_files(tmp_path, skip=(launch,))
+    (tmp_path / "docs").mkdir(exist_ok=True)
+    (tmp_path / "docs/x.md").write_text("docs\n")
+    docs = _git(tmp_path, "add", "-A") and _git(tmp_path, "commit", "-qm", "docs")
+    (tmp_path / launch).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / launch).write_text("run\n")
+    _git(tmp_path, "add", "-A") and _git(tmp_path, "commit", "-qm", "the launch script arrives")
+    status, out = _shortcut(capsys, tmp_path, old, docs, "--suite", "grpo")
+    assert status == 0 and "grpo: full (rule: affects): the suite's path rules are newer than this commit" in out.out
+    assert f"'{launch}' name files this commit does not have yet" in out.out and "out of date" not in out.out
+
+
+def test_shortcut_with_evidence_judges_the_diff_as_the_dag_does(tmp_path, capsys):
+    import subprocess
+
+    unused = "xtuner/v1/model/moe/deepseek_v3.py"
+    base = _repo_with_checkout_files(tmp_path)
+    blob = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", f"HEAD:{unused}"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / unused).write_text(f"{unused}\nrouter = 0.5\n")
+    head = _git(tmp_path, "commit", "-qam", "a module no process ran")
+    recorded = {"full": {"xtuner/rlsim/train.py": [1]}, "lane": {"xtuner/rlsim/train.py": [1]},
+                "hashes": {unused: blob}, "blocks": {unused: [[1, 1, -1, True]]}, "sha": base, "problems": []}
+    (tmp_path / "evidence.json").write_text(json.dumps(recorded))
+    status, out = _shortcut(capsys, tmp_path, base, head, "--suite", "grpo", "--evidence",
+                            str(tmp_path / "evidence.json"), "--json")
+    found = json.loads(out.out)["suites"]["grpo"]
+    assert status == 0 and (found["choice"], found["rule"]) == ("unchanged", "evidence"), found
+    assert found["evidence"]["unrun"] == [f"{unused}:1"]  # an insertion at the end touches the last line
+    status, out = _shortcut(capsys, tmp_path, base, head, "--suite", "grpo")  # the path rules alone: no skip
+    assert "grpo: unchanged" not in out.out
+    (tmp_path / "other.json").write_text(json.dumps({**recorded, "sha": head}))
+    status, out = _shortcut(capsys, tmp_path, base, head, "--evidence", str(tmp_path / "other.json"))
+    assert status == 2 and "recorded at" in out.err and "--base" in out.err

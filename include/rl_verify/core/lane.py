@@ -62,9 +62,13 @@ STALE_FIX = ("name the checkout's current paths in the suite spec (XTuner moves 
              "path finds the new one), or remove the pattern")
 
 
-def stale_words(field: str, patterns: Sequence[str]) -> str:
-    """One sentence naming a suite's path rules that match no file of the checkout, and the fix."""
+def stale_words(field: str, patterns: Sequence[str], not_yet: Sequence[str] = ()) -> str:
+    """One sentence naming a suite's path rules that match no file of the checkout, and the fix; patterns that are
+    all in ``not_yet`` (they name files a newer commit has: the rules are newer than this commit) are said so."""
     shown = ", ".join(f"'{p}'" for p in patterns)
+    if patterns and set(patterns) <= set(not_yet):
+        return (f"{field} pattern(s) {shown} name files this commit does not have yet (the suite's rules are newer "
+                "than the commit): nothing vouches for a shortcut older than its rules")
     return f"{field} pattern(s) {shown} match no file of the checkout at this commit; fix: {STALE_FIX}"
 
 
@@ -73,7 +77,7 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
            last_full_at: datetime | None, now: datetime, full_every_days: float,
            environment_change: str = "", stale_affects: Sequence[str] = (), stale_lane: Sequence[str] = (),
            contradicted: str = "", blind: str = "", lane_unseen: Sequence[str] = (),
-           unrun_since: str = "") -> LaneChoice:
+           unrun_since: str = "", not_yet: Sequence[str] = ()) -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
@@ -108,9 +112,9 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
         if not stale_affects:
             return LaneChoice("unchanged", f"the diff since the verified PASS at {short_sha(verified_pass)} touches "
                                            "no path that can affect this suite", "affects")
-        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
+        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects, not_yet)}"
     if unrun_since and stale_affects and not skip_off:
-        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects)}"
+        skip_off = f"no PASS (unchanged): {stale_words('affects', stale_affects, not_yet)}"
     if unrun_since and not stale_affects and not skip_off:
         return LaneChoice("unchanged", f"no block of Python the diff since the verified PASS at "
                                        f"{short_sha(unrun_since)} touches ran in any process of its full run "
@@ -123,11 +127,13 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
         return LaneChoice("full", skip_off or "the suite declares no bitwise lane",
                           "affects" if skip_off else "no lane")
     if stale_affects:  # the suite's account of its own code is out of date: nothing vouches for the lane either
-        return LaneChoice("full", "the suite's path rules are out of date: "
-                          + stale_words("affects", stale_affects), "affects")
+        newer = set(stale_affects) <= set(not_yet)
+        return LaneChoice("full", ("the suite's path rules are newer than this commit: " if newer else
+                                   "the suite's path rules are out of date: ")
+                          + stale_words("affects", stale_affects, not_yet), "affects")
     if stale_lane:
         return LaneChoice("full", "the lane's rule cannot be trusted: "
-                                  + stale_words("bitwise.disabled_by", stale_lane), "bitwise.disabled_by")
+                                  + stale_words("bitwise.disabled_by", stale_lane, not_yet), "bitwise.disabled_by")
     if lane_unseen:
         return LaneChoice("full", f"the lane's deterministic steps never ran {_files(lane_unseen)}, which the "
                                   "reference's full run ran (executed-code evidence): the change shows only in the "
@@ -206,9 +212,8 @@ class Facts:
     #: issues 44, 53; None: no evidence). Evidence only ever takes a shortcut away from what the path rules give,
     #: except PASS (unchanged) for ``.py`` files whose every touched block no process of the full run ran.
     evidence: Reading | None = None
-    #: Why the evidence may not grant PASS (unchanged) here ("" when it may): recorded on another environment than
-    #: the node's now, or the reference is not a trusted verified PASS.
-    evidence_off: str = ""
+    #: The stale patterns that name files a newer commit of the checkout has (the rules are newer than the commit).
+    not_yet: Sequence[str] = ()
     contradicted: str = ""
     blind: str = ""
     last_full_at: datetime | None = None
@@ -265,8 +270,7 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
     elif has_lane and since_ref:  # every changed file, .py included: evidence never grants against a rule
         disabling = tuple(paths.affecting(since_ref, rules.disabled_by or (), ()))
     by_evidence = ""
-    if reading is not None and since_ref is not None and reference == "trusted" and not facts.evidence_off \
-            and facts.reference_sha:
+    if reading is not None and since_ref is not None and reference == "trusted" and facts.reference_sha:
         unrun = reading.judged() - set(rules.read)
         if not [p for p in paths.affecting(since_ref, rules.affects, rules.unaffecting) if p not in unrun]:
             by_evidence = facts.reference_sha
@@ -277,5 +281,5 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
                     facts.full_every_days, environment_change=facts.environment_change,
                     stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
                     blind=facts.blind, lane_unseen=tuple(reading.lane_unseen if reading else ()),
-                    unrun_since=by_evidence)
+                    unrun_since=by_evidence, not_yet=tuple(facts.not_yet))
     return Judgement(chosen.choice, chosen.why, chosen.rule, affecting, disabling, stale_affects, stale_lane)
