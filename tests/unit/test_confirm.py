@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rl_verify import engines
-from rl_verify.core import confirm
+from rl_verify.core import confirm, deviation
 from rl_verify.core.confirm import (FAIL, INCONCLUSIVE, NOT_REPRODUCED, PASS, REPRODUCED, Point, Rule, RunPoints,
                                     Spread, decide)
 from rl_verify.engines import load_suite
@@ -149,15 +149,15 @@ def test_without_a_spread_one_repeat_decides_by_the_same_metric_in_the_same_dire
 
 
 def test_the_max_deviation_factor_matches_the_runbooks_three_runs():
-    assert confirm.max_dev_factor(3, 5) == pytest.approx(1.615, abs=0.01)
-    assert confirm.max_dev_factor(3, 6) == pytest.approx(1.680, abs=0.01)
+    assert deviation.max_dev_factor(3, 5) == pytest.approx(1.615, abs=0.01)
+    assert deviation.max_dev_factor(3, 6) == pytest.approx(1.680, abs=0.01)
 
 
 def test_a_healthy_runs_breach_chance_follows_the_normal_tail():
     # One point, threshold 2 sd of a difference (sigma * sqrt(1 + 1/N)): 4.55%.
     sd = 0.01 * math.sqrt(1 + 1 / 3)
-    assert confirm.healthy_breach_rate(0.01, 2 * sd, 1, 3) == pytest.approx(0.0455, abs=0.0005)
-    assert confirm.healthy_breach_rate(0.01, 2 * sd, 6, 3) == pytest.approx(1 - (1 - 0.0455) ** 6, abs=0.002)
+    assert deviation.healthy_breach_rate(0.01, 2 * sd, 1, 3) == pytest.approx(0.0455, abs=0.0005)
+    assert deviation.healthy_breach_rate(0.01, 2 * sd, 6, 3) == pytest.approx(1 - (1 - 0.0455) ** 6, abs=0.002)
 
 
 def test_the_shipped_opd_golden_table_gives_the_spread_from_the_runbooks_measured_deviations():
@@ -165,8 +165,8 @@ def test_the_shipped_opd_golden_table_gives_the_spread_from_the_runbooks_measure
     provenance, _ = engines.get("opd").shipped(spec)
     spread = engines.get("opd").spread(spec, provenance.model_dump(mode="json"))
     assert spread is not None and spread.runs == 3
-    assert spread.sigma[KL] == pytest.approx(0.0174 / confirm.max_dev_factor(3, 5))  # measured over 5 points
-    assert spread.sigma[GSM] == pytest.approx(0.0169 / confirm.max_dev_factor(3, 6))  # and over 6
+    assert spread.sigma[KL] == pytest.approx(0.0174 / deviation.max_dev_factor(3, 5))  # measured over 5 points
+    assert spread.sigma[GSM] == pytest.approx(0.0169 / deviation.max_dev_factor(3, 6))  # and over 6
     assert "time/step" not in spread.sigma  # reference only: never judged
 
 
@@ -181,24 +181,24 @@ def test_grpos_prior_reads_its_thresholds_as_the_runbooks_rule_on_n_minus_1_degr
     provenance, _ = engines.get("grpo").shipped(grpo)
     spread = engines.get("grpo").spread(grpo, provenance.model_dump(mode="json"))
     assert spread is not None and spread.runs == 5 and spread.points_per_metric == 45
-    p80 = confirm.percentile_dev_factor(5, 45, 80.0)[0]
+    p80 = deviation.percentile_dev_factor(5, 45, 80.0)[0]
     assert spread.sigma["response/rewards/mean"] == pytest.approx(0.1 / (1.5 * p80))
     assert spread.sigma["response/response_len/mean"] == pytest.approx(0.12 / (1.5 * p80))
-    assert spread.sigma["mismatch/mismatch_k3_kl"] == pytest.approx(1e-4 / (1.5 * confirm.max_dev_factor(5, 45)))
-    assert spread.sigma["eval/accuracy"] == pytest.approx(0.05 / (1.5 * confirm.max_dev_factor(5, 1)))
+    assert spread.sigma["mismatch/mismatch_k3_kl"] == pytest.approx(1e-4 / (1.5 * deviation.max_dev_factor(5, 45)))
+    assert spread.sigma["eval/accuracy"] == pytest.approx(0.05 / (1.5 * deviation.max_dev_factor(5, 1)))
     assert set(spread.df.values()) == {4.0} and "time/step" not in spread.sigma
     assert "the mismatch bound itself stays the runbook's absolute one" in spread.source
     # A calibrated version's measured max deviation replaces the reading for an absolute metric.
     measured = engines.get("grpo").spread(grpo, {"runs": 4, "statistics": {"max_dev": {
         "response/rewards/mean": {"max_dev": 0.08}}}})
-    assert measured.sigma["response/rewards/mean"] == pytest.approx(0.08 / confirm.max_dev_factor(4, 45))
-    assert measured.df["response/rewards/mean"] == confirm.max_dev_df(4, 45)
+    assert measured.sigma["response/rewards/mean"] == pytest.approx(0.08 / deviation.max_dev_factor(4, 45))
+    assert measured.df["response/rewards/mean"] == deviation.max_dev_df(4, 45)
 
 
 def test_the_simulated_rates_of_the_rule_at_the_runbooks_opd_noise():
     layout = confirm.Layout({KL: 0.03, GSM: 0.03}, {KL: STEPS, GSM: STEPS})
     healthy = confirm.simulate(layout, SPREAD, samples=400, seed=3)
-    single = 1 - (1 - confirm.healthy_breach_rate(0.01, 0.03, len(STEPS), 3)) ** 2
+    single = 1 - (1 - deviation.healthy_breach_rate(0.01, 0.03, len(STEPS), 3)) ** 2
     assert abs((1 - healthy[PASS]) - single) < 0.04  # the simulated first runs FAIL as the normal tail says
     assert healthy[REPRODUCED] < 0.02 and healthy["runs"] < 1.2
     shifted = confirm.simulate(layout, SPREAD, shift={KL: 0.04}, samples=200, seed=3)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from conftest import dump_rows, grpo_rows
-from rl_verify.core import confirm
+from rl_verify.core import confirm, deviation
 from rl_verify.core.model import Check, SuiteResult
 from rl_verify.engines import engine_of, load_suite
 
@@ -80,6 +80,6 @@ def test_grpos_error_rates_are_simulated_with_its_p80_verdict():
     spread = ENGINE.spread(SPEC, None)
     assert layout.percentiles == {REWARDS: 80.0, LENGTH: 80.0} and layout.steps[ACC] == (45,)
     # At the prior's own spread a single step often leaves the 12% bound, its p80 over 45 steps seldom does.
-    any_step = confirm.healthy_breach_rate(spread.sigma[LENGTH], 0.12, 45, 5)
-    p80 = confirm.healthy_breach_rate(spread.sigma[LENGTH], 0.12, 45, 5, percentile=80)
+    any_step = deviation.healthy_breach_rate(spread.sigma[LENGTH], 0.12, 45, 5)
+    p80 = deviation.healthy_breach_rate(spread.sigma[LENGTH], 0.12, 45, 5, percentile=80)
     assert any_step > 0.5 and p80 < 0.05

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rl_verify import engines, settings
-from rl_verify.core import confirm, spread
+from rl_verify.core import confirm, deviation, spread
 from rl_verify.core.confirm import Point, RunPoints, Rule, Spread
 from rl_verify.engines import load_suite
 from rl_verify.orchestration import spread_history
@@ -141,7 +141,7 @@ def test_the_shipped_opd_prior_carries_the_degrees_of_freedom_of_one_max_deviati
     prior = engines.get("opd").spread(spec, provenance.model_dump(mode="json"))
     assert set(prior.df) == set(prior.sigma)
     assert all(6.5 <= df <= 9.0 for df in prior.df.values()), prior.df  # ~25% uncertain: 1 / (2 cv^2)
-    assert confirm.max_dev_df(3, 6) == pytest.approx(8.1, abs=0.3)
+    assert deviation.max_dev_df(3, 6) == pytest.approx(8.1, abs=0.3)
 
 
 # ----------------------------------------------------------------------------- the record store's history

@@ -8,7 +8,7 @@ its degrees of freedom, so that the rule's bounds are Student-t's and a thin est
 evidence instead of crying wolf:
 
 * **the prior**: the provenance's sigma, on the degrees of freedom of the estimator behind it
-  (:func:`core.confirm.max_dev_df`: ~8 for one max deviation over 3 runs and 6 points);
+  (:func:`core.deviation.max_dev_df`: ~8 for one max deviation over 3 runs and 6 points);
 * **the repeats** of the verification being decided: the runs of one commit, each point's squared
   deviations from their mean at that point (free of the baseline's own error, which they share, and of
   any shift of the commit). The first run is left out: it was chosen for breaching, its deviation is

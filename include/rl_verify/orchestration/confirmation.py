@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
-from rl_verify.core import confirm
+from rl_verify.core import confirm, deviation
 from rl_verify.core import spread as core_spread
 from rl_verify.core.names import repeat_seed
 from rl_verify.engines import engine_of, load_suite
@@ -190,7 +190,7 @@ def estimate(layout: confirm.Layout, spread: confirm.Spread, budget: int) -> dic
             metrics[metric] = {
                 "sigma": spread.sigma[metric],
                 "threshold": layout.thresholds[metric],
-                "healthy_breach": confirm.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
+                "healthy_breach": deviation.healthy_breach_rate(spread.sigma[metric], layout.thresholds[metric],
                                                               len(layout.steps[metric]), spread.runs,
                                                               layout.percentiles.get(metric)),
                 "min_detectable_shift": confirm.minimum_detectable_shift(layout, spread, metric, rule, samples=300)}

@@ -19,9 +19,10 @@ from typing import Any
 from rl_verify import settings
 from rl_verify.core.errors import InputError
 from rl_verify.core.livecheck import compact_tracker, tracker_from_text
-from rl_verify.core.confirm import Layout, RunPoints, Spread, max_dev_df, max_dev_factor, percentile_dev_factor
+from rl_verify.core.confirm import Layout, RunPoints, Spread
+from rl_verify.core.deviation import max_dev_df, max_dev_factor, percentile_dev_factor
 from rl_verify.core.confirm import Point as ConfirmPoint
-from rl_verify.core.confirm import sigma_from_max_dev
+from rl_verify.core.deviation import sigma_from_max_dev
 from rl_verify.core.model import TIMING_METRICS, SuiteResult
 from rl_verify.core.tracker import MARKER, Tracker, read_tracker
 from rl_verify.core.provenance import Provenance

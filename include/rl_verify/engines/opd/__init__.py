@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from rl_verify import settings
 from rl_verify.core.confirm import Point as ConfirmPoint
-from rl_verify.core.confirm import Layout, RunPoints, Spread, max_dev_df, sigma_from_max_dev
+from rl_verify.core.confirm import Layout, RunPoints, Spread
+from rl_verify.core.deviation import max_dev_df, sigma_from_max_dev
 from rl_verify.core.errors import InputError
 from rl_verify.core.livecheck import compact_tracker, tracker_from_text
 from rl_verify.core.model import Check, SuiteResult
