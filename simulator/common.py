@@ -72,6 +72,19 @@ CODE_EDITS = {
     "unused-change": ("sim/unused-change", "xtuner/v1/model/moe/deepseek_v3.py",
                       ("    return 1.0\n", "    return 0.5\n"),
                       "moe: rescale the DeepSeek-V3 router (simulated: code neither suite runs)"),
+    # Issue 53: edits no touched line of which has bytecode, in code every step runs.
+    "else-elif": ("sim/else-elif", "xtuner/rlsim/train_loop.py",
+                  ("    else:\n        scale = scale * 2.0\n",
+                   '    elif mode == "delta":\n        scale = scale * 2.0\n'),
+                  "weight sync: a delta mode (simulated regression: the full sync's branch no longer runs, so "
+                  "rewards and lengths halve from step 1)"),
+    "module-rebind": ("sim/module-rebind", "xtuner/rlsim/train_loop.py",
+                      ("    row[REWARDS] = row[REWARDS] * 1.0 + 0.0\n\n\ndef weight_sync",
+                       "    row[REWARDS] = row[REWARDS] * 1.0 + 0.0\n\n"
+                       "every_step = lambda step, row: row.__setitem__(REWARDS, row[REWARDS] * 0.85)  # noqa: E731\n"
+                       "\ndef weight_sync"),
+                      "advantage path: rescale rewards (simulated regression: one module-level line between the "
+                      "blank lines before a def rebinds every_step, rewards x0.85 from step 1)"),
 }
 #: The LMDeploy rollout moved to a path no ``bitwise.disabled_by`` pattern names (a rename as XTuner's #1544 did):
 #: the lane's rule matches nothing at that commit.

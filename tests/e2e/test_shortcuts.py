@@ -4,6 +4,9 @@ against a shortcut (issue 42), and executed-code evidence (issue 44).
 Issue 42: a commit the record knows FAILs is verified in full (its lane job reads its bits for the record only) and
 the reference that shared them goes blind; a rule naming a path the commit does not have turns the lane off (card).
 
+Issue 53: edits whose touched lines have no bytecode (`else` -> `elif`, a module-level line between functions) in
+code every step runs, and a regression in code that first runs after the lane's steps, FAIL in full for both suites.
+
 Issue 44: a reference's
 full run and its lane's steps record the checkout lines every process ran (coverage.py through the job's
 environment), and the shortcuts read them: a regression in code that first runs at step 10 turns the lane off (the
@@ -130,6 +133,30 @@ def test_executed_code_evidence_decides_the_shortcuts_and_incomplete_evidence_fa
     md = (Path(fallback.summary["record"]) / "report.md").read_text()
     assert "executed-code evidence is incomplete" in md and "xtuner/v1/rl/rollout/worker.py" in md
     assert rig.client.hitl_details(DAG_ID, fallback.run_id, task_id="approve")  # it trained, so it asked
+
+
+def _complete_reference(rig, suite: str) -> bool:
+    folder = Path(rig.record_root) / "bitwise-references"
+    kept = [json.loads(p.read_text()) for p in folder.glob("*.json")] if folder.is_dir() else []
+    return any(r.get("suite") == suite and r.get("evidence") == "complete" for r in kept)
+
+
+@pytest.mark.parametrize("suite", ["opd", "grpo"])
+def test_edits_whose_touched_lines_have_no_bytecode_or_run_after_the_lane_are_verified_in_full(rig, suite):
+    """Issue 53, through the DAG: `else:` turned into `elif` and a module-level line between the blank lines before
+    a def (each in code every step runs), and a regression in code that first runs at step 10, end in a full
+    verification that FAILs, never a shortcut PASS, for GRPO as for OPD; the evidence judged each (not a fallback)."""
+    conf = {**CONF, "suites": [suite]}
+    if not _complete_reference(rig, suite):  # main's full PASS makes its reference with evidence
+        made = rig.run({**conf, "commit": "main"})
+        assert made.summary["verdict"] == "PASS", json.dumps(made.tasks)
+        assert _complete_reference(rig, suite), "the reference of main kept no complete evidence"
+    for commit in ("sim/else-elif", "sim/module-rebind", "sim/regress-schedule"):
+        out = rig.run({**conf, "commit": commit})
+        assert _outcome(out)["outcome"] == "FAIL", (commit, json.dumps(out.tasks))
+        report = (Path(out.summary["record"]) / "report.md").read_text()
+        assert f"{suite}: executed-code evidence of" in report and "incomplete" not in report, (commit, report)
+    _assert_node_clean(rig)
 
 
 def test_a_fail_in_the_record_turns_the_shortcuts_off_and_the_reference_it_shared_bits_with_goes_blind(

@@ -149,6 +149,18 @@ def evidence_setup(client: "paramiko.SSHClient", evidence_dir: str, worktree: st
     return {"PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"], "COVERAGE_CORE": "sysmon"}
 
 
+def evidence_config(client: "paramiko.SSHClient", evidence_dir: str, worktree: str, config: str, attribute: str,
+                    value: int) -> str:
+    """Write the lane's evidence run's config into its evidence folder (issue 53, the spec's ``evidence.stop_config``:
+    the suite's ``config``, relative to the ``worktree``, run as it is, then ``attribute`` set to ``value``); return
+    its path, the launch argument in place of ``config``. After :func:`evidence_setup` (which empties the folder)."""
+    status, out, err = run_script(client, remote.evidence_config_script(evidence_dir, worktree, config, attribute,
+                                                                        value))
+    if status != 0:
+        raise NodeError(f"could not write the evidence run's config (exit {status}): {err.strip()}")
+    return _kv(out)["CONFIG"]
+
+
 def evidence_read(client: "paramiko.SSHClient", evidence_dir: str, worktree: str, python: str,
                   compiled_re: str, work_dir: str, tracker_glob: str,
                   processes: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:

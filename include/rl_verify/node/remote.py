@@ -10,6 +10,7 @@ into a command line.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from dataclasses import dataclass
@@ -221,6 +222,56 @@ def evidence_setup_script(evidence_dir: str, source: str, python: str = "python3
     coverage.py 7.10 or later; prints SITE= and CONFIG= (the job's PYTHONPATH entry and COVERAGE_PROCESS_START)."""
     return render("evidence_setup", evidence_dir=validate_path(evidence_dir, "evidence dir"),
                   source=validate_path(source, "worktree"), py=_interpreter(python))
+
+
+#: A config attribute path the evidence run's config sets (``suites.spec.StopConfig.attribute``).
+_ATTRIBUTE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,4}")
+
+
+def evidence_config_text(config: str, attribute: str, value: int) -> str:
+    """The config of the lane's executed-code evidence run (issue 53, the spec's ``evidence.stop_config``): it runs
+    the suite's config file ``config`` (absolute, on the node) as XTuner's CLI runs a config (the module executed,
+    every top-level name not starting with ``__`` kept: its ``trainer`` is the one the CLI builds), then sets
+    ``attribute`` (``<top-level name>.<attribute path>``, e.g. ``trainer.rollout_steps``) to ``value``, so that the
+    run ends by itself after the lane's steps. A config without that attribute fails the run (no evidence), never
+    a silent full-length one."""
+    validate_path(config, "evidence config's suite config")
+    if not config.startswith("/") or not config.endswith(".py"):
+        raise BadInput(f"the suite's config {config!r} must be an absolute .py path on the node")
+    if not isinstance(attribute, str) or not _ATTRIBUTE_RE.fullmatch(attribute) \
+            or any(part.startswith("__") for part in attribute.split(".")):
+        raise BadInput(f"evidence.stop_config.attribute {attribute!r} must be <name>.<attribute>, e.g. "
+                       "trainer.rollout_steps")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise BadInput(f"evidence.stop_config's value {value!r} must be a whole number")
+    owner, name = attribute.rsplit(".", 1)
+    return (f'''"""rl-verify (issue 53): the config of the lane's executed-code evidence run, for that run only. It runs
+{config}
+as XTuner's CLI runs a config (every top-level name not starting with __ kept), then sets
+{attribute} = {value}, so that the run ends by itself after the lane's steps. The lane's own jobs run that config
+as it is."""
+import runpy as _rl_verify_runpy
+
+globals().update({{_name: _value for _name, _value in _rl_verify_runpy.run_path({config!r}).items()
+                  if not _name.startswith("__")}})
+del _rl_verify_runpy
+if not hasattr({owner}, {name!r}):
+    raise AttributeError("rl-verify's evidence config: {owner} has no attribute {name!r} to set (the suite "
+                         "spec's evidence.stop_config names what the config does not have)")
+{attribute} = {value}
+''')
+
+
+def evidence_config_script(evidence_dir: str, worktree: str, config: str, attribute: str, value: int) -> str:
+    """Script: the lane's evidence run's config (:func:`evidence_config_text` over ``config``, relative to the
+    ``worktree``) written into the job's evidence folder ``evidence_dir`` (``sh/evidence_config.sh``), under the
+    suite's config's own file name; prints CONFIG= (its path, the launch argument in place of ``config``). Exit 3:
+    the worktree has no such config."""
+    worktree = validate_path(worktree, "worktree")
+    rel = validate_relative(config, "the suite's config")
+    text = evidence_config_text(f"{worktree}/{rel}", attribute, value)
+    return render("evidence_config", evidence_dir=validate_path(evidence_dir, "evidence dir"),
+                  config=f"{worktree}/{rel}", name=posixpath.basename(rel), text=text)
 
 
 def _interpreter(python: str) -> str:

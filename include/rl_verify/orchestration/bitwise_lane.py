@@ -58,7 +58,7 @@ def lane_config(spec: SuiteSpec) -> dict[str, Any]:
 def evidence_lane_spec(spec: SuiteSpec) -> SuiteSpec:
     """``lane_spec`` for the run that records the lane's executed lines (issue 44): the suite's ``evidence.stop_env``
     set too (``${LANE_LAST_STEP}`` = k - 1), so that it stops itself after the lane's steps when the launch has such
-    a count."""
+    a count. A launch whose config fixes its count is given another config on the node (``evidence_stop_config``)."""
     launched = lane_spec(spec)
     if spec.evidence is None or not spec.evidence.stop_env or spec.bitwise is None:
         return launched
@@ -66,6 +66,17 @@ def evidence_lane_spec(spec: SuiteSpec) -> SuiteSpec:
     stop = {k: v.replace("${LANE_LAST_STEP}", last) for k, v in spec.evidence.stop_env.items()}
     return launched.model_copy(update={"launch": launched.launch.model_copy(
         update={"env": {**launched.launch.env, **stop}})})
+
+
+def evidence_stop_config(spec: SuiteSpec) -> tuple[int, str, int] | None:
+    """For the run that records the lane's executed lines of a launch whose config file fixes its step count (issue
+    53, the spec's ``evidence.stop_config``): (which of the lane's launch arguments is the config, the attribute the
+    config written on the node for that run sets, its value with ``${LANE_LAST_STEP}`` = k - 1); None without one.
+    The lane's jobs and the lane's fingerprint are untouched: only that run is given the other config."""
+    stop = spec.evidence.stop_config if spec.evidence else None
+    if stop is None or spec.bitwise is None:
+        return None
+    return stop.arg, stop.attribute, stop.resolved(spec.bitwise.steps)
 
 
 def lane_fingerprint(spec: SuiteSpec) -> str:
@@ -252,8 +263,9 @@ def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> 
     """The executed-code evidence this run recorded for ``spec``'s reference (issue 44: its full run's and its lane's
     k steps' readings, ``<suite>/evidence-full.json`` and ``-lane.json``) as ``core.evidence.Evidence``'s dict,
     its ``problems`` naming why it is no evidence (a kind of process of ``spec.evidence.processes`` no process
-    proved, a reading that failed); None
-    when the suite declares no evidence."""
+    proved, a reading that failed, a lane's evidence run that wrote no step or one past k - 1: it must end by itself
+    after the lane's steps, ``evidence.stop_env`` or ``evidence.stop_config``); None when the suite declares no
+    evidence."""
     if spec.evidence is None:
         return None
     full = record.get_json(dag_run_id, f"{spec.name}/evidence-full.json", dag_id=dag_id) or {}
@@ -263,10 +275,18 @@ def evidence_of(dag_run_id: str, spec: SuiteSpec, dag_id: str | None = None) -> 
     problems += executed.completeness({"full run": full, "lane's steps": lane_read},
                                       [(p.kind, p.runs) for p in spec.evidence.processes])
     last, k = lane_read.get("last_step"), spec.bitwise.steps if spec.bitwise else 0
-    if last is None or last > k - 1:
-        problems.append(f"the lane's evidence run wrote step {last if last is not None else '(none read)'} before it "
-                        f"ended, past the lane's steps 0..{k - 1}: its lines are more than the compared steps' (a "
-                        "launch that can stop itself after them: the spec's evidence.stop_env)")
+    stops = [f"evidence.{name}" for name, on in (("stop_env", spec.evidence.stop_env),
+                                                   ("stop_config", spec.evidence.stop_config)) if on]
+    if last is None:
+        problems.append(f"the lane's evidence run wrote no training step (none read): it recorded less than the "
+                        f"lane's steps 0..{k - 1}")
+    elif last > k - 1:
+        problems.append(f"the lane's evidence run wrote step {last} before it ended, past the lane's steps "
+                        f"0..{k - 1}: its lines are more than the compared steps' (" + (
+                            f"the launch did not end after them as the spec's {' and '.join(stops)} asks"
+                            if stops else "the suite's spec does not stop it after them: evidence.stop_env for a "
+                            "launch that reads its step count from the environment, evidence.stop_config for one "
+                            "whose config file fixes it") + ")")
     return executed.Evidence(full.get("files") or {}, lane_read.get("files") or {}, full.get("hashes") or {},
                              tuple(full.get("compiled") or ()), tuple(dict.fromkeys(problems)),
                              executed.merged_blocks(full.get("blocks") or {}, lane_read.get("blocks") or {}),

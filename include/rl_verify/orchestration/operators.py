@@ -119,8 +119,9 @@ class SuiteTrainingOperator(BaseOperator):
         lane_evidence = which == "ref1" and self.spec.evidence is not None
         launched = bitwise_lane.evidence_lane_spec(self.spec) if lane_evidence else bitwise_lane.lane_spec(self.spec)
         try:
-            conn, job_dir, marker, work_dir, spec = self._start(context, job, launched, None, once=True,
-                                                                evidence=lane_evidence)
+            conn, job_dir, marker, work_dir, spec = self._start(
+                context, job, launched, None, once=True, evidence=lane_evidence,
+                stop_config=bitwise_lane.evidence_stop_config(self.spec) if lane_evidence else None)
         except _JobEnded as ended:  # an earlier try launched it and it ended unread: no shortcut, no reference
             self.log.warning("%s; going on without it", ended)
             if which == "lane":
@@ -319,11 +320,14 @@ class SuiteTrainingOperator(BaseOperator):
                       self.suite, which, reading.get("processes", 0), len(reading.get("files") or {}),
                       f"; problems: {'; '.join(reading['problems'])}" if reading.get("problems") else "")
 
-    def _start(self, context: Any, job: str, spec: SuiteSpec, seed: int | None,
-               once: bool = False, evidence: bool = False) -> tuple[str, str, str, str, SuiteSpec]:
+    def _start(self, context: Any, job: str, spec: SuiteSpec, seed: int | None, once: bool = False,
+               evidence: bool = False, stop_config: tuple[int, str, int] | None = None
+               ) -> tuple[str, str, str, str, SuiteSpec]:
         """Launch job ``job`` of ``spec`` on the suite's node, or find this run's; return (node, job dir, job
         marker, WORK_DIR, the expanded spec). ``once`` (the lane's deterministic jobs): a job of this run that
-        already ended raises ``_JobEnded`` (its reading was lost with an earlier try; it is not launched again)."""
+        already ended raises ``_JobEnded`` (its reading was lost with an earlier try; it is not launched again).
+        ``stop_config`` (the lane's evidence run, ``bitwise_lane.evidence_stop_config``): the launch argument that
+        is the config replaced by a config written in the job's evidence folder that ends the run by itself."""
         resolved: Resolved = self.resolved
         if self.suite not in resolved["suites"]:
             raise AirflowSkipException(f"suite {self.suite} not selected for this run")
@@ -342,14 +346,29 @@ class SuiteTrainingOperator(BaseOperator):
                 if chosen.kind == launchers.SSH:  # on Slurm, placement is the scheduler's
                     _refuse_if_busy(client, values[settings.REMOTE_RUNS_DIR_KEY], resolved["run_key"], job)
                 shares = {k: values[k] for k in settings.SHARE_ROOT_VARS}
-                command = remote.job_command(layout.worktree, work_dir, spec.script, spec.args, marker,
-                                             settings.STALL_TIMEOUT_S, spec.tracker)
+                args = tuple(spec.args)
                 env = remote.job_environment(spec.env, work_dir, resolved["run_key"], job, shares, seed)
                 if evidence:  # coverage.py in every Python process of the job (issue 44)
                     env.update(node.evidence_setup(client, layout.evidence_dir(job), layout.worktree,
                                                    spec.node.python or "python3"))
                     self.log.info("%s: recording the checkout's executed lines in every process of %s (coverage.py, "
                                   "%s)", self.suite, job, layout.evidence_dir(job))
+                    if stop_config is not None:  # issue 53: a config that ends the run after the lane's steps
+                        index, attribute, value = stop_config
+                        try:
+                            given = node.evidence_config(client, layout.evidence_dir(job), layout.worktree,
+                                                         args[index], attribute, value)
+                        except node.NodeError as err:  # the evidence only ever saves a training: this run then
+                            # goes past the lane's steps, and evidence_of marks its evidence incomplete
+                            self.log.warning("%s: %s; %s runs the suite's config (its evidence will not count)",
+                                             self.suite, err, job)
+                        else:
+                            self.log.info("%s: %s is given %s, which runs %s and sets %s = %d (it ends by itself "
+                                          "after the lane's steps)", self.suite, job, given, args[index], attribute,
+                                          value)
+                            args = (*args[:index], given, *args[index + 1:])
+                command = remote.job_command(layout.worktree, work_dir, spec.script, args, marker,
+                                             settings.STALL_TIMEOUT_S, spec.tracker)
                 self._launched = (conn, job_dir, marker, launcher)
                 status, out, err = _run(client, chosen.run(job_dir, command, env, resolved["run_key"], job,
                                                            int(spec.node.gpus or 0)))

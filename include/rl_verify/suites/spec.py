@@ -180,6 +180,40 @@ class EvidenceProcess(_Spec):
         return self.runs.partition(":")[2]
 
 
+#: A config file the lane's evidence run is given in place of the suite's (``StopConfig.arg``): a ``.py`` path
+#: relative to the checkout, as the launch script is given it.
+_CONFIG_ARG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*\.py")
+
+
+class StopConfig(_Spec):
+    """The lane's evidence run stopped by its config (issue 53), for a launch whose config file fixes its step count
+    (GRPO: XTuner's config builds its ``trainer`` with ``rollout_steps = 45``). For that run only, rl-verify writes a
+    config in the job's evidence folder on the node that runs the suite's config file as XTuner's CLI runs a config
+    (``Config.fromfile``: the module executed, its top-level names kept) and then sets ``attribute`` to ``value``,
+    and passes it as the launch argument ``arg`` instead (``node.remote.evidence_config_text``). The lane's own jobs
+    run the suite's config as it is."""
+
+    #: Which of the lane's launch arguments (``bitwise.args``, else ``launch.args``; 0-based) is the config file.
+    arg: int = Field(ge=0, le=20)
+    #: What is set once the config ran: one of its top-level names, then the attribute path on it (dotted).
+    attribute: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*){1,4}$")
+    #: Its value: ``${LANE_LAST_STEP}`` (k - 1: the tracker's step 0 is the initial eval, steps 1..k-1 the lane's
+    #: training steps) or a whole number.
+    value: str = Field(pattern=r"^(\$\{LANE_LAST_STEP\}|[0-9]{1,6})$")
+
+    @field_validator("attribute")
+    @classmethod
+    def _no_dunder(cls, value: str) -> str:
+        if any(part.startswith("__") for part in value.split(".")):
+            raise ValueError(f"evidence.stop_config.attribute {value!r} names a special attribute (__...): name "
+                             "the config's trainer and its step count, e.g. trainer.rollout_steps")
+        return value
+
+    def resolved(self, lane_steps: int) -> int:
+        """``value`` for a lane of ``lane_steps`` steps."""
+        return lane_steps - 1 if self.value == "${LANE_LAST_STEP}" else int(self.value)
+
+
 class EvidenceSpec(_Spec):
     """Executed-code evidence of the suite's training (issue 44): when a bitwise reference is made, coverage.py
     records in every Python process of its full run and of its lane's k steps the checkout lines that ran.
@@ -191,9 +225,11 @@ class EvidenceSpec(_Spec):
     source: str = ""
     processes: tuple[EvidenceProcess, ...] = Field(min_length=1)
     #: The launch's own step count, set so that the lane's evidence run stops itself after the lane's steps
-    #: (``${LANE_LAST_STEP}``: k - 1): its lines are then exactly the compared steps'. Without one (GRPO's config
-    #: fixes its steps), the run the trigger stops counts only when it wrote no step past k - 1.
+    #: (``${LANE_LAST_STEP}``: k - 1): its lines are then exactly the compared steps'. Without it or
+    #: ``stop_config``, the run the trigger stops counts only when it wrote no step past k - 1.
     stop_env: dict[str, str] = {}
+    #: The same for a launch whose config file fixes its step count (GRPO): see ``StopConfig``.
+    stop_config: StopConfig | None = None
 
     @field_validator("processes")
     @classmethod
@@ -265,6 +301,24 @@ class SuiteSpec(_Spec):
         if self.bitwise and self.bitwise.steps > self.expected_steps:
             raise ValueError(f"bitwise.steps {self.bitwise.steps} is more than the run's expected_steps "
                              f"{self.expected_steps}; the lane covers the first steps of a run")
+        return self
+
+    @model_validator(mode="after")
+    def _stop_config_names_the_lanes_config(self) -> "SuiteSpec":
+        stop = self.evidence.stop_config if self.evidence else None
+        if stop is None:
+            return self
+        if self.bitwise is None:
+            raise ValueError("evidence.stop_config needs a bitwise lane: it stops the lane's evidence run")
+        args = self.bitwise.args or self.launch.args
+        if stop.arg >= len(args):
+            raise ValueError(f"evidence.stop_config.arg {stop.arg} is past the lane's {len(args)} launch argument(s)")
+        config = args[stop.arg]
+        if not _CONFIG_ARG.fullmatch(config) or ".." in config.split("/"):
+            raise ValueError(f"evidence.stop_config.arg {stop.arg} is the lane's launch argument {config!r}, not a "
+                             ".py config file relative to the checkout (no ${{...}}, no '..')")
+        if stop.resolved(self.bitwise.steps) < 1:
+            raise ValueError(f"evidence.stop_config.value {stop.value!r} leaves the evidence run no training step")
         return self
 
     @property

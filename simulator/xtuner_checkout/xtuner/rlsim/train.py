@@ -7,6 +7,8 @@ asynchronously through a queue by a writer thread that flushes every few steps a
 block-buffered writes, so a live tracker lags and can end in a partial line - as the real one does.
 
 Inputs it honours (all optional outside a simulated node):
+- ``--config``: run as XTuner's CLI runs a config (the module executed); GRPO's step count is its
+  ``trainer.rollout_steps``, as XTuner's trainer takes it (a config that runs another and sets it is honoured);
 - ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed, and the noise
   mode ``noise`` with its ``baseline_error_seed``, see curves.py) and ``faults.json`` (per-suite
   fault: crash | hang | truncated | nan | slow, with ``at_step``);
@@ -29,12 +31,12 @@ the trainer adds only what the node does to them (faults, step time). Standard l
 from __future__ import annotations
 
 import argparse
-import ast
 import datetime as _dt
 import json
 import math
 import os
 import queue
+import runpy
 import sys
 import threading
 import time
@@ -125,15 +127,10 @@ def _read_json(path: Path, default: dict) -> dict:
 
 
 def _config_values(path: Path) -> dict:
-    """Top-level ``NAME = literal`` assignments of a (placeholder) XTuner config file."""
-    out = {}
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return out
+    """The config file run as XTuner's CLI runs one (xtuner-contract.md: the module executed, its top-level names
+    not starting with ``__`` are the config): a config that runs another and then changes its ``trainer`` (the
+    lane's evidence run's, issue 53) is honoured as on a real node."""
+    return {k: v for k, v in runpy.run_path(str(path)).items() if not k.startswith("__")}
 
 
 def _require(path: str, what: str) -> Path:
@@ -318,10 +315,16 @@ def run(args: argparse.Namespace) -> int:
 
     teachers: dict[str, str] = {}
     if suite == "grpo":
-        n_prompts = sum(1 for line in data.read_text().splitlines() if line.strip())
-        epochs, batch = int(cfg.get("total_epochs", 3)), int(cfg.get("global_batch_size", 64))
-        total = epochs * (n_prompts // batch)
-        eval_every = int(cfg.get("evaluate_step", 15))
+        # As XTuner's trainer: the step count is its config's (``trainer.rollout_steps``); a config without one
+        # gets the runbook's shape, epochs over the dataset.
+        trainer = cfg.get("trainer")
+        total = getattr(trainer, "rollout_steps", None)
+        if total is None:
+            n_prompts = sum(1 for line in data.read_text().splitlines() if line.strip())
+            epochs, batch = int(cfg.get("total_epochs", 3)), int(cfg.get("global_batch_size", 64))
+            total = epochs * (n_prompts // batch)
+        total = int(total)
+        eval_every = int(getattr(trainer, "evaluate_step", None) or cfg.get("evaluate_step", 15))
     else:
         total = int(os.environ.get("TOTAL_TRAIN_STEPS", cfg.get("total_train_steps", 25)))
         eval_every = int(os.environ.get("EVALUATE_STEP", cfg.get("evaluate_step", 5)))

@@ -33,9 +33,15 @@ def every_step(step: int, row: dict) -> None:
     row[REWARDS] = row[REWARDS] * 1.0 + 0.0
 
 
-def weight_sync(step: int, row: dict) -> None:
-    """The weight sync after each update: every training step."""
-    row[LENGTH] = row[LENGTH] * 1.0
+def weight_sync(step: int, row: dict, mode: str = "full") -> None:
+    """The weight sync after each update: every training step (a full sync; a sharded one would move half)."""
+    scale = 0.5
+    if mode == "sharded":
+        scale = 1.0
+    else:
+        scale = scale * 2.0
+    row[REWARDS] = row[REWARDS] * scale
+    row[LENGTH] = row[LENGTH] * scale
 
 
 def warmup_end(step: int, row: dict) -> None:
