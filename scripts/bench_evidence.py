@@ -43,7 +43,7 @@ from typing import Any
 
 from rl_verify.core import bitwise, evidence, lane
 from rl_verify.engines import load_suite
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts
 from simulator.checkout import build_checkout
 from simulator.common import load_curves
 
@@ -89,13 +89,14 @@ def _bash(script: str) -> str:
 def record(repo: Path, tmp: Path, env: dict[str, str], steps: int, name: str) -> tuple[dict[str, Any], float]:
     """One launch under the node scripts' recording: its reading (evidence_read.sh's JSON) and wall seconds."""
     folder = tmp / name
-    kv = dict(line.split("=", 1) for line in _bash(remote.evidence_setup_script(str(folder / "evidence"),
+    kv = dict(line.split("=", 1) for line in _bash(evidence_scripts.evidence_setup_script(str(folder / "evidence"),
                                                                                 str(repo))).splitlines() if "=" in line)
     seconds = _run(repo, folder, {**env, "PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"],
                                   "COVERAGE_CORE": "sysmon"}, steps)
-    script = remote.evidence_read_script(str(folder / "evidence"), str(repo), "python3", evidence.COMPILED_BODY.pattern,
-                                         str(folder / "work"), load_suite(SUITE).tracker,
-                                         [(p.kind, p.runs) for p in load_suite(SUITE).evidence.processes])
+    script = evidence_scripts.evidence_read_script(str(folder / "evidence"), str(repo), "python3",
+                                                   evidence.COMPILED_BODY.pattern, str(folder / "work"),
+                                                   load_suite(SUITE).tracker,
+                                                   [(p.kind, p.runs) for p in load_suite(SUITE).evidence.processes])
     # The node's python3 first on the PATH, as on the simulated node.
     reading = json.loads(_bash(f"PATH={Path(NODE_PYTHON).parent}:$PATH\n" + script).strip().splitlines()[-1])
     return reading, seconds

@@ -33,7 +33,7 @@ from rl_verify.core.errors import InputError
 from rl_verify.core.provenance import Provenance
 from rl_verify.core.report import ReportMeta, text_table, write_report
 from rl_verify.engines import engine_of, known_suites, load_suite
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts
 from rl_verify.store import baselines
 from rl_verify.suites.rules import rules_of
 
@@ -319,7 +319,7 @@ def _diff_on_checkout(checkout: Path, base: str, head: str) -> Any:
     parses it."""
     import subprocess
 
-    done = subprocess.run(["bash", "-c", remote.changed_lines_script(str(checkout.resolve()), base, head,
+    done = subprocess.run(["bash", "-c", evidence_scripts.changed_lines_script(str(checkout.resolve()), base, head,
                                                                      Path(sys.executable).name)],
                           capture_output=True, text=True, env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
                                                                f":{os.environ.get('PATH', '')}"})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rl_verify.core import blocks, evidence
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts
 
 NODE_PYTHON = "/usr/bin/python3"  # the simulated node's interpreter, coverage.py from Debian
 pytestmark = pytest.mark.skipif(subprocess.run([NODE_PYTHON, "-c", "import coverage"], capture_output=True).returncode,
@@ -59,12 +59,12 @@ class Repo:
         readings = []
         for name, args in (("full", full_args), ("lane", lane_args)):
             folder = tmp / name
-            kv = dict(line.split("=", 1) for line in _bash(remote.evidence_setup_script(
+            kv = dict(line.split("=", 1) for line in _bash(evidence_scripts.evidence_setup_script(
                 str(folder / "evidence"), str(self.root))).splitlines() if "=" in line)
             (folder / "work").mkdir(parents=True)
             subprocess.run([NODE_PYTHON, "main.py", *args.split()], cwd=self.root, check=True,
                            env={**os.environ, "PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"]})
-            script = remote.evidence_read_script(str(folder / "evidence"), str(self.root), "python3",
+            script = evidence_scripts.evidence_read_script(str(folder / "evidence"), str(self.root), "python3",
                                                  evidence.COMPILED_BODY.pattern, str(folder / "work"), "*.jsonl")
             readings.append(json.loads(_bash(script).strip().splitlines()[-1]))
         self.git("checkout", "-q", "-")
@@ -74,7 +74,7 @@ class Repo:
             "problems": full["problems"] + lane["problems"], "blocks": full["blocks"], "unparsed": full["unparsed"]})
 
     def changes(self, head: str) -> dict[str, evidence.Change]:
-        return evidence.read_changes(_bash(remote.changed_lines_script(str(self.root), self.base, head)))
+        return evidence.read_changes(_bash(evidence_scripts.changed_lines_script(str(self.root), self.base, head)))
 
 
 MOD = '''"""The module the driver imports."""

@@ -15,7 +15,7 @@ import pytest
 
 from rl_verify.core import blocks, evidence
 from rl_verify.engines import load_suite
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts, remote
 from rl_verify.suites.spec import EvidenceSpec
 
 NODE_PYTHON = "/usr/bin/python3"  # the simulated node's interpreter (Debian's, with python3-coverage)
@@ -108,9 +108,9 @@ def test_the_spec_names_a_function_each_kind_of_process_runs():
     with pytest.raises(ValueError):
         EvidenceSpec(entries=["worker.py"])
     with pytest.raises(remote.BadInput):
-        remote.evidence_read_script("/e", "/s", "python3", "x", "/w", "*.jsonl", [("Bad;kind", "a.py:f")])
+        evidence_scripts.evidence_read_script("/e", "/s", "python3", "x", "/w", "*.jsonl", [("Bad;kind", "a.py:f")])
     with pytest.raises(remote.BadInput):
-        remote.evidence_read_script("/e", "/s", "python3", "x", "/w", "*.jsonl", [("worker", "../a.py:f")])
+        evidence_scripts.evidence_read_script("/e", "/s", "python3", "x", "/w", "*.jsonl", [("worker", "../a.py:f")])
 
 
 def test_a_kind_no_process_proved_is_named_even_when_the_driver_ran_lines_of_its_module():
@@ -144,7 +144,7 @@ def _record(tmp_path: Path, scrub_worker: bool) -> dict:
     path = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
     for git in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"]):
         subprocess.run(["git", "-C", str(src), *git], check=True, env=path, capture_output=True)
-    setup = subprocess.run(["bash", "-c", remote.evidence_setup_script(str(folder), str(src))], env=path,
+    setup = subprocess.run(["bash", "-c", evidence_scripts.evidence_setup_script(str(folder), str(src))], env=path,
                            check=True, capture_output=True, text=True).stdout
     kv = dict(line.split("=", 1) for line in setup.splitlines() if "=" in line)
     env = {**path, "PYTHONPATH": kv["SITE"], "COVERAGE_PROCESS_START": kv["CONFIG"],
@@ -152,7 +152,7 @@ def _record(tmp_path: Path, scrub_worker: bool) -> dict:
     ran = subprocess.run(["python3", str(src / "trainer.py")], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=120)
     assert ran.returncode == 0, ran.stderr
-    read = remote.evidence_read_script(str(folder), str(src), "python3", evidence.COMPILED_BODY.pattern,
+    read = evidence_scripts.evidence_read_script(str(folder), str(src), "python3", evidence.COMPILED_BODY.pattern,
                                        str(tmp_path / "work"), "*.jsonl", KINDS)
     out = subprocess.run(["bash", "-c", read], env=path, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -194,7 +194,7 @@ def test_the_ini_records_forked_and_spawned_children_and_patches_subprocesses_on
         bin_dir.mkdir()
         (bin_dir / "python3").write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {NODE_PYTHON} \"$@\"\n")
         (bin_dir / "python3").chmod(0o755)
-        subprocess.run(["bash", "-c", remote.evidence_setup_script(str(folder), str(tmp_path))], check=True,
+        subprocess.run(["bash", "-c", evidence_scripts.evidence_setup_script(str(folder), str(tmp_path))], check=True,
                        env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, capture_output=True)
         ini = (folder / "coverage.ini").read_text()
         assert "concurrency = multiprocessing,thread" in ini and "sigterm = True" in ini and "parallel = True" in ini

@@ -14,7 +14,7 @@ import pytest
 
 import rl_verify
 from rl_verify.engines import load_suite
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts, remote
 from rl_verify.orchestration import bitwise_lane
 from rl_verify.suites.spec import SpecError, spec_from_dict
 
@@ -98,7 +98,7 @@ def test_the_evidence_runs_config_runs_the_suites_config_then_sets_the_step_coun
     config = tmp_path / "xtuner" / "autotest" / "config" / "rl.py"
     config.parent.mkdir(parents=True)
     config.write_text(CONFIG)
-    text = remote.evidence_config_text(str(config), "trainer.rollout_steps", 2)
+    text = evidence_scripts.evidence_config_text(str(config), "trainer.rollout_steps", 2)
     assert text.startswith('"""rl-verify (issue 53)') and f"run_path({str(config)!r})" in text
     assert text.rstrip().endswith("trainer.rollout_steps = 2")
     (tmp_path / "given.py").write_text(text)
@@ -109,7 +109,7 @@ def test_the_evidence_runs_config_runs_the_suites_config_then_sets_the_step_coun
     assert vars(given["trainer"]) == {**vars(real["trainer"]), "rollout_steps": 2}
     assert given["here"] == "rl.py" and given["rollout_steps"] == 45  # the config ran as itself (its __file__)
     # The simulated checkout's GRPO config, as its trainer reads it.
-    (tmp_path / "sim.py").write_text(remote.evidence_config_text(str(SIM_CONFIG), "trainer.rollout_steps", 2))
+    (tmp_path / "sim.py").write_text(evidence_scripts.evidence_config_text(str(SIM_CONFIG), "trainer.rollout_steps", 2))
     assert _from_file(tmp_path / "sim.py")["trainer"].rollout_steps == 2
     assert _from_file(SIM_CONFIG)["trainer"].rollout_steps == 45
 
@@ -117,7 +117,7 @@ def test_the_evidence_runs_config_runs_the_suites_config_then_sets_the_step_coun
 def test_a_config_without_the_attribute_fails_the_evidence_run_instead_of_running_in_full(tmp_path):
     config = tmp_path / "rl.py"
     config.write_text("from types import SimpleNamespace\ntrainer = SimpleNamespace(total_train_steps=45)\n")
-    (tmp_path / "given.py").write_text(remote.evidence_config_text(str(config), "trainer.rollout_steps", 2))
+    (tmp_path / "given.py").write_text(evidence_scripts.evidence_config_text(str(config), "trainer.rollout_steps", 2))
     with pytest.raises(AttributeError, match="trainer has no attribute 'rollout_steps'"):
         _from_file(tmp_path / "given.py")
 
@@ -134,22 +134,22 @@ def test_a_config_without_the_attribute_fails_the_evidence_run_instead_of_runnin
 ])
 def test_the_evidence_config_takes_validated_parts_only(config, attribute, value):
     with pytest.raises(remote.BadInput):
-        remote.evidence_config_text(config, attribute, value)
+        evidence_scripts.evidence_config_text(config, attribute, value)
 
 
 def test_the_node_script_writes_it_in_the_jobs_evidence_folder_outside_the_worktree(tmp_path):
     worktree, evidence_dir = tmp_path / "run" / "xtuner", tmp_path / "run" / "evidence" / "grpo-ref1"
     (worktree / "autotest" / "config").mkdir(parents=True)
     (worktree / "autotest" / "config" / "rl_qwen3_gsm8k_grpo.py").write_text(CONFIG)
-    script = remote.evidence_config_script(str(evidence_dir), str(worktree), "autotest/config/rl_qwen3_gsm8k_grpo.py",
-                                           "trainer.rollout_steps", 2)
+    script = evidence_scripts.evidence_config_script(
+        str(evidence_dir), str(worktree), "autotest/config/rl_qwen3_gsm8k_grpo.py", "trainer.rollout_steps", 2)
     done = subprocess.run(["bash"], input=script, text=True, capture_output=True)
     assert done.returncode == 0, done.stderr
     written = evidence_dir / "config" / "rl_qwen3_gsm8k_grpo.py"
     assert done.stdout.strip() == f"CONFIG={written}"
-    assert written.read_text() == remote.evidence_config_text(
+    assert written.read_text() == evidence_scripts.evidence_config_text(
         f"{worktree}/autotest/config/rl_qwen3_gsm8k_grpo.py", "trainer.rollout_steps", 2)
-    missing = remote.evidence_config_script(str(evidence_dir), str(worktree), "autotest/config/gone.py",
+    missing = evidence_scripts.evidence_config_script(str(evidence_dir), str(worktree), "autotest/config/gone.py",
                                             "trainer.rollout_steps", 2)
     done = subprocess.run(["bash"], input=missing, text=True, capture_output=True)
     assert done.returncode == 3 and "is not in the worktree" in done.stderr

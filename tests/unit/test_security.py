@@ -28,7 +28,7 @@ from rl_verify import engines, settings
 
 from rl_verify.store import record
 
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts, remote
 from rl_verify.core.model import Check, SuiteResult
 from rl_verify.core.report import ReportMeta, write_report
 
@@ -130,11 +130,19 @@ BUILDERS = {
 }
 
 
+#: The modules whose public ``*_script`` / ``*_command`` functions build remote shell text.
+BUILDER_MODULES = (remote, evidence_scripts)
+
+
 def _builders() -> set[str]:
-    """Public functions of rl_verify.node.remote that return remote shell text."""
-    return {name for name, fn in inspect.getmembers(remote, inspect.isfunction)
-            if fn.__module__ == remote.__name__ and not name.startswith("_")
+    """Public functions of the builder modules that return remote shell text."""
+    return {name for module in BUILDER_MODULES for name, fn in inspect.getmembers(module, inspect.isfunction)
+            if fn.__module__ == module.__name__ and not name.startswith("_")
             and (name.endswith("_script") or name.endswith("_command"))}
+
+
+def _builder(name: str):
+    return next(getattr(m, name) for m in BUILDER_MODULES if hasattr(m, name))
 
 
 def test_every_remote_builder_is_covered_by_the_property_table():
@@ -144,7 +152,7 @@ def test_every_remote_builder_is_covered_by_the_property_table():
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
 def test_builders_accept_validated_parts(builder):
     kwargs, _ = BUILDERS[builder]
-    script = getattr(remote, builder)(**kwargs)
+    script = _builder(builder)(**kwargs)
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
 
 
@@ -170,7 +178,7 @@ def test_builders_refuse_unvalidated_parts(builder, param, kind):
         kwargs = dict(BUILDERS[builder][0])
         kwargs[param] = [("grpo", "model", value)] if kind == "checks" else value
         try:
-            getattr(remote, builder)(**kwargs)
+            _builder(builder)(**kwargs)
         except remote.BadInput:
             continue
         accepted.append(f"{label}: {value!r}")

@@ -10,7 +10,7 @@ import pytest
 
 from rl_verify.core import bitwise, evidence
 from rl_verify.engines import load_suite
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts
 from rl_verify.orchestration import bitwise_lane, unchanged
 from rl_verify.store import references
 
@@ -45,8 +45,8 @@ def kept(tmp_path, monkeypatch):
     head = _git(repo, "rev-parse", "HEAD")
 
     def changed_lines(client, checkout, a, b):  # node.ops.changed_lines without SSH: the same script, here
-        done = subprocess.run(["bash", "-c", remote.changed_lines_script(str(repo), a, b)], capture_output=True,
-                              text=True)
+        done = subprocess.run(["bash", "-c", evidence_scripts.changed_lines_script(str(repo), a, b)],
+                              capture_output=True, text=True)
         if done.returncode:
             raise unchanged.node.NodeError(done.stderr)
         return done.stdout

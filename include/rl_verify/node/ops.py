@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from rl_verify import settings
 from rl_verify.core.names import short_sha
 from rl_verify.node import launcher as launchers
-from rl_verify.node import remote
+from rl_verify.node import evidence_scripts, remote
 # fetch_suite and gpu_line: through ops, the node layer's one face for orchestration, like every operation here.
 from rl_verify.node.fetch import fetch_suite  # noqa: F401
 from rl_verify.node.gpu import GPU_TAGS, gpu_line, gpu_problems, gpu_reading, gpu_release_line  # noqa: F401
@@ -142,7 +142,7 @@ def evidence_setup(client: "paramiko.SSHClient", evidence_dir: str, worktree: st
     folder of the sitecustomize.py that starts coverage.py), COVERAGE_PROCESS_START and COVERAGE_CORE (sysmon
     where the interpreter has it: coverage.py falls back to its C tracer elsewhere). ``python``: the launch
     interpreter (its coverage.py's version decides the config, ``sh/evidence_setup.sh``)."""
-    status, out, err = run_script(client, remote.evidence_setup_script(evidence_dir, worktree, python))
+    status, out, err = run_script(client, evidence_scripts.evidence_setup_script(evidence_dir, worktree, python))
     if status != 0:
         raise NodeError(f"could not prepare the executed-code evidence (exit {status}): {err.strip()}")
     kv = _kv(out)
@@ -154,8 +154,8 @@ def evidence_config(client: "paramiko.SSHClient", evidence_dir: str, worktree: s
     """Write the lane's evidence run's config into its evidence folder (issue 53, the spec's ``evidence.stop_config``:
     the suite's ``config``, relative to the ``worktree``, run as it is, then ``attribute`` set to ``value``); return
     its path, the launch argument in place of ``config``. After :func:`evidence_setup` (which empties the folder)."""
-    status, out, err = run_script(client, remote.evidence_config_script(evidence_dir, worktree, config, attribute,
-                                                                        value))
+    status, out, err = run_script(client, evidence_scripts.evidence_config_script(evidence_dir, worktree, config,
+                                                                                  attribute, value))
     if status != 0:
         raise NodeError(f"could not write the evidence run's config (exit {status}): {err.strip()}")
     return _kv(out)["CONFIG"]
@@ -168,8 +168,8 @@ def evidence_read(client: "paramiko.SSHClient", evidence_dir: str, worktree: str
     last step-summary row the job's tracker (``work_dir``/``tracker_glob``) holds; a reading that cannot be had comes
     back with its problem named (no evidence, never a failure). ``processes``: the suite's expected kinds of process
     ((kind, ``path.py:qualname``) each, issue 53): the reading's ``kinds`` names the pids that proved each."""
-    status, out, err = run_script(client, remote.evidence_read_script(evidence_dir, worktree, python, compiled_re,
-                                                                      work_dir, tracker_glob, processes))
+    status, out, err = run_script(client, evidence_scripts.evidence_read_script(
+        evidence_dir, worktree, python, compiled_re, work_dir, tracker_glob, processes))
     try:
         return json.loads(out.strip().splitlines()[-1]) if status == 0 and out.strip() else \
             {"files": {}, "processes": 0, "problems": [f"the evidence could not be read (exit {status}): "
@@ -181,7 +181,7 @@ def evidence_read(client: "paramiko.SSHClient", evidence_dir: str, worktree: str
 def changed_lines(client: "paramiko.SSHClient", checkout: str, base: str, head: str) -> str | None:
     """The diff ``base``..``head`` as ``sh/changed_lines.sh`` prints it (``core.evidence.read_changes`` reads it),
     or None when ``base`` is not in the checkout. Raises NodeError when git fails otherwise."""
-    status, out, err = run_script(client, remote.changed_lines_script(checkout, base, head))
+    status, out, err = run_script(client, evidence_scripts.changed_lines_script(checkout, base, head))
     if status == 3 and err.strip().startswith("base:"):
         return None
     if status != 0:

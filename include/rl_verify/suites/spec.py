@@ -190,8 +190,8 @@ class StopConfig(_Spec):
     (GRPO: XTuner's config builds its ``trainer`` with ``rollout_steps = 45``). For that run only, rl-verify writes a
     config in the job's evidence folder on the node that runs the suite's config file as XTuner's CLI runs a config
     (``Config.fromfile``: the module executed, its top-level names kept) and then sets ``attribute`` to ``value``,
-    and passes it as the launch argument ``arg`` instead (``node.remote.evidence_config_text``). The lane's own jobs
-    run the suite's config as it is."""
+    and passes it as the launch argument ``arg`` instead (``node.evidence_scripts.evidence_config_text``). The
+    lane's own jobs run the suite's config as it is."""
 
     #: Which of the lane's launch arguments (``bitwise.args``, else ``launch.args``; 0-based) is the config file.
     arg: int = Field(ge=0, le=20)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Write the config of the lane's executed-code evidence run (issue 53, the suite spec's evidence.stop_config) into the
 # job's evidence folder: a config that runs the suite's config as XTuner's CLI runs one, then sets its trainer's step
-# count, so that the run ends by itself after the lane's steps (remote.evidence_config_text writes its text). It lies
+# count, so that the run ends by itself after the lane's steps (node.evidence_scripts.evidence_config_text writes its text). It lies
 # outside the worktree: the worktree stays clean and coverage.py measures the suite's config, not this one.
 # Inputs (assigned by remote.render before this text, validated in Python):
 #   evidence_dir  the job's evidence folder (evidence_setup.sh made it)
