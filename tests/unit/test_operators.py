@@ -355,7 +355,7 @@ def test_a_training_the_live_check_stopped_on_purpose_succeeds_and_every_other_b
     """Issue 35: an early abort is the live check doing its job (the FAIL is the comparison's red), not a crash."""
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from rl_verify.orchestration.operators import _training_failure
+    from rl_verify.orchestration.training_job import training_failure as _training_failure
 
     assert _training_failure("opd", {"status": "aborted", "exit_code": None, "message": "aborted at step 5"}) is None
     assert _training_failure("opd", {"status": "success", "exit_code": 0}) is None

@@ -15,7 +15,7 @@ import pytest
 from rl_verify import settings
 from rl_verify.core.names import run_key
 from rl_verify.engines import load_suite
-from rl_verify.orchestration import operators
+from rl_verify.orchestration import operators, training_job
 from rl_verify.store import record
 from rl_verify.store.baselines import RECORD_FOLDER
 
@@ -52,7 +52,7 @@ def test_a_probe_writes_and_reads_the_same_files_as_the_verification_tasks_of_it
 
 
 def test_a_probes_early_abort_is_recorded_where_its_comparison_reads_it(store):
-    operators._record_early_abort(_context(settings.PROBE_DAG_ID), "grpo", {"certain": True, "step": 18},
+    training_job.record_early_abort(_context(settings.PROBE_DAG_ID), "grpo", {"certain": True, "step": 18},
                                   applied=True)
     path = store / settings.DAG_ID / run_key(PROBE_RUN) / "grpo" / "abort.json"
     assert json.loads(path.read_text()) == {"certain": True, "step": 18, "applied": True}
@@ -66,12 +66,12 @@ def test_a_repeat_inside_a_probe_reads_the_stop_early_its_gate_wrote(store):
 
 def test_a_probes_live_check_reads_the_golden_table_of_its_runs_baseline_version(store, monkeypatch):
     spec = load_suite("opd")
-    monkeypatch.setattr(operators.node, "read_file", lambda client, where, limit: (1, b""))  # no baseline tracker
+    monkeypatch.setattr(training_job.node, "read_file", lambda client, where, limit: (1, b""))  # no baseline tracker
     golden = (REPO / "include/rl_verify/suites/data" / spec.data).read_bytes()
     folder = store / settings.DAG_ID / run_key(PROBE_RUN) / "opd" / RECORD_FOLDER
     folder.mkdir(parents=True)
     (folder / "golden.json").write_bytes(golden)
-    live = operators._live_config(spec, client=None, version={"files": ["golden.json"], "label": "v1"},
+    live = training_job.live_check_config(spec, client=None, version={"files": ["golden.json"], "label": "v1"},
                                   work_dir="/w", early_abort=True, context=_context(settings.PROBE_DAG_ID))
     assert live["check"] is not None, live["note"]
 

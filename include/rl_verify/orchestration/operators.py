@@ -1,6 +1,6 @@
 """The training operator of rl-verify (``SuiteTrainingOperator``, the ``run_<suite>`` tasks of the verification and
 probe DAGs and the calibration's trainings): one suite's training on its node as a detached job, deferred while
-it trains, with the live check's config and what the job's end means for the task.
+it trains (the live check's config and what the job's end means for the task: ``orchestration.training_job``).
 
 Imported by the DAG files at parse time: the package modules it imports at module level hold no
 heavy import (paramiko, pandas, matplotlib and the SSH provider are imported where they are used). The card
@@ -9,30 +9,28 @@ approval is ``orchestration.approval``'s, the bisection's probes ``orchestration
 
 from __future__ import annotations
 
-import tempfile
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Iterator
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
 from rl_verify.core import evidence
 from rl_verify.core.model import BITWISE
 from rl_verify.core.names import repeat_seed, short_sha
-from rl_verify.engines import engine_of, live_config, load_suite
+from rl_verify.engines import load_suite
 from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.node import remote
 from rl_verify.orchestration import bitwise_lane
 from rl_verify.orchestration.contract import Resolved
 from rl_verify.orchestration.nodes import expanded_spec, node_launcher, node_settings, ssh_client, suite_node
+from rl_verify.orchestration.training_job import live_check_config, record_early_abort, training_failure
 from rl_verify.orchestration.triggers import RLJobTrigger
 from rl_verify.store import record, references
-from rl_verify.store.baselines import RECORD_FOLDER
 from rl_verify.suites.spec import SuiteSpec
 
 
@@ -227,9 +225,9 @@ class SuiteTrainingOperator(BaseOperator):
         with _worker_time(context):
             live = event.get("live") or {}
             if live.get("certain") or live.get("log_rule"):
-                _record_early_abort(context, self.record_as, live,
+                record_early_abort(context, self.record_as, live,
                                     applied=event.get("status") in ("aborted", "log_rule"))
-            failure = _training_failure(self.suite, event)
+            failure = training_failure(self.suite, event)
             # The outcome is the first line of what the task logs after the job (issue 35), the job's lines after it.
             if failure is not None:
                 self.log.error("%s", failure)
@@ -288,7 +286,7 @@ class SuiteTrainingOperator(BaseOperator):
                                                             evidence=self._wants_evidence(context))
         version = (resolved.get("baselines") or {}).get(self.suite) or {}
         with ssh_client(conn) as client:
-            live = _live_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
+            live = live_check_config(spec, client, version, work_dir, bool(resolved.get("early_abort", True)), context,
                                 self._confirms(context))
         return conn, job_dir, marker, live
 
@@ -405,69 +403,6 @@ class SuiteTrainingOperator(BaseOperator):
 
 class _JobEnded(Exception):
     """A lane job of this run that an earlier try launched has ended: its reading cannot be had again."""
-
-
-#: The most of a baseline tracker on the node's share read for the live check.
-LIVE_BASELINE_MAX_BYTES = 64 << 20
-
-
-def _live_config(spec: SuiteSpec, client: Any, version: dict[str, Any], work_dir: str, early_abort: bool,
-                 context: Any, confirms: dict[str, list[float]] | None = None) -> dict[str, Any]:
-    """The live check's config for the trigger (``engines.live_config``), its baseline read here, in the
-    worker: the run's baseline version (in the record) or the tracker on the node's share. A problem
-    reading it only switches the live check off."""
-    engine = engine_of(spec)
-    where = engine.live_baseline(spec)
-    data = baseline = None
-    try:
-        if engine.baseline_file in version.get("files", ()):
-            blob = (record.run_store(context["run_id"], dag_id=context["dag_run"].dag_id) / spec.name / RECORD_FOLDER
-                    / engine.baseline_file).read_bytes()
-            if engine.baseline_is_data:
-                with tempfile.TemporaryDirectory(prefix="rl-verify-live-") as tmp:
-                    path = Path(tmp) / engine.baseline_file
-                    path.write_bytes(blob)
-                    data = engine.load_data(path)
-            else:
-                baseline, where = blob, f"baseline {version.get('label') or engine.baseline_file}"
-        if baseline is None and where:
-            status, out = node.read_file(client, where, LIVE_BASELINE_MAX_BYTES)
-            baseline = out if status == 0 else None
-    except Exception as err:  # bad data must never stop a training: the final comparison judges it
-        return {**live_config(spec, work_dir, early_abort, None, None, where, confirms), "check": None,
-                "note": str(err)}
-    return live_config(spec, work_dir, early_abort, baseline, data, where, confirms)
-
-
-def _training_failure(suite: str, event: dict[str, Any]) -> AirflowException | None:
-    """The exception a watched job's end raises, or None when the training task succeeds: the job exited 0, or
-    the live check stopped it on purpose because its FAIL was certain (fetch and compare judge what it wrote; the
-    grid's red is then the comparison's, not a crash's). A log rule's stop (the run cannot finish), a stall or a
-    non-zero exit fail the task; a watch that lost the job raises a retryable error (a retry re-attaches)."""
-    status, exit_code = event.get("status"), event.get("exit_code")
-    if status == "aborted":
-        return None
-    if status == "log_rule":
-        return AirflowFailException(f"{suite} {event.get('message')}")
-    if status == "scheduler":  # Slurm ended it, or it never left the queue: a retry would find it ended
-        return AirflowFailException(f"the {suite} job: {event.get('message')}")
-    if exit_code is None:
-        return AirflowException(f"the {suite} job could not be watched to its end: {event.get('message')}")
-    if exit_code == 124:
-        stalled = [line for line in (event.get("log_chunk") or "").splitlines() if "STALLED at step" in line]
-        return AirflowFailException(stalled[-1].replace("[rl-verify] ", "") if stalled else
-                                    "the job was killed as stalled (exit 124)")
-    if exit_code != 0:
-        # The job ran to its end: a retry would only re-attach to the same exit code.
-        return AirflowFailException(f"the {suite} job exited {exit_code} (see the [remote] lines below)")
-    return None
-
-
-def _record_early_abort(context: Any, folder: str, live: dict[str, Any], applied: bool) -> None:
-    """Keep what the live check found in the run's record (``<folder>/abort.json``, the suite's folder) for
-    fetch, compare, report."""
-    record.put_json(context["run_id"], f"{folder}/abort.json", {**live, "applied": applied},
-                    dag_id=context["dag_run"].dag_id)
 
 
 @contextmanager
