@@ -110,6 +110,7 @@ bench: venv ensure-sshd
 	$(PY) -m scripts.bench_lane
 	$(PY) -m scripts.bench_shortcuts
 	$(PY) -m scripts.bench_evidence
+	$(PY) -m scripts.bench_mutation
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

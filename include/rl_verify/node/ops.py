@@ -350,12 +350,11 @@ def input_checks(specs: Iterable[SuiteSpec]) -> list[tuple[str, str, str]]:
 
 def read_environment(client: "paramiko.SSHClient", specs: list[SuiteSpec], runs_root: str, key: str,
                      needs: NodeNeeds | None = None) -> dict[str, Any] | None:
-    """The node's environment as :func:`check_prerequisites` reads it (gpu, gpu_count, driver, cuda, the launch
-    interpreter's ``packages``), alone, for a decision that must not wait for that check (issue 53: PASS (unchanged)
-    by executed-code evidence rests only on evidence recorded on this environment); None when it cannot be read."""
-    needs = merged_needs(specs) if needs is None else needs
-    status, out, _ = run_script(client, remote.prerequisites_script([], runs_root, key, needs=needs,
-                                                                    env_packages=environment_packages(specs)))
+    """The node's environment as :func:`check_prerequisites` reads it, alone, for a decision that cannot wait for
+    that check (issue 53: PASS (unchanged) by evidence rests on its own environment's); None: cannot be read."""
+    script = remote.prerequisites_script([], runs_root, key, needs=needs or merged_needs(specs),
+                                         env_packages=environment_packages(specs))
+    status, out, _ = run_script(client, script)
     return parse_prerequisites(out).environment or None if status == 0 else None
 
 
