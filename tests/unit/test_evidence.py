@@ -242,3 +242,18 @@ def test_code_only_the_lanes_launch_runs_counts_as_run_not_unrun():
     change = evidence.Change("sglang.py", "M", base_blob="b" * 40, hunks=((2, 1),), head_parses=True)
     reading = evidence.read_diff(found, {"sglang.py": change})
     assert reading.ran == ("sglang.py:2",) and reading.lane_unseen == () and not reading.judged()
+
+
+def test_a_statement_that_first_runs_after_the_lane_inside_a_block_the_lane_runs_turns_the_lane_off():
+    # apply() runs every step; its line 5 (a branch from step 5) ran in the full run only
+    source = "def apply(step):\n    x = 1\n    if step >= 5:\n        x = 2\n    return x\n"
+    found = evidence.Evidence(full={"m.py": (1, 2, 3, 4, 5)}, lane={"m.py": (1, 2, 3, 5)},
+                              hashes={"m.py": "c" * 40}, blocks={"m.py": blocks.blocks_of(source)})
+
+    def read(start: int, count: int) -> evidence.Reading:
+        change = evidence.Change("m.py", "M", base_blob="c" * 40, hunks=((start, count),), head_parses=True)
+        return evidence.read_diff(found, {"m.py": change})
+
+    assert read(4, 1).lane_unseen == ("m.py:4",)  # the branch's own statement
+    assert read(4, 0).lane_unseen == ("m.py:4", "m.py:5")  # a line inserted into the branch
+    assert read(2, 1).lane_unseen == ()  # a statement every step runs, the lane's steps included

@@ -11,8 +11,9 @@ each file's hunks on the reference's side; an insertion touches the lines on bot
 * a touched line belongs to the innermost block around it on the reference's side (definition-time code, such as a
   decorator, a default value or a ``def`` line, to the enclosing block); the change "ran" when any line of that
   block ran in any recorded process. Only a change whose every touched block never ran counts as unrun;
-* **the lane's validity**: a touched block the full run ran and the lane's k steps did not: the lane cannot see the
-  change (it first runs later): the lane is off, naming the file and the line;
+* **the lane's validity**: a touched block the full run ran and the lane's k steps did not, or, inside a block both
+  ran, a touched statement (the line, or the nearest recorded lines around it) that only the full run ran: the lane
+  cannot see the change (it first runs later): the lane is off, naming the file and the line;
 * a file the evidence cannot judge (new, deleted or unreadable on one side, binary, a symlink or submodule, content
   other than the measured one, no parse at either end, a module with no line the interpreter reports) is
   ``unknown``: the path rules decide for it, as they do for every non-Python file.
@@ -236,6 +237,18 @@ def _ran_in(lines: Sequence[int], start: int, end: int) -> bool:
     return any(start <= n <= end for n in lines)
 
 
+def _later_near(full: Sequence[int], lane: Sequence[int], line: int, start: int, end: int) -> bool:
+    """Whether ``line`` or the nearest line before and after it inside its block that the full run recorded ran in
+    the full run and not in the lane's steps: a statement (or the branch an ``else:`` opens, the statement a closing
+    bracket ends) of a block the lane runs that itself first runs later. Finer than the block, for the lane only:
+    it can only turn the lane off."""
+    recorded = sorted(n for n in full if start <= n <= end)
+    before = [n for n in recorded if n < line][-1:]
+    after = [n for n in recorded if n > line][:1]
+    near = set(before + after) | ({line} if line in recorded else set())
+    return bool(near - set(lane))
+
+
 def read_diff(evidence: Evidence, changes: Mapping[str, Change]) -> Reading:
     """What the evidence says of each changed ``.py`` file (non-Python files are the path rules' alone): every
     touched line is judged by its block (``core.blocks.judged_block``) in the full run's and the lane's lines; a
@@ -268,7 +281,7 @@ def read_diff(evidence: Evidence, changes: Mapping[str, Change]) -> Reading:
             start, end = file_blocks[index][:2]
             if _ran_in(full, start, end):
                 ran.append(f"{path}:{line}")
-                if not _ran_in(lane, start, end):
+                if not _ran_in(lane, start, end) or _later_near(full, lane, line, start, end):
                     unseen.append(f"{path}:{line}")
             elif _ran_in(lane, start, end):  # code only the lane's launch runs (its rollout backend): its bits
                 ran.append(f"{path}:{line}")
