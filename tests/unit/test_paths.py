@@ -74,3 +74,9 @@ def test_an_unusable_pattern_is_named_with_its_field_and_fix(pattern, says):
 def test_the_defaults_are_usable_patterns():
     assert paths.pattern_problems(paths.DEFAULT_AFFECTS, "affects") == []
     assert paths.pattern_problems(paths.DEFAULT_UNAFFECTING, "unaffecting") == []
+
+
+def test_a_module_or_package_at_the_checkouts_root_always_affects_it_shadows_imports():
+    # the launch puts the checkout's root first on the module path: a new subprocess.py is every `import subprocess`
+    assert paths.affecting(["subprocess.py", "json/__init__.py", "tools/x.py"], ["xtuner/**"], ["docs/**"]) == \
+        ["subprocess.py", "json/__init__.py"]

@@ -77,14 +77,20 @@ def matches(path: str, patterns: Iterable[str]) -> bool:
     return any(_regex(p).fullmatch(path) for p in patterns)
 
 
+#: Python the interpreter imports by name from the checkout's root, whatever a suite's rules say: the launch puts the
+#: root first on the module path (XTuner's run_rl.sh: PYTHONPATH=$(pwd)), so a module or package there shadows any
+#: import of its name (a new ``subprocess.py`` is every ``import subprocess``; issue 53's mutation benchmark).
+SHADOWING: tuple[str, ...] = ("*.py", "*/__init__.py")
+
+
 def affecting(changed: Iterable[str], affects: Sequence[str] = DEFAULT_AFFECTS,
               unaffecting: Sequence[str] = DEFAULT_UNAFFECTING) -> list[str]:
     """The changed files that can move the suite's numbers: those matching ``affects`` and no ``unaffecting``
-    pattern, in the order given, each once. A renamed file is given under both its names by the caller, so a
-    move out of an affecting folder still counts."""
+    pattern, and every module or package at the checkout's root (``SHADOWING``), in the order given, each once. A
+    renamed file is given under both its names by the caller, so a move out of an affecting folder still counts."""
     out = []
     for path in dict.fromkeys(changed):
-        if matches(path, affects) and not matches(path, unaffecting):
+        if (matches(path, affects) and not matches(path, unaffecting)) or matches(path, SHADOWING):
             out.append(path)
     return out
 
