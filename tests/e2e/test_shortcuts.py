@@ -143,14 +143,20 @@ def _complete_reference(rig, suite: str) -> bool:
 
 @pytest.mark.parametrize("suite", ["opd", "grpo"])
 def test_edits_whose_touched_lines_have_no_bytecode_or_run_after_the_lane_are_verified_in_full(rig, suite):
-    """Issue 53, through the DAG: `else:` turned into `elif` and a module-level line between the blank lines before
-    a def (each in code every step runs), and a regression in code that first runs at step 10, end in a full
-    verification that FAILs, never a shortcut PASS, for GRPO as for OPD; the evidence judged each (not a fallback)."""
+    """Issue 53, through the DAG, for GRPO as for OPD: a change to code no process ran is PASS (unchanged) and a
+    neutral edit of code the lane's steps run PASS (bitwise); `else:` turned into `elif` and a module-level line
+    between the blank lines before a def (each in code every step runs), and a regression in code that first runs at
+    step 10, end in a full verification that FAILs, never a shortcut PASS; the evidence judged each (no fallback)."""
     conf = {**CONF, "suites": [suite]}
     if not _complete_reference(rig, suite):  # main's full PASS makes its reference with evidence
         made = rig.run({**conf, "commit": "main"})
         assert made.summary["verdict"] == "PASS", json.dumps(made.tasks)
         assert _complete_reference(rig, suite), "the reference of main kept no complete evidence"
+    # What no process ran is PASS (unchanged), no training; a neutral edit of code the lane's steps run PASS (bitwise).
+    unused = rig.run({**conf, "commit": "sim/unused-change"}, decision=None)
+    assert _outcome(unused)["outcome"] == "PASS (unchanged)" and _jobs(rig, unused) == [], json.dumps(unused.tasks)
+    early = rig.run({**conf, "commit": "sim/neutral-early"})
+    assert _outcome(early)["outcome"] == "PASS (bitwise)", json.dumps(early.tasks)
     for commit in ("sim/else-elif", "sim/module-rebind", "sim/regress-schedule"):
         out = rig.run({**conf, "commit": commit})
         assert _outcome(out)["outcome"] == "FAIL", (commit, json.dumps(out.tasks))
