@@ -4,14 +4,14 @@
 ``ray``/``nvidia-smi``, placeholder models and data, baseline trackers, and a git checkout whose
 launch scripts replay realistic RL metric curves with switchable regressions and faults.
 The API lives in ``simulator.node`` (start_node, stop_node, set_fault, clear_faults,
-node_processes, ray_running); it is re-exported here lazily so ``python -m simulator.node`` stays clean.
+node_processes, trainers, ray_running); it is re-exported here lazily so ``python -m simulator.node`` stays clean.
 """
 from __future__ import annotations
 
 from typing import Any
 
 __all__ = ["start_node", "stop_node", "set_fault", "clear_faults", "node_processes", "node_status",
-           "ray_running"]
+           "ray_running", "trainers"]
 
 
 def __getattr__(name: str) -> Any:

@@ -69,6 +69,11 @@ CODE_EDITS = {
     "neutral-early": ("sim/neutral-early", "xtuner/rlsim/train_loop.py",
                       ("    row[REWARDS] = row[REWARDS] * 1.0 + 0.0\n", "    row[REWARDS] = row[REWARDS] + 0.0\n"),
                       "refactor: simplify the advantage path (simulated, numerics-neutral, runs every step)"),
+    # The same kind of edit in the weight sync, verified by one test only (sim/neutral-early is PASSed by others, so
+    # in a shared stack it may already be PASS (unchanged) since its own PASS).
+    "neutral-sync": ("sim/neutral-sync", "xtuner/rlsim/train_loop.py",
+                     ("    row[LENGTH] = row[LENGTH] * scale\n", "    row[LENGTH] = scale * row[LENGTH]\n"),
+                     "weight sync: scale first (simulated, numerics-neutral: a product commutes bit for bit)"),
     "unused-change": ("sim/unused-change", "xtuner/v1/model/moe/deepseek_v3.py",
                       ("    return 1.0\n", "    return 0.5\n"),
                       "moe: rescale the DeepSeek-V3 router (simulated: code neither suite runs)"),

@@ -31,7 +31,7 @@ from simulator.checkout import bisect_history, build_checkout, grpo_baseline_row
 from simulator.common import FAULT_KINDS, REGRESSION_BRANCHES, SSHD, BisectLayout  # noqa: F401
 from simulator.faults import clear_faults, release, set_fault  # noqa: F401
 from simulator.noise import noise_settings, set_determinism, set_noise, set_worker_env  # noqa: F401
-from simulator.processes import kill_node_processes, node_processes, ray_running  # noqa: F401
+from simulator.processes import kill_node_processes, node_processes, ray_running, trainers  # noqa: F401
 from simulator.sshd import node_status, reset_state, sshd_down, sshd_up, start_node, stop_node  # noqa: F401
 from simulator.traps import NODE_FAULT_KINDS  # noqa: F401
 

@@ -44,6 +44,21 @@ def node_processes(state: Path) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+def trainers(state: Path) -> list[tuple[int, str]]:
+    """The node's live trainers (pid, cmdline): processes started with ``--rlsim-train``, without the workers
+    a trainer forks (its reward Pool's worker carries the trainer's command line but is not a training)."""
+    found = [p for p in node_processes(state) if "--rlsim-train" in p[1]]
+    pids = {pid for pid, _ in found}
+    return [p for p in found if _parent(p[0]) not in pids]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def ray_running(state: Path) -> bool:
     """True when a fake Ray daemon of this node is alive."""
     return any("rlsim-ray-" in cmd for _, cmd in node_processes(state))
@@ -53,11 +68,9 @@ def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
+            ppid = _parent(int(d.name))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(d.name))
     out, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):

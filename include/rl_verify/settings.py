@@ -294,6 +294,10 @@ def attempt_name(suite: str, attempt: int = 0) -> str:
 
 #: The bitwise lane's deterministic jobs of a suite (issue 33): the lane itself and a reference's two self-check runs.
 LANE_JOBS = ("lane", "ref1", "ref2")
+#: Seconds a lane job that records the lane's executed lines and stops itself after the lane's steps (the spec's
+#: ``evidence.stop_env`` / ``stop_config``) is given to end on its own once its k steps are read, before it is stopped:
+#: a process stopped while coverage.py saves its data leaves a file no reading can trust (no evidence).
+LANE_EVIDENCE_END_S = 120
 
 
 def lane_job(suite: str, which: str) -> str:

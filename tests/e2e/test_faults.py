@@ -274,7 +274,7 @@ def wait_job_running(rig: Rig, run_id: str, suite: str, min_steps: int = 1, time
 
 
 def training_processes(rig: Rig) -> list[tuple[int, str]]:
-    return [p for p in sim.node_processes(_node_state(rig)) if "--rlsim-train" in p[1]]
+    return sim.trainers(_node_state(rig))
 
 
 def wait_node_clean(rig: Rig, timeout: float = CLEAN_WAIT_S) -> list[tuple[int, str]]:

@@ -155,7 +155,7 @@ def test_edits_whose_touched_lines_have_no_bytecode_or_run_after_the_lane_are_ve
     # What no process ran is PASS (unchanged), no training; a neutral edit of code the lane's steps run PASS (bitwise).
     unused = rig.run({**conf, "commit": "sim/unused-change"}, decision=None)
     assert _outcome(unused)["outcome"] == "PASS (unchanged)" and _jobs(rig, unused) == [], json.dumps(unused.tasks)
-    early = rig.run({**conf, "commit": "sim/neutral-early"})
+    early = rig.run({**conf, "commit": "sim/neutral-sync"})  # no other test verifies it: never PASSed before
     assert _outcome(early)["outcome"] == "PASS (bitwise)", json.dumps(early.tasks)
     for commit in ("sim/else-elif", "sim/module-rebind", "sim/regress-schedule"):
         out = rig.run({**conf, "commit": commit})

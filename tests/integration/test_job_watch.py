@@ -225,3 +225,26 @@ def test_a_trigger_deferred_by_an_earlier_version_resumes_by_its_stored_class_pa
     # It serialises under its current class path from now on, still importable by the old one.
     assert trigger.serialize()[0] == "rl_verify.orchestration.triggers.RLJobTrigger"
     assert import_string("rl_verify.triggers.RLJobTrigger") is RLJobTrigger
+
+
+@pytest.mark.parametrize("ends_itself_s", [0, 60])
+def test_a_lane_evidence_job_that_stops_itself_is_left_to_end_on_its_own_not_stopped(node_conn: Node,
+                                                                                     ends_itself_s: int) -> None:
+    """Issue 53: a lane job that records its executed lines and stops itself after the lane's k steps is not stopped
+    once they are read (a process stopped while coverage.py saves leaves no evidence): the watch ends with the job's
+    own exit and the k steps' reading; any other lane job is stopped as soon as its k steps are read."""
+    rows = [{"step": s, "response/rewards/mean": 0.5 + s / 100} for s in range(3)]
+    run = f"{node_conn.root}/runs/lane-{ends_itself_s}"
+    job_dir, work_dir = f"{run}/jobs/opd-ref1", f"{run}/work/opd-ref1"
+    # k = 2 steps read, then 2 s of ending (the processes saving their data) and a clean exit
+    _submit(node_conn, job_dir, _tracker_writer(node_conn, rows, work_dir, 0.2, then="time.sleep(2)"),
+            {"RL_VERIFY_JOB": f"lane-{ends_itself_s}/opd-ref1"})
+    lane = {"work_dir": work_dir, "tracker_glob": "*/t.jsonl", "steps": 2, "exclude": [], "reference": None,
+            "ends_itself_s": ends_itself_s}
+    event = _watch(RLJobTrigger(ssh_conn_id=CONN_ID, job_dir=job_dir, job_marker=f"lane-{ends_itself_s}/opd-ref1",
+                                poll_interval=0.2, lane=lane))
+    assert event["lane"]["steps_seen"] >= 2, event
+    if ends_itself_s:
+        assert event.get("status") != "lane" and event["exit_code"] == 0, event
+    else:
+        assert event["status"] == "lane" and event.get("exit_code") is None, event

@@ -126,7 +126,10 @@ class SuiteTrainingOperator(BaseOperator):
                 self._defer_full(context)
             return
         lane_watch = {"work_dir": work_dir, "tracker_glob": spec.tracker, "steps": self.spec.bitwise.steps,
-                      "exclude": list(self.spec.bitwise.exclude), "reference": reference}
+                      "exclude": list(self.spec.bitwise.exclude), "reference": reference,
+                      # stopping it while its processes save their executed lines would spoil the evidence
+                      "ends_itself_s": settings.LANE_EVIDENCE_END_S if lane_evidence and self.spec.evidence
+                      and (self.spec.evidence.stop_env or self.spec.evidence.stop_config) else 0}
         context["ti"].xcom_push(key=f"{which}_started", value=time.time())
         # The lane job is stopped by the trigger after k steps: its own timeout is the wall time of k steps, 3x.
         k_share = self.spec.bitwise.steps / max(1, self.spec.expected_steps)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -82,6 +83,7 @@ class RLJobTrigger(BaseTrigger):
         self._pending_since: float | None = None
         self._watch: LiveWatch | None = None
         self._lane_watch: LaneWatch | None = None
+        self._lane_read_at: float | None = None  # monotonic: when the lane's k steps were first read
         self._elapsed: float | None = None
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -264,6 +266,11 @@ class RLJobTrigger(BaseTrigger):
         reading = watch.reading(ended)
         if not reading.done or ended:
             return None
+        if self._lane_read_at is None:
+            self._lane_read_at = time.monotonic()
+        ends_itself = float((self.lane or {}).get("ends_itself_s") or 0)
+        if time.monotonic() - self._lane_read_at < ends_itself:
+            return None  # a job that stops itself after its steps ends on its own: its exit event carries the reading
         what = "identical to the reference" if watch.reference is not None else "recorded"
         self.log.info("Bitwise lane: %s", f"{reading.steps_seen} of {reading.steps} steps {what}"
                       if reading.difference is None else f"differs at {reading.difference.line()}")
