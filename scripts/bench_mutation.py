@@ -22,8 +22,10 @@ PASS (bitwise) are said of a commit whose numbers did move.
 3. **Decision**: the diff base..mutant read by the package's node script ``sh/changed_lines.sh`` (bash, this
    machine) and ``core.evidence.read_changes``, judged against the base's executed-code evidence recorded for real
    (``evidence_setup.sh`` / ``evidence_read.sh``: the full run, and the lane's steps with the spec's
-   ``evidence.stop_env``) by ``core.evidence.read_diff`` and ``core.lane.judge`` (:func:`decide`): unchanged,
-   bitwise or full, the base being both the verified PASS and the trusted reference.
+   ``evidence.stop_env`` or ``stop_config``) by ``core.evidence.read_diff`` and ``core.lane.judge`` (:func:`decide`):
+   unchanged, bitwise or full, the base being both the verified PASS and the trusted reference. The same question is
+   asked of the DAG's own functions and of ``rl-verify shortcut --evidence`` (``scripts/decision_paths.py``); the
+   three answers are compared on every mutant.
 4. **Table** per operator and suite: mutants, bits changed (lane steps / later / never), decisions, false PASS
    (unchanged) (bits changed in either launch, decision unchanged), false PASS (bitwise) (bits changed only after the
    lane's steps or only in the full launch, decision bitwise: the named blind spot), each false PASS listed with its
@@ -51,6 +53,7 @@ from rl_verify.core import bitwise, evidence, lane
 from rl_verify.engines import load_suite
 from rl_verify.node import evidence_scripts
 from rl_verify.suites.rules import rules_of
+from scripts import decision_paths
 from scripts import evidence_rig as rig
 from scripts.mutants import Mutant, generate
 from simulator.checkout import build_checkout
@@ -155,6 +158,17 @@ def _init(state: dict[str, Any]) -> None:
     wt = Path(state["tmp"]) / f"wt-{os.getpid()}"
     _git(Path(state["repo"]), "worktree", "add", "-q", "--detach", str(wt), state["base"])
     _W["wt"] = wt
+    # The DAG's own decision functions, over this worker's record store holding the base as each suite's verified
+    # PASS and trusted reference with its evidence; the CLI's evidence files beside it.
+    records = Path(state["tmp"]) / f"records-{os.getpid()}"
+    records.mkdir(parents=True, exist_ok=True)
+    _W["offline"] = decision_paths.dag_offline(Path(state["repo"]), records)
+    _W["offline"].__enter__()  # for the worker's life (held: a collected generator would undo the patches)
+    _W["evidence_files"] = {}
+    for suite in state["suites"]:
+        recorded = state["evidence"][suite].to_dict()
+        decision_paths.keep_base(suite, state["base"], recorded)
+        _W["evidence_files"][suite] = decision_paths.write_evidence(records, suite, state["base"], recorded)
 
 
 def _commit(wt: Path, m: Mutant, base: str) -> str:
@@ -209,6 +223,14 @@ def evaluate(m: Mutant) -> dict[str, Any]:
             entry["choice"], entry["rule"] = decide(spec, base, changes, tree, _W["evidence"][suite])
         except Exception as err:  # noqa: BLE001 (a decision that cannot be made is reported, never guessed)
             entry["choice"], entry["rule"] = "error", f"{type(err).__name__}: {err}"
+        # The same question asked of the DAG's functions and of `rl-verify shortcut --evidence`: they must agree.
+        for who, ask in (("dag", lambda: decision_paths.dag_choice(repo, suite, base, sha)),
+                         ("cli", lambda: decision_paths.cli_choice(repo, suite, base, sha,
+                                                                   _W["evidence_files"][suite]))):
+            try:
+                entry[who] = ask()
+            except Exception as err:  # noqa: BLE001
+                entry[who] = f"error: {type(err).__name__}: {err}"
         entry["bits"] = ("lane steps" if entry["lane"].get("lane_sees") else
                          "later" if entry["lane"]["first"] is not None or entry["full"]["first"] is not None
                          else "never")
@@ -431,6 +453,13 @@ def report(data: Mapping[str, Any]) -> None:
               f"fields the lane excludes (time/*, ...): {only}")
         if errors:
             print(f"decisions that failed: {len(errors)} (first: {errors[0]['suites'][suite]['rule']})")
+        apart = [r for r in results if len({r["suites"][suite]["choice"], r["suites"][suite].get("dag"),
+                                            r["suites"][suite].get("cli")}) != 1]
+        print(f"\nthe decision taken three ways (core.lane.judge as above, the DAG's unchanged_on_node + "
+              f"bitwise_lane.decide, `rl-verify shortcut --evidence`): {len(results) - len(apart)} of {len(results)} "
+              f"mutants alike" + "".join(f"\n- APART {r['key']} {r['path']}:{r['line']}: judge "
+                                        f"{r['suites'][suite]['choice']}, DAG {r['suites'][suite].get('dag')}, CLI "
+                                        f"{r['suites'][suite].get('cli')}" for r in apart[:20]))
         print(f"\nfalse PASS ({suite}): {len(fp)}")
         for f in fp:
             print(f"- PASS ({f['kind']}) {f['where']} [{f['op']}{', Pool worker' if f['pool'] else ''}, {f['key']}; "
