@@ -179,6 +179,25 @@ def test_only_time_checks_breached_is_a_performance_failure_with_the_step_times(
     assert "slowest step 30 at 52 s" in line and "slow or contended" in line and "slower" in line
 
 
+def test_a_run_that_recorded_its_executed_lines_shows_its_timing_but_never_fails_on_it(tmp_path, checker_dir):
+    """Issue 53, item 7: coverage.py slows a recorded run; its time/step and wall time against the unrecorded
+    baseline are shown with what they would say, never judged (the checker is not given time/step), while its
+    accuracy metrics are judged as any run's."""
+    slow = grpo_rows(time_step=lambda i: 40.0 + 15.0)  # 15 s a step slower: outside the runbook's 10 s
+    for name in ("recorded", "plain", "worse"):
+        (tmp_path / name).mkdir()
+    recorded = run(tmp_path / "recorded", grpo_rows(), slow, checker_dir, wall_time_s=2500.0, timing_judged=False)
+    assert recorded.verdict == "PASS" and recorded.failure_class is None
+    assert "time/step" not in json.dumps(recorded.details["assert_info"])
+    for metric in ("time/step", "e2e wall time"):
+        row = check(recorded, metric)
+        assert row.passed is None and "recorded its executed lines" in row.note and "would fail" in row.note, row
+    plain = run(tmp_path / "plain", grpo_rows(), slow, checker_dir, wall_time_s=2500.0)
+    assert plain.verdict == "FAIL" and plain.failure_class == "performance"
+    worse = grpo_rows(rewards=lambda i: 0.5)
+    assert run(tmp_path / "worse", grpo_rows(), worse, checker_dir, timing_judged=False).verdict == "FAIL"
+
+
 def test_missing_final_eval_is_infrastructure_and_an_abnormal_finding(tmp_path, checker_dir):
     cur = [{k: v for k, v in r.items() if k != "eval/accuracy"} for r in grpo_rows()]
     result = run(tmp_path, grpo_rows(), cur, checker_dir)

@@ -145,6 +145,9 @@ def fetch_suite(client: "paramiko.SSHClient", spec: SuiteSpec, layout: remote.Ru
             meta["files"]["checker"] = got
             if not got:
                 meta["problems"].append(f"checker missing: {utils}/check_metric.py")
+        # A job that recorded its executed lines (issue 44) ran slower than the unrecorded baseline (issue 53)
+        meta["recorded_evidence"] = _mtime(sftp, posixpath.join(layout.evidence_dir(job or spec.name),
+                                                                "coverage.ini")) is not None
         started = _mtime(sftp, posixpath.join(job_dir, "pid")) or _mtime(sftp, posixpath.join(job_dir, "started"))
         ended = _mtime(sftp, posixpath.join(job_dir, "exit_code"))
         meta["wall_time_s"] = (ended - started) if started and ended else None

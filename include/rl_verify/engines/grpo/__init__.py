@@ -146,7 +146,8 @@ class GrpoEngine(Engine):
                             checker_dir=suite_dir / "checker" / "autotest", out_dir=out,
                             wall_time_s=meta.get("wall_time_s"), timeout_s=settings.CHECKER_TIMEOUT_S,
                             thresholds=data_file(spec.data), suite=spec.name, expected_steps=spec.expected_steps,
-                            wall_time_budget_s=spec.wall_time_budget_s, plot=plot)
+                            wall_time_budget_s=spec.wall_time_budget_s, plot=plot,
+                            timing_judged=not meta.get("recorded_evidence"))
 
     def cli_args(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--baseline", required=True, help="baseline tracker.jsonl")

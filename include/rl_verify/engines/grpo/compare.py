@@ -10,13 +10,14 @@ the disagreement is reported.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from pathlib import Path
 from typing import Any
 
 from rl_verify.core.errors import InputError
-from rl_verify.core.model import (STEP_COUNT, Check, SuiteResult, failure_class_of, missing_findings,
+from rl_verify.core.model import (STEP_COUNT, TIMING_METRICS, Check, SuiteResult, failure_class_of, missing_findings,
                                   verdict_of, within)
 from rl_verify.core.nextsteps import suggest
 from rl_verify.core.plots import Panel, plot_panels
@@ -239,10 +240,13 @@ def _panels(base: Tracker, cur: Tracker, rules: list[Rule], final: Rule):
 def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path,
                  wall_time_s: float | None = None, timeout_s: float = 600,
                  thresholds: GrpoThresholds | str | Path | None = None, plot: bool = True, suite: str = SUITE,
-                 expected_steps: int | None = None, wall_time_budget_s: float | None = None) -> SuiteResult:
+                 expected_steps: int | None = None, wall_time_budget_s: float | None = None,
+                 timing_judged: bool = True) -> SuiteResult:
     """GRPO verdict: checker (subprocess) + final eval/accuracy + optional wall time.
 
     The thresholds, step count and wall-time budget default to those of the suite spec ``suite``.
+    ``timing_judged=False`` (a run that recorded its executed lines, slower than the unrecorded baseline): the
+    timing checks (``TIMING_METRICS``) are shown, never judged, and not given to the checker.
     Raises ``InputError`` for bad inputs and ``CheckerError`` when the checker crashes or times out.
     """
     # Absolute paths: the report must name concrete files, and the checker runs in another cwd.
@@ -254,13 +258,17 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
         expected_steps = expected_steps if expected_steps is not None else spec.expected_steps
         wall_time_budget_s = wall_time_budget_s if wall_time_budget_s is not None else spec.wall_time_budget_s
     data = thresholds if isinstance(thresholds, GrpoThresholds) else load_thresholds(thresholds)
+    timing = [] if timing_judged else [r for r in data.rules if r.metric in TIMING_METRICS]
+    if timing:
+        kept = [r for r in data.rules if r not in timing]
+        data = data.model_copy(update={"assert_info": data.assert_info.model_copy(update={"check_metrics": kept})})
     assert_info = data.checker_assert_info()
     rules, final = data.rules, data.final_eval
     metrics = [r.metric for r in rules]
     checker_file(checker_dir)
     wall = wall_time_check(wall_time_s, wall_time_budget_s) if wall_time_s is not None else None
-    base = read_tracker(baseline, metrics + [final.metric])
-    cur = read_tracker(current, metrics + [final.metric])
+    base = read_tracker(baseline, metrics + [r.metric for r in timing] + [final.metric])
+    cur = read_tracker(current, metrics + [r.metric for r in timing] + [final.metric])
 
     out_dir.mkdir(parents=True, exist_ok=True)
     workdir = out_dir / CHECKER_FOLDER
@@ -280,6 +288,9 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     checks.append(final_eval_check(base, cur, final, baseline))
     if wall is not None:
         checks.append(wall)
+    if timing:  # shown, never judged: the recording's cost is not the code's
+        shown = [metric_check(r, base, cur, {}, None) for r in timing] + [c for c in checks if c.metric == WALL_TIME]
+        checks = [c for c in checks if c.metric != WALL_TIME] + [unjudged_timing(c) for c in shown]
 
     if checks[0].passed is False:
         abnormal.append(f"Wrong step count: the current tracker has {cur.steps} RL step-summary rows, the baseline "
@@ -306,3 +317,15 @@ def compare_grpo(baseline: Path, current: Path, checker_dir: Path, out_dir: Path
     if outcome.png:
         result.plots.append(outcome.png)
     return result
+
+
+#: Why a recorded run's timing is not judged (issue 53, item 7).
+RECORDED_TIMING = ("not judged: this run recorded its executed lines with coverage.py (executed-code evidence), "
+                   "which slows its steps; the unrecorded baseline's timing does not compare")
+
+
+def unjudged_timing(check: Check) -> Check:
+    """``check`` (a timing check of a recorded run) shown with what it would say, never judged."""
+    would = "" if check.passed is None else f"; would {'pass' if check.passed else 'fail'}"
+    return dataclasses.replace(check, passed=None, first_breach_step=None,
+                               note="; ".join(n for n in (check.note, RECORDED_TIMING + would) if n))
