@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -154,6 +155,7 @@ _W: dict[str, Any] = {}
 
 
 def _init(state: dict[str, Any]) -> None:
+    logging.getLogger("rl_verify").setLevel(logging.WARNING)  # the DAG functions' per-decision lines: thousands
     _W.update(state)
     wt = Path(state["tmp"]) / f"wt-{os.getpid()}"
     _git(Path(state["repo"]), "worktree", "add", "-q", "--detach", str(wt), state["base"])

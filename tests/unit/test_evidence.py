@@ -257,3 +257,32 @@ def test_a_statement_that_first_runs_after_the_lane_inside_a_block_the_lane_runs
     assert read(4, 1).lane_unseen == ("m.py:4",)  # the branch's own statement
     assert read(4, 0).lane_unseen == ("m.py:4", "m.py:5")  # a line inserted into the branch
     assert read(2, 1).lane_unseen == ()  # a statement every step runs, the lane's steps included
+
+
+def test_a_change_to_the_experiments_config_turns_the_lane_off_though_the_lanes_steps_ran_it():
+    """Found by the mutation benchmark: GRPO's config sets ``rollout_steps`` at load, so every process and the lane's
+    steps run its changed line, yet the step count moves only at step 46. A file that defines the experiment (the
+    spec's launch script and checkout inputs: ``Rules.read``) keeps the lane off whatever the evidence says."""
+    from rl_verify.core import lane
+    from rl_verify.engines import load_suite
+    from rl_verify.suites.rules import rules_of
+
+    config = "autotest/config/rl_qwen3_gsm8k_grpo.py"
+    source = "total_epochs = 3\nrollout_steps = total_epochs * 15\n"
+    found = evidence.Evidence(full={config: (1, 2)}, lane={config: (1, 2)}, hashes={config: "d" * 40},
+                              blocks={config: blocks.blocks_of(source)})
+    change = evidence.Change(config, "M", base_blob="d" * 40, hunks=((1, 1),), head_parses=True)
+    reading = evidence.read_diff(found, {config: change})
+    assert reading.ran == (f"{config}:1",) and reading.lane_unseen == ()  # the evidence alone would allow the lane
+    spec = load_suite("grpo")
+    tree = [p.replace("**", "x/y.py").replace("*", "x") for p in [*spec.affects, *spec.bitwise.disabled_by]]
+    judged = lane.judge(rules_of(spec), lane.Facts(changed_since_reference=[config], tree=tree, reference="trusted",
+                                                   reference_sha="a" * 40, evidence=reading))
+    assert (judged.choice, judged.rule) == ("full", "experiment") and config in judged.why
+    other = "xtuner/rlsim/train_loop.py"  # the same reading for a file that does not define the experiment
+    moved = evidence.Evidence(full={other: (1, 2)}, lane={other: (1, 2)}, hashes={other: "d" * 40},
+                              blocks={other: blocks.blocks_of(source)})
+    reading = evidence.read_diff(moved, {other: evidence.Change(other, "M", base_blob="d" * 40, hunks=((1, 1),),
+                                                                head_parses=True)})
+    assert lane.judge(rules_of(spec), lane.Facts(changed_since_reference=[other], tree=tree, reference="trusted",
+                                                 reference_sha="a" * 40, evidence=reading)).choice == "bitwise"

@@ -77,7 +77,7 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
            last_full_at: datetime | None, now: datetime, full_every_days: float,
            environment_change: str = "", stale_affects: Sequence[str] = (), stale_lane: Sequence[str] = (),
            contradicted: str = "", blind: str = "", lane_unseen: Sequence[str] = (),
-           unrun_since: str = "", not_yet: Sequence[str] = ()) -> LaneChoice:
+           unrun_since: str = "", not_yet: Sequence[str] = (), definition: Sequence[str] = ()) -> LaneChoice:
     """The verification a suite gets.
 
     ``verified_pass``: the commit of the suite's last verified PASS with the same experiment fingerprint and
@@ -92,6 +92,8 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     full run executed and its lane's k steps did not (``core.evidence.read_diff``, issues 44, 53). ``unrun_since``:
     the commit of a trusted reference since which the diff changes only ``.py`` blocks no process of its full run ran
     and no other file that can affect the suite ("" when not so): PASS (unchanged) by executed-code evidence.
+    ``definition``: the diff's files that define the experiment (``Rules.read``: launch script, config, checker):
+    what they set (the step count, the schedules, the verdict) reaches past the lane's k steps, so the lane is off.
     """
     if requested not in REQUESTS:
         raise ValueError(f"lane {requested!r} is not one of {', '.join(REQUESTS)}; use 'full' to force the full "
@@ -141,6 +143,10 @@ def choose(*, requested: str, scheduled: bool, verified_pass: str | None, affect
     if lane_disabling:
         return LaneChoice("full", f"the diff touches code the deterministic mode bypasses: {_files(lane_disabling)}",
                           "bitwise.disabled_by")
+    if definition:
+        return LaneChoice("full", f"the diff changes what defines the experiment ({_files(definition)}): what it "
+                                  "sets (step count, schedules, evaluation, the verdict's checker) reaches past the "
+                                  "lane's steps", "experiment")
     if reference == "absent":
         changed = f"the environment changed {environment_change}: " if environment_change else ""
         return LaneChoice("full", f"{changed}no bitwise reference for this environment yet (one is made after a full "
@@ -281,5 +287,6 @@ def judge(rules: Rules, facts: Facts) -> Judgement:
                     facts.full_every_days, environment_change=facts.environment_change,
                     stale_affects=stale_affects, stale_lane=stale_lane, contradicted=facts.contradicted,
                     blind=facts.blind, lane_unseen=tuple(reading.lane_unseen if reading else ()),
-                    unrun_since=by_evidence, not_yet=tuple(facts.not_yet))
+                    unrun_since=by_evidence, not_yet=tuple(facts.not_yet),
+                    definition=tuple(p for p in since_ref or () if p in set(rules.read)) if has_lane else ())
     return Judgement(chosen.choice, chosen.why, chosen.rule, affecting, disabling, stale_affects, stale_lane)
