@@ -53,7 +53,14 @@ def timed(way: str, steps: int) -> float:
             cmd = [sys.executable, "-m", "scripts.gpu_coverage_cost", "--child", str(steps)]
         else:
             env["COVERAGE_CORE"] = way
-            cmd = [sys.executable, "-m", "coverage", "run", "--source", str(ROOT / "scripts"),
+            # The node's recording settings (node/sh/evidence_setup.sh, issue 53): every process and thread,
+            # one data file per process, saved on SIGTERM; multiprocessing is a config file's setting only.
+            import coverage
+
+            rc = Path(tmp) / "coverage.ini"
+            rc.write_text("[run]\nparallel = True\nsigterm = True\nconcurrency = multiprocessing,thread\n"
+                          + ("patch = subprocess\n" if coverage.version_info[:2] >= (7, 10) else ""))
+            cmd = [sys.executable, "-m", "coverage", "run", "--rcfile", str(rc), "--source", str(ROOT / "scripts"),
                    "--data-file", str(Path(tmp) / ".coverage"), "-m", "scripts.gpu_coverage_cost", "--child",
                    str(steps)]
         out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
