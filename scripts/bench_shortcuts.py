@@ -38,6 +38,7 @@ from typing import Any
 from rl_verify import settings
 from rl_verify.core import lane
 from rl_verify.engines import load_suite
+from rl_verify.suites.rules import rules_of as suite_rules
 from scripts.bench_lane import ENV_EVERY, MEAN_RUNS, lane_minutes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,8 +71,8 @@ def load(path: Path) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=None)
 def rules_of(suite: str) -> lane.Rules:
-    spec = load_suite(suite)
-    return lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by if spec.bitwise else None)
+    """The suite's rules exactly as the DAG and ``rl-verify shortcut`` take them (``suites.rules.rules_of``)."""
+    return suite_rules(load_suite(suite))
 
 
 def decide(suite: str, base: str, files: list[str], tree: frozenset[str]) -> lane.Judgement:
