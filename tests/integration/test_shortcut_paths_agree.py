@@ -53,6 +53,10 @@ def cases(tmp_path_factory):
         by_op.setdefault(m.op, []).append(m)
     rng = random.Random(53)
     sample = [m for op in sorted(by_op) for m in rng.sample(by_op[op], min(PER_OPERATOR, len(by_op[op])))]
+    # and of each suite's config, which defines its experiment (the DAG once judged it without that rule)
+    for config in evidence_rig.CONFIG.values():
+        edits = [m for m in mutants if m.path == config and m not in sample]
+        sample += rng.sample(edits, min(PER_OPERATOR, len(edits)))
     return repo, base, recorded, [(m, bench_mutation._commit(wt, m, base)) for m in sample], tmp
 
 

@@ -31,6 +31,7 @@ from rl_verify.node import ops as node
 from rl_verify.orchestration import verification_history
 from rl_verify.orchestration.nodes import node_settings, ssh_client, suite_node
 from rl_verify.store import record, references
+from rl_verify.suites.rules import rules_of
 from rl_verify.suites.spec import SuiteSpec
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def decide(resolved: Mapping[str, Any], environments: Mapping[str, Mapping[str, 
         contradicted = (resolved.get("contradicted") or {}).get(suite, "")
         last_full = (resolved.get("last_full") or {}).get(suite)
         chosen = lane.judge(
-            lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by),
+            rules_of(spec),  # the experiment's own files (Rules.read) included, as rl-verify shortcut judges
             lane.Facts(requested=resolved.get("lane", "auto"), scheduled=bool(resolved.get("scheduled")),
                        changed_since_reference=since, reference_diff_problem=problem, evidence=reading,
                        stale=stale,  # resolve_commit checked the rules against the tree

@@ -98,7 +98,7 @@ def unchanged_on_node(client: Any, checkout: str, sha: str, specs: list[SuiteSpe
         if isinstance(changed, str):
             log.info("%s: verified PASS %s: %s: trained as usual", spec.name, short_sha(base["sha"]), changed)
             continue
-        rules = lane.Rules(spec.affects, spec.unaffecting, None)
+        rules = rules_of(spec, with_lane=False)
         decided = lane.judge(rules, lane.Facts(
             requested="auto", scheduled=scheduled, verified_pass=base["sha"], changed_since_pass=changed, tree=tree,
             contradicted=_contradiction(spec, rules, sha, base, verdicts, diff),

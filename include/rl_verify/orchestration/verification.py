@@ -37,6 +37,7 @@ from rl_verify.orchestration.nodes import (is_slurm, check_nodes, expanded_specs
                                            suite_node, suites_by_node, version_files)
 from rl_verify.store import baselines, record
 from rl_verify.suites import card
+from rl_verify.suites.rules import rules_of
 from rl_verify.suites.spec import SuiteSpec
 
 log = logging.getLogger(__name__)
@@ -184,7 +185,7 @@ def stale_rules(specs: list[SuiteSpec], tree: list[str]) -> dict[str, dict[str, 
     at the commit under test; issue 42), for the suites that have any."""
     out = {}
     for spec in specs:
-        rules = lane.Rules(spec.affects, spec.unaffecting, spec.bitwise.disabled_by if spec.bitwise else None)
+        rules = rules_of(spec)
         affects, disabled_by = lane.stale_rules(rules, tree)
         found = {k: list(v) for k, v in (("affects", affects), ("disabled_by", disabled_by)) if v}
         if found:
