@@ -1,10 +1,10 @@
 """Issue 53: ``rl-verify shortcut --evidence`` and the DAG give the same decision on the mutation benchmark's cases.
 
 The simulated checkout's base records its executed-code evidence for real (GRPO and OPD, the node's scripts and
-coverage.py, as ``scripts.bench_mutation`` does); a seeded sample of the benchmark's mutants, every operator and the
-shadowing new files included, and 3 mutants of each suite's config are committed, and each suite's decision is taken both ways (``scripts.decision_paths``:
-the DAG's ``unchanged_on_node`` then ``bitwise_lane.decide``; the CLI's JSON). ``make bench`` compares them on every
-mutant."""
+coverage.py, as ``scripts.bench_mutation`` does); a seeded mutant of every operator (the shadowing new files
+included) and 3 mutants of each suite's config are committed, and each suite's decision is taken both ways
+(``scripts.decision_paths``: the DAG's ``unchanged_on_node`` then ``bitwise_lane.decide``; the CLI's JSON).
+``make bench`` compares them on every mutant."""
 
 from __future__ import annotations
 
