@@ -37,13 +37,14 @@ import subprocess
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from rl_verify.core import bitwise, evidence, lane
 from rl_verify.engines import load_suite
 from rl_verify.node import evidence_scripts
+from scripts.evidence_rig import Healthy
 from simulator.checkout import build_checkout
 from simulator.common import load_curves
 
@@ -56,16 +57,6 @@ FIRST_RUNS = {0: "eval_hook", 1: "every_step", 2: "warmup_end", 3: "replay_buffe
 UNUSED = "xtuner/v1/model/moe/deepseek_v3.py"
 LMDEPLOY = "xtuner/v1/rl/rollout/lmdeploy.py"
 SUITE = "opd"
-
-
-class _Healthy(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the server's own name)
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def _run(repo: Path, work: Path, env: dict[str, str], steps: int) -> float:
@@ -147,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         build_checkout(tmp / "node")
         repo = tmp / "repo"
         shutil.copytree(tmp / "node" / "xtuner", repo, ignore=shutil.ignore_patterns(".git"))
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _Healthy)
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Healthy)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         url = f"http://127.0.0.1:{server.server_address[1]}"
         base = {k2: v for k2, v in os.environ.items() if not k2.startswith(("COVERAGE", "PYTHON"))}
