@@ -28,13 +28,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.processes import descendants, free_port, kill_tree, tail
+from rl_verify.node import slurm_states
 
 ENSURE = "scripts/ensure_slurm.sh"
 #: The binaries a running cluster needs (clients included: start() polls sinfo, stop() scancel and squeue).
 BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol", "munged", "munge")
-#: Job states squeue shows for a job that still holds or waits for resources.
-ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING",
-                           "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT", "STOPPED"})
+#: Job states squeue shows for a job that still holds or waits for resources: rl-verify's one table (issue 54).
+ACTIVE_STATES = slurm_states.ACTIVE
 #: Longest path of a Unix socket (sun_path is 108 bytes with the terminating NUL).
 MAX_SOCKET_PATH = 107
 #: NVIDIA's character-device major number: the fake /dev/nvidiaN files carry it, as real ones do.
@@ -391,6 +391,26 @@ class Slurm:
             if path.exists() and path.stat().st_size:
                 parts.append(f"== {path}\n{tail(path, lines)}")
         return "\n".join(parts) or "(no daemon log)"
+
+    def stop_controller(self, timeout: float = 10.0) -> None:
+        """End slurmctld (SIGTERM, SIGKILL after ``timeout``) as an outage or a restart does: slurmd and the jobs it
+        runs go on, Slurm's clients fail ("Unable to contact slurm controller") until :meth:`start_controller`."""
+        proc = self._procs.pop("slurmctld", None)
+        if proc is not None and proc.poll() is None:
+            kill_tree([proc.pid], descendants(proc.pid), timeout)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    def start_controller(self, timeout: float = 90.0) -> float:
+        """Start slurmctld again from its saved state (no ``-c``: the jobs it knew are recovered); return the seconds
+        until squeue answers again. SlurmError with the logs after ``timeout``."""
+        if self._procs.get("slurmctld") is not None and self._procs["slurmctld"].poll() is None:
+            raise SlurmError("slurm: slurmctld is running")
+        t0 = time.monotonic()
+        self._spawn("slurmctld", [_binary("slurmctld") or "slurmctld", "-D", "-f", str(self.conf_path)])
+        self._wait_for(lambda: self.run("squeue", "--noheader", timeout=30).returncode == 0, timeout,
+                       "slurmctld answering again")
+        return time.monotonic() - t0
 
     def running(self) -> bool:
         """Whether every daemon this object started is still running."""

@@ -126,6 +126,16 @@ STALL_TIMEOUT_S = _number("RL_VERIFY_STALL_TIMEOUT_S", 900, int, 0)
 #: waits until Slurm shows none of its jobs running.
 SLURM_PENDING_LIMIT_S = _number("RL_VERIFY_SLURM_PENDING_LIMIT_S", 3600, int, 0)
 SLURM_STOP_WAIT_S = _number("RL_VERIFY_SLURM_STOP_WAIT_S", 60, int, 0)
+#: Seconds Slurm may stay silent (squeue/sacct failing: slurmctld restarting, failing over, frozen) before a
+#: watched job is given up as unknown (issue 54): a restart takes seconds, a failover a minute or two. A connection's
+#: extra ``slurm_unreachable_s`` overrides it.
+SLURM_UNREACHABLE_S = _number("RL_VERIFY_SLURM_UNREACHABLE_S", 300, int, 0)
+#: Seconds the exit code of a job Slurm shows ended is awaited before its end is recorded without it (the shared
+#: filesystem may show the batch step's file late).
+SLURM_SETTLE_S = _number("RL_VERIFY_SLURM_SETTLE_S", 30, int, 0)
+#: Seconds one squeue/sacct call may take on the login node (a frozen slurmctld answers after MessageTimeout, 10 s
+#: by default, then fails: 20 s measured).
+SLURM_ASK_TIMEOUT_S = 30
 #: Consecutive SSH failures the job monitor tolerates (backoff 1, 2, 4, 8, then 10 s) before
 #: failing: 36 attempts is about 6 minutes of node outage.
 SSH_RECONNECT_ATTEMPTS = _number("RL_VERIFY_SSH_RECONNECT_ATTEMPTS", 36, int, 0)

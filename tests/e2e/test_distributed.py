@@ -69,6 +69,15 @@ def _at(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def _why(rig: Rig, run_id: str, suite: str) -> str:
+    """What a failed assertion on a run's verdict needs to be read: the suite's findings and its run log's end."""
+    report = json.loads(_stored(rig, run_id).get("report.json", b"{}") or b"{}")
+    abnormal = [line for entry in report.get("suites", []) if entry.get("suite") == suite
+                for line in entry.get("abnormal", [])]
+    log = rig.client.task_log(DAG_ID, run_id, f"run_{suite}")
+    return f"findings: {abnormal}\nrun_{suite} log (end):\n{log[-4000:]}"
+
+
 def _assert_record_complete(rig: Rig, run_id: str, summary: dict[str, Any]) -> dict[str, bytes]:
     stored = _stored(rig, run_id)
     assert summary["record"] == f"s3://rl_verify_records@{RECORDS_BUCKET}/records/{DAG_ID}/{run_key(run_id)}"
@@ -130,7 +139,8 @@ def test_a_regression_on_the_second_node_fails_with_its_report_in_s3(rig, nodes)
     out = rig.run({"commit": "sim/regress-teacher", "suites": ["opd"], "node": NODE_B, "repeats": 0})
     assert out.state == "failed", json.dumps(out.tasks)
     assert out.tasks["compare_opd"] == "failed" and out.tasks["report"] == "success"
-    assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
+    assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"], \
+        _why(rig, out.run_id, "opd")
     assert _task_instances(rig, out.run_id)["run_opd"]["pool"] == f"rl_node_{NODE_B}"
     stored = _assert_record_complete(rig, out.run_id, out.summary)
     assert "distillation/reduced_distillation_kl" in stored["report.md"].decode()

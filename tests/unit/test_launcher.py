@@ -28,8 +28,8 @@ def test_a_slurm_connection_gives_its_partition_account_qos_and_the_default_pend
     assert config["qos"] == "normal" and config["time"] is None and config["pending_limit_s"] > 0
     chosen = launchers.launcher_for(config)
     assert isinstance(chosen, launchers.SlurmLauncher)
-    assert chosen.sbatch_args(8) == ["--partition=gpu", "--nodes=1", "--ntasks=1", "--account=rl-verify",
-                                     "--qos=normal", "--gres=gpu:8"]
+    assert chosen.sbatch_args(8) == ["--partition=gpu", "--nodes=1", "--ntasks=1", "--no-requeue",
+                                     "--account=rl-verify", "--qos=normal", "--gres=gpu:8"]
 
 
 def test_every_bad_slurm_field_is_named_at_once_with_its_fix():
@@ -57,7 +57,8 @@ def test_the_submit_script_quotes_every_value_and_submits_with_the_targets_optio
     written = subprocess.run(["bash", "-c", prelude + '\nprintf %s "$job_exports"'], capture_output=True, text=True,
                              check=True).stdout
     assert written == "export EVIL='$(touch /tmp/pwned)'\nexport RL_VERIFY_JOB=k/grpo"  # never run while rendered
-    assert "sbatch_args=(--partition=gpu --nodes=1 --ntasks=1 --account=rl-verify --qos=normal --gres=gpu:8)" in script
+    assert ("sbatch_args=(--partition=gpu --nodes=1 --ntasks=1 --no-requeue --account=rl-verify --qos=normal "
+            "--gres=gpu:8)") in script
     assert "job_name=rlv.k.grpo" in script and "sbatch --parsable" in script
     with pytest.raises(BadInput):
         chosen.run("/runs/k/jobs/grpo", "( true )", {"BAD NAME": "1"}, "k", "grpo", 8)
@@ -83,7 +84,9 @@ def test_a_job_pending_past_the_limit_is_given_up_and_no_limit_waits():
     ("PREEMPTED outside", "preempted"), ("NODE_FAIL outside", "node failure"), ("TIMEOUT outside", "time limit"),
     ("OUT_OF_MEMORY outside", "out of memory"), ("CANCELLED outside", "cancelled outside rl-verify"),
     ("CANCELLED ours", "stopped by rl-verify"), ("PENDING Resources", "never scheduled"),
-    ("SPECIAL_EXIT outside", "ended SPECIAL_EXIT in Slurm")])
+    ("SPECIAL_EXIT outside", "held by Slurm after a special exit"),
+    ("REQUEUED outside", "requeued by Slurm: not rerun"),
+    ("BURST_BUFFER_LOST outside", "ended BURST_BUFFER_LOST in Slurm")])
 def test_each_end_slurm_gives_a_job_has_its_own_name(detail, named):
     assert launchers.end_class(detail) == named
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 from rl_verify import settings
-from rl_verify.node import remote
+from rl_verify.node import remote, slurm_states
 from rl_verify.node.remote import BadInput
 
 SSH, SLURM = "ssh", "slurm"
@@ -37,27 +37,15 @@ SLURM_FIELDS = {
     "slurm_qos": "the quality of service (--qos)",
     "slurm_time": "the jobs' time limit (--time, e.g. 02:00:00); default: the partition's",
     "slurm_pending_limit_s": "seconds a job may wait in the queue before the run gives up, naming Slurm's reason",
+    "slurm_unreachable_s": "seconds Slurm may not answer (slurmctld restarting, failing over) before a watched job "
+                           "is given up as unknown",
 }
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _SLURM_TIME = re.compile(r"(\d+-)?\d{1,3}(:\d{2}){0,2}")
-#: Slurm states a scheduler poll may report whose job no longer runs (``lib_slurm.sh``'s ``ended``).
-SCHEDULER_ENDS = {
-    "PREEMPTED": "preempted",
-    "NODE_FAIL": "node failure",
-    "TIMEOUT": "time limit",
-    "OUT_OF_MEMORY": "out of memory",
-    "CANCELLED": "cancelled outside rl-verify",
-    "BOOT_FAIL": "node failure",
-    "DEADLINE": "time limit",
-    "FAILED": "failed in Slurm",
-    "PENDING": "never scheduled",
-}
-
-
 def launcher_config(extra: Mapping[str, Any], conn_id: str = "the node") -> dict[str, Any]:
     """The launcher of a node connection, from its extras: ``{"kind": "ssh"}`` (no ``launcher`` key, the default)
-    or ``{"kind": "slurm", "partition", "account", "qos", "time", "pending_limit_s"}``. Raises BadInput naming
-    every bad field and its fix."""
+    or ``{"kind": "slurm", "partition", "account", "qos", "time", "pending_limit_s", "unreachable_s"}``. Raises
+    BadInput naming every bad field and its fix."""
     kind = str(extra.get("launcher") or SSH).strip().lower()
     if kind not in KINDS:
         raise BadInput(f"connection {conn_id!r}: extra 'launcher' is {extra.get('launcher')!r}; use one of "
@@ -81,13 +69,16 @@ def launcher_config(extra: Mapping[str, Any], conn_id: str = "the node") -> dict
     if time_limit not in (None, "") and not (isinstance(time_limit, str) and _SLURM_TIME.fullmatch(time_limit)):
         problems.append(f"extra 'slurm_time' is {time_limit!r}: give [days-]hours:minutes:seconds, e.g. 02:00:00")
     config["time"] = time_limit or None
-    limit = extra.get("slurm_pending_limit_s", settings.SLURM_PENDING_LIMIT_S)
-    try:
-        config["pending_limit_s"] = int(limit)
-        if config["pending_limit_s"] < 0:
-            raise ValueError
-    except (TypeError, ValueError):
-        problems.append(f"extra 'slurm_pending_limit_s' is {limit!r}: give whole seconds (0: wait without a limit)")
+    limits = (("slurm_pending_limit_s", settings.SLURM_PENDING_LIMIT_S, "0: wait without a limit"),
+              ("slurm_unreachable_s", settings.SLURM_UNREACHABLE_S, "0: give up at once"))
+    for field, default, zero in limits:
+        given = extra.get(field, default)
+        try:
+            config[field.removeprefix("slurm_")] = int(given)
+            if config[field.removeprefix("slurm_")] < 0 or isinstance(given, bool):
+                raise ValueError
+        except (TypeError, ValueError):
+            problems.append(f"extra {field!r} is {given!r}: give whole seconds ({zero})")
     if problems:
         raise BadInput(f"connection {conn_id!r} (launcher slurm): " + "; ".join(problems))
     return config
@@ -101,6 +92,12 @@ def slurm_job_name(key: str, job: str) -> str:
 def render(template: str, **values: Any) -> str:
     """``remote.render`` for the launchers' scripts (the same quoting rules)."""
     return remote.render(template, **values)
+
+
+def slurm_library() -> str:
+    """``lib_slurm.sh`` rendered with the one table of Slurm's states (``slurm_states``) and its time bounds."""
+    return render("lib_slurm", **slurm_states.shell_lists(), slurm_settle_s=settings.SLURM_SETTLE_S,
+                  slurm_ask_s=settings.SLURM_ASK_TIMEOUT_S)
 
 
 class Launcher(Protocol):
@@ -157,11 +154,13 @@ class SlurmLauncher:
     qos: str | None = None
     time: str | None = None
     pending_limit_s: int = 0
+    unreachable_s: int = settings.SLURM_UNREACHABLE_S
     kind: str = SLURM
 
     def sbatch_args(self, gpus: int) -> list[str]:
         """The options every job of this target gets (validated values: ``launcher_config``)."""
-        args = [f"--partition={self.partition}", "--nodes=1", "--ntasks=1"]
+        # --no-requeue: after a node failure or a preemption Slurm would rerun the batch step, a second training.
+        args = [f"--partition={self.partition}", "--nodes=1", "--ntasks=1", "--no-requeue"]
         args += [f"--account={self.account}"] if self.account else []
         args += [f"--qos={self.qos}"] if self.qos else []
         args += [f"--time={self.time}"] if self.time else []
@@ -177,12 +176,12 @@ class SlurmLauncher:
         exports = "\n".join(f"export {name}={shlex.quote(str(value))}" for name, value in environment.items())
         # The job's marker rides into its batch step, which ends every process carrying it when Slurm signals.
         marker = remote.validate_marker(str(environment.get(remote.JOB_MARKER_ENV, "")))
-        return render("lib_slurm") + remote.marked_fn(remote.JOB_MARKER_ENV) + render(
+        return slurm_library() + remote.marked_fn(remote.JOB_MARKER_ENV) + render(
             "slurm_submit", job_dir=remote.validate_path(job_dir, "job dir"), job_exports=exports, job_command=command,
             job_name=slurm_job_name(key, job), job_marker=marker, sbatch_args=self.sbatch_args(gpus))
 
     def status(self, job_dir: str) -> str:
-        return render("lib_slurm") + render("slurm_status", job_dir=remote.validate_path(job_dir, "job dir"))
+        return slurm_library() + render("slurm_status", job_dir=remote.validate_path(job_dir, "job dir"))
 
     def log(self, job_dir: str, offset: int, max_bytes: int) -> str:
         # The scheduler's word rides on the poll's header (one token: "pending:Resources", "ended:TIMEOUT:outside").
@@ -190,19 +189,19 @@ class SlurmLauncher:
                  'scheduler=$sched_word${sched_rest:+:${sched_rest// /:}}\n'
         poll = remote.job_poll_script(job_dir, offset, max_bytes)
         head, _, body = poll.partition("\n#!/usr/bin/env bash\n")
-        return render("lib_slurm") + head + "\n" + settle + body
+        return slurm_library() + head + "\n" + settle + body
 
     def stop(self, job_dir: str, marker: str, ended_as: str = "") -> str:
         """``ended_as``: the end to record for the job (``PENDING <reason>``: the run gave up on the queue)."""
         remote.validate_marker(marker)
         if not re.fullmatch(r"[A-Za-z0-9_ ().,:-]{0,200}", ended_as):
             raise BadInput(f"ended_as {ended_as!r} must be plain words")
-        return render("lib_slurm") + render("slurm_stop", job_dirs=[remote.validate_path(job_dir, "job dir")],
+        return slurm_library() + render("slurm_stop", job_dirs=[remote.validate_path(job_dir, "job dir")],
                                             name_pre="", wait_s=settings.SLURM_STOP_WAIT_S, ended_as=ended_as)
 
     def cleanup(self, run_dir: str, key: str, jobs: Sequence[str]) -> str:
         layout = remote.RunLayout(remote.validate_path(run_dir, "run dir"))
-        return render("lib_slurm") + render(
+        return slurm_library() + render(
             "slurm_stop", job_dirs=[layout.job_dir(remote.validate_suite_name(j)) for j in jobs],
             name_pre=f"rlv.{remote.validate_key(key)}.", wait_s=settings.SLURM_STOP_WAIT_S, ended_as="")
 
@@ -217,7 +216,8 @@ def launcher_for(config: Mapping[str, Any] | None) -> SshLauncher | SlurmLaunche
     if not config or config.get("kind", SSH) == SSH:
         return SshLauncher()
     return SlurmLauncher(partition=config["partition"], account=config.get("account"), qos=config.get("qos"),
-                         time=config.get("time"), pending_limit_s=int(config.get("pending_limit_s") or 0))
+                         time=config.get("time"), pending_limit_s=int(config.get("pending_limit_s") or 0),
+                         unreachable_s=int(config.get("unreachable_s", settings.SLURM_UNREACHABLE_S)))
 
 
 def parse_status(line: str) -> tuple[str, str]:
@@ -236,11 +236,9 @@ def scheduler_of(token: str | None) -> dict[str, str] | None:
 
 def end_class(detail: str) -> str:
     """What a job Slurm ended without its exit code is called (``"TIMEOUT outside"`` -> ``time limit``; a
-    cancel by rl-verify itself -> ``stopped by rl-verify``)."""
+    cancel by rl-verify itself -> ``stopped by rl-verify``): ``slurm_states.end_words``."""
     state, _, who = detail.partition(" ")
-    if state == "CANCELLED" and who.strip() == "ours":
-        return "stopped by rl-verify"
-    return SCHEDULER_ENDS.get(state, f"ended {state} in Slurm")
+    return slurm_states.end_words(state, who.strip())
 
 
 def parse_check(out: str, config: Mapping[str, Any], gpus: int, conn_id: str) -> tuple[list[str], int | None]:

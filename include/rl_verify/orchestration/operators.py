@@ -427,9 +427,14 @@ def _run(client: Any, script: str) -> tuple[int, str, str]:
 
 def job_state(client: Any, job_dir: str, launcher: dict[str, Any] | None = None) -> tuple[str, str]:
     """(state, what the scheduler said): "absent", "pending" (Slurm only), "running", "finished", "ended" (Slurm
-    ended it without an exit code) or "dead" (started, no exit code, process gone)."""
-    _, out, _ = _run(client, launchers.launcher_for(launcher).status(job_dir))
-    return launchers.parse_status(out.strip().splitlines()[-1] if out.strip() else "absent")
+    ended it without an exit code), "dead" (started, no exit code, process gone), or on Slurm "unknown" (Slurm did
+    not answer) and "settling" (Slurm ended it, its exit code is awaited). A status script that fails or prints
+    nothing raises: silence is no "absent" (that would launch a second training)."""
+    status, out, err = _run(client, launchers.launcher_for(launcher).status(job_dir))
+    if status != 0 or not out.strip():
+        raise RuntimeError(f"the job's state could not be read ({job_dir}: exit {status}, "
+                           f"{err.strip()[-300:] or 'nothing printed'}); nothing was launched")
+    return launchers.parse_status(out.strip().splitlines()[-1])
 
 
 def _refuse_if_busy(client: Any, runs_root: str, key: str, suite: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from rl_verify import settings
 from rl_verify.core.bitwise import LaneWatch
 from rl_verify.core.live import LiveWatch, describe_hit
 from rl_verify.node import launcher as launchers
@@ -81,6 +82,7 @@ class RLJobTrigger(BaseTrigger):
         #: What the scheduler said at the last poll, and since when (monotonic) the job has waited in its queue.
         self._scheduler: dict[str, str] | None = None
         self._pending_since: float | None = None
+        self._unknown_since: float | None = None  # monotonic: since when Slurm has not answered
         self._watch: LiveWatch | None = None
         self._lane_watch: LaneWatch | None = None
         self._lane_read_at: float | None = None  # monotonic: when the lane's k steps were first read
@@ -111,8 +113,10 @@ class RLJobTrigger(BaseTrigger):
 
     async def _script(self, conn: Any, script: str) -> tuple[int, bytes]:
         """Run ``script`` with ``bash -s`` (script on stdin); return (exit status, raw stdout)."""
+        # A Slurm script may wait on squeue and sacct, each bounded on the node (a frozen slurmctld answers late).
+        slurm_wait = 2 * settings.SLURM_ASK_TIMEOUT_S if self._launcher.kind == launchers.SLURM else 0
         result = await conn.run("bash -s", input=script.encode(), encoding=None, check=False,
-                                timeout=self.command_timeout)
+                                timeout=self.command_timeout + slurm_wait)
         out = result.stdout or b""
         return result.exit_status or 0, out if isinstance(out, bytes) else out.encode()
 
@@ -209,6 +213,24 @@ class RLJobTrigger(BaseTrigger):
         """Keep what the scheduler says of the job; log each change (a pending job's reason goes to the task log)."""
         if said is None:
             return
+        if said["state"] == "unknown":
+            # Silence is no answer: the job is taken as it was last seen until Slurm answers or the limit passes.
+            if self._unknown_since is None:
+                self._unknown_since = asyncio.get_running_loop().time()
+                self.log.warning("Slurm does not answer (%s): the job is taken as still %s; given up after %d s "
+                                 "of silence", said["detail"], (self._scheduler or {}).get("state", "submitted"),
+                                 self._unreachable_s())
+            return
+        if self._unknown_since is not None:
+            self.log.info("Slurm answers again after %.0f s: the job is %s",
+                          asyncio.get_running_loop().time() - self._unknown_since, said["state"])
+            self._unknown_since = None
+        if said["state"] == "settling":
+            if (self._scheduler or {}).get("state") != "settling":
+                self.log.info("Slurm shows the job %s; its exit code is awaited (up to %d s)", said["detail"],
+                              settings.SLURM_SETTLE_S)
+            self._scheduler = said
+            return
         if said != self._scheduler:
             if said["state"] == "pending":
                 self.log.info("Slurm holds the job in its queue: reason %s", said["detail"] or "None")
@@ -230,6 +252,18 @@ class RLJobTrigger(BaseTrigger):
         said = self._scheduler
         if said is None or exit_code is not None:
             return None
+        if self._unknown_since is not None:
+            silent = asyncio.get_running_loop().time() - self._unknown_since
+            if silent <= self._unreachable_s():
+                return None
+            _, out = await self._script(conn, self._launcher.stop(self.job_dir, self.job_marker))
+            self.log.error("Slurm did not answer for %.0f s (limit %d s): the job was given up and its cancel "
+                           "tried (%s)", silent, self._unreachable_s(), out.decode(errors="replace").strip())
+            event = self._event(None, "", f"Slurm did not answer for {silent:.0f} s (limit {self._unreachable_s()} "
+                                          "s, the connection's extra slurm_unreachable_s): the job's end is unknown; "
+                                          "its cancel was tried")
+            event.payload["status"] = "scheduler"
+            return event
         if said["state"] in ("ended", "dead"):
             what = launchers.end_class(said["detail"]) if said["state"] == "ended" else said["detail"]
             event = self._event(None, "", f"Slurm ended the job before the training did: {what} ({said['detail']})")
@@ -248,6 +282,9 @@ class RLJobTrigger(BaseTrigger):
                                       f"{said['detail'] or 'None'}; the job was cancelled")
         event.payload["status"] = "scheduler"
         return event
+
+    def _unreachable_s(self) -> int:
+        return int((self.launcher or {}).get("unreachable_s", settings.SLURM_UNREACHABLE_S))
 
     async def _lane(self, conn: Any, ended: bool) -> TriggerEvent | None:
         """The bitwise lane's look at the tracker: once k steps are read (or one differs from the reference),

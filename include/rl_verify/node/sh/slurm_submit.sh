@@ -42,6 +42,13 @@ end_job() {
   for p in $(marked "$job"); do kill -KILL "$p" 2>/dev/null; done
   exit 143
 }
+if [ -e "$d/started" ]; then
+  # Slurm started this batch step a second time in the job's folder (requeued after a node failure or a
+  # preemption, or restarted by an admin): the training is never run twice; the end is recorded instead.
+  [ -s "$d/scheduler_end" ] || echo "REQUEUED outside" >"$d/scheduler_end"
+  echo "rl-verify: Slurm started job ${SLURM_JOB_ID:-?} again (restart ${SLURM_RESTART_COUNT:-?}): not rerun" >&2
+  exit 1
+fi
 trap end_job TERM
 date +%s >"$d/started"
 bash "$d/job.sh" >"$d/stdout.log" 2>&1 &

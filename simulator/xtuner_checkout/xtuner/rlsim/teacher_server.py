@@ -54,7 +54,10 @@ def main() -> int:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     Path(a.pid_file).write_text(f"{os.getpid()}\n")
-    Path(a.port_file).write_text(f"{server.server_address[1]}\n")
+    # Whole or absent, never half-written: the launch script takes a non-empty port file for "listening".
+    staged = Path(f"{a.port_file}.tmp")
+    staged.write_text(f"{server.server_address[1]}\n")
+    staged.replace(a.port_file)
     print(f"[teacher {a.name}] SIMULATED teacher serving {a.model} on port {server.server_address[1]}", flush=True)
     server.serve_forever()
     return 0

@@ -65,25 +65,35 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The teachers' pids as the shell started them (never read back from a file the server rewrites), and a deadline in
+# seconds rather than a count of polls: a loaded machine slows the polls, not the clock (XTuner's own script waits
+# the same way, by the pids it holds and TEACHER_STARTUP_TIMEOUT_S).
+declare -A TEACHER_PID=()
+TEACHER_STARTUP_TIMEOUT_S=${TEACHER_STARTUP_TIMEOUT_S:-600}
 start_teacher() {  # NAME MODEL DEVICES
   rm -f "$WORK_DIR/teacher_$1.port" "$WORK_DIR/teacher_$1.pid"
   CUDA_VISIBLE_DEVICES=$3 setsid nohup "$PYTHON" "$REPO_DIR/xtuner/rlsim/teacher_server.py" --rlsim-teacher "$1" \
     --model "$2" --port-file "$WORK_DIR/teacher_$1.port" --pid-file "$WORK_DIR/teacher_$1.pid" \
     > "$WORK_DIR/teacher_$1_${current_time}.log" 2>&1 < /dev/null &
-  echo $! > "$WORK_DIR/teacher_$1.pid"
+  TEACHER_PID[$1]=$!
+  echo "${TEACHER_PID[$1]}" > "$WORK_DIR/teacher_$1.pid"
 }
 wait_teacher() {  # NAME -> prints the endpoint once the server listens
-  for _ in $(seq 1 600); do
+  local deadline=$((SECONDS + TEACHER_STARTUP_TIMEOUT_S))
+  while [ "$SECONDS" -lt "$deadline" ]; do
     if [ -s "$WORK_DIR/teacher_$1.port" ]; then
       echo "http://127.0.0.1:$(cat "$WORK_DIR/teacher_$1.port")"
       return 0
     fi
-    if ! kill -0 "$(cat "$WORK_DIR/teacher_$1.pid")" 2>/dev/null; then
-      break  # the teacher died (e.g. its model failed to load)
+    if ! kill -0 "${TEACHER_PID[$1]}" 2>/dev/null; then
+      # One more look: the server may have written its port just before it was checked.
+      [ -s "$WORK_DIR/teacher_$1.port" ] && continue
+      echo "teacher $1 died before it listened; see $WORK_DIR/teacher_$1_${current_time}.log" >&2
+      return 1
     fi
     sleep 0.1
   done
-  echo "teacher $1 did not come up; see $WORK_DIR/teacher_$1_${current_time}.log" >&2
+  echo "teacher $1 did not come up within ${TEACHER_STARTUP_TIMEOUT_S} s; see $WORK_DIR/teacher_$1_${current_time}.log" >&2
   return 1
 }
 start_teacher gsm8k "$GSM8K_TEACHER_MODEL_PATH" "$GSM8K_TEACHER_DEVICES"
