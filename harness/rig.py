@@ -265,7 +265,10 @@ class Rig:
         for a rig without Slurm (the SSH launcher)."""
         if not self.slurm_gpus:
             return None
-        return {"launcher": "slurm", "slurm_partition": SLURM_PARTITION, "slurm_account": SLURM_ACCOUNT, **fields}
+        # Not exclusive: the rig's one slurmd of 16 GPUs stands for two 8-GPU nodes (its TaskProlog places each job on
+        # one), so a whole-node job would keep the second simulated node idle.
+        return {"launcher": "slurm", "slurm_partition": SLURM_PARTITION, "slurm_account": SLURM_ACCOUNT,
+                "slurm_exclusive": "false", **fields}
 
     def enable_dag(self, dag_id: str) -> None:
         """Waits until Airflow has parsed ``dag_id``, then unpauses it (a DAG beside the verification DAG that a

@@ -238,10 +238,11 @@ def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
 
 
 def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_happened(rig):
-    """slurmctld down for 60 s while a healthy job trains, its body ending inside the outage: every squeue fails
-    meanwhile. The watch takes the silence as "unknown", never as an end (issue 54: one failed squeue used to end it
-    as "Slurm no longer knows job N", an infrastructure FAIL of a healthy run)."""
-    _step_seconds(rig, 0.5)  # 45 steps of 0.5 s: the job is mid-training when the controller goes
+    """slurmctld down for 60 s at least while a healthy job trains, its body ending inside the outage: every squeue
+    fails meanwhile. The watch takes the silence as "unknown", never as an end (issue 54: one failed squeue used to
+    end it as "Slurm no longer knows job N", an infrastructure FAIL of a healthy run)."""
+    # Held at step 5 until the watch has met the silence: then the body ends while Slurm is still down.
+    sim.set_fault(rig.node_state(), "grpo", "hold", at_step=5)
     seen: dict[str, Any] = {}
 
     def outage(run_id: str) -> None:
@@ -251,23 +252,16 @@ def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_ha
         rig.slurm.stop_controller()
         down = time.monotonic()
         try:
-            # Down until the job's body has ended and the watch has met the silence, and for 60 s at least.
-            ended = _job_dir(rig, run_id, "grpo") / "exit_code"
-            try:
-                _wait("the body's end and the watch's unknown", lambda: ended.exists() and "Slurm does not answer"
-                      in _log(rig, run_id, "run_grpo"), 300, poll=1)
-            except AssertionError as err:
-                raise AssertionError(f"{err}: exit code written {ended.exists()}; run_grpo: "
-                                     f"{_log(rig, run_id, 'run_grpo')[-3000:]}") from None
+            _wait("the watch meeting the silence", lambda: "Slurm does not answer" in _log(rig, run_id, "run_grpo"),
+                  300, poll=1)
+            sim.release(rig.node_state(), "grpo")
+            _wait("the body's end", (_job_dir(rig, run_id, "grpo") / "exit_code").exists, 300, poll=1)
             _wait("60 s of outage", lambda: time.monotonic() - down >= 60, 120, poll=1)
         finally:
             seen["down_s"] = time.monotonic() - down
             seen["back_s"] = rig.slurm.start_controller()
 
-    try:
-        out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=outage, timeout=900)
-    finally:
-        _step_seconds(rig, STEP_SECONDS)
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=outage, timeout=900)
     print(f"Slurm: controller down {seen['down_s']:.0f} s, answering {seen['back_s']:.1f} s after its start")
     assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
     log = _log(rig, out.run_id, "run_grpo")

@@ -29,7 +29,7 @@ def test_a_slurm_connection_gives_its_partition_account_qos_and_the_default_pend
     chosen = launchers.launcher_for(config)
     assert isinstance(chosen, launchers.SlurmLauncher)
     assert chosen.sbatch_args(8) == ["--partition=gpu", "--nodes=1", "--ntasks=1", "--no-requeue",
-                                     "--account=rl-verify", "--qos=normal", "--gres=gpu:8"]
+                                     "--account=rl-verify", "--qos=normal", "--gres=gpu:8", "--exclusive"]
 
 
 def test_every_bad_slurm_field_is_named_at_once_with_its_fix():
@@ -58,7 +58,7 @@ def test_the_submit_script_quotes_every_value_and_submits_with_the_targets_optio
                              check=True).stdout
     assert written == "export EVIL='$(touch /tmp/pwned)'\nexport RL_VERIFY_JOB=k/grpo"  # never run while rendered
     assert ("sbatch_args=(--partition=gpu --nodes=1 --ntasks=1 --no-requeue --account=rl-verify --qos=normal "
-            "--gres=gpu:8)") in script
+            "--gres=gpu:8 --exclusive)") in script
     assert "job_name=rlv.k.grpo" in script and "sbatch --parsable" in script
     with pytest.raises(BadInput):
         chosen.run("/runs/k/jobs/grpo", "( true )", {"BAD NAME": "1"}, "k", "grpo", 8)

@@ -165,3 +165,79 @@ def test_an_unreachable_limit_comes_from_the_connection_and_a_bad_one_is_named()
     assert launchers.launcher_for(launchers.launcher_config({**SLURM, "slurm_unreachable_s": "90"})).unreachable_s == 90
     with pytest.raises(launchers.BadInput, match="slurm_unreachable_s"):
         launchers.launcher_config({**SLURM, "slurm_unreachable_s": "soon"})
+
+
+def test_the_watch_waits_out_a_silent_slurm_up_to_its_limit_then_gives_the_job_up():
+    import asyncio
+
+    from rl_verify.orchestration.triggers import RLJobTrigger
+
+    config = launchers.launcher_config({**SLURM, "slurm_unreachable_s": "60"})
+    trigger = RLJobTrigger(ssh_conn_id="n", job_dir="/r/k/jobs/grpo", job_marker="k/grpo", launcher=config)
+    sent: list[str] = []
+
+    async def script(conn, text):
+        sent.append(text)
+        return 0, b"SCANCEL 42 rlv.k.grpo\nSLURMWAIT\t10\n"
+
+    trigger._script = script
+    silent = {"state": "unknown", "detail": "squeue_failed: Unable to contact slurm controller"}
+
+    async def watch() -> list:
+        ends = []
+        trigger._note_scheduler({"state": "running", "detail": ""})
+        trigger._note_scheduler(silent)
+        ends.append(await trigger._scheduler_end(None, None))  # silent for a moment: still running
+        trigger._note_scheduler({"state": "running", "detail": ""})  # Slurm answers again: the silence is over
+        ends.append(trigger._unknown_since)
+        trigger._note_scheduler(silent)
+        trigger._unknown_since -= 61  # silent past the connection's limit
+        ends.append(await trigger._scheduler_end(None, None))
+        return ends
+
+    first, cleared, given_up = asyncio.run(watch())
+    assert first is None and cleared is None and not sent[:-1]
+    assert given_up.payload["status"] == "scheduler" and "did not answer for" in given_up.payload["message"]
+    assert "slurm_unreachable_s" in given_up.payload["message"] and "scancel" in sent[-1]
+    assert trigger._scheduler == {"state": "running", "detail": ""}  # the silence never replaced the last answer
+
+
+def test_placement_extras_reach_sbatch_and_each_bad_one_is_named():
+    chosen = launchers.launcher_for(launchers.launcher_config(
+        {**SLURM, "slurm_gpu_type": "h200", "slurm_constraint": "h200&ib", "slurm_cpus_per_task": "96",
+         "slurm_mem": "512G"}))
+    args = chosen.sbatch_args(8)
+    assert "--gres=gpu:h200:8" in args and "--constraint=h200&ib" in args and "--exclusive" in args
+    assert "--cpus-per-task=96" in args and "--mem=512G" in args
+    shared = launchers.launcher_for(launchers.launcher_config({**SLURM, "slurm_exclusive": "false"}))
+    assert "--exclusive" not in shared.sbatch_args(8) and "--gres=gpu:8" in shared.sbatch_args(8)
+    with pytest.raises(launchers.BadInput) as err:
+        launchers.launcher_config({**SLURM, "slurm_gpu_type": "h200:8", "slurm_constraint": "a;b",
+                                   "slurm_exclusive": "maybe", "slurm_cpus_per_task": "0", "slurm_mem": "lots"})
+    for field in ("slurm_gpu_type", "slurm_constraint", "slurm_exclusive", "slurm_cpus_per_task", "slurm_mem"):
+        assert field in str(err.value)
+
+
+def _check(slurm_bin: Path, config: dict, nodes: str, gpus: int = 8) -> tuple[list[str], int | None]:
+    sinfo = slurm_bin / "sinfo"
+    # -s / -o %a: the partition is up; -N: one line per node (name|GRES|state), as the test gives them.
+    sinfo.write_text('#!/usr/bin/env bash\ncase "$*" in *-N*) printf "%s" "$FAKE_NODES" ;; *) echo up ;; esac\n')
+    sinfo.chmod(0o755)
+    for name in ("sbatch", "scancel"):
+        (slurm_bin / name).write_text("#!/usr/bin/env bash\nexit 0\n")
+        (slurm_bin / name).chmod(0o755)
+    chosen = launchers.launcher_for(launchers.launcher_config(config))
+    out = _bash(slurm_bin, chosen.check(gpus), FAKE_NODES=nodes)
+    return launchers.parse_check(out.stdout, launchers.launcher_config(config), gpus, "c")
+
+
+def test_slots_count_usable_nodes_every_gpu_entry_and_the_asked_type(slurm_bin):
+    nodes = ("n1|gpu:h200:8(S:0-1)|idle\nn2|gpu:h100:4,gpu:h100:4|mix\nn3|gpu:16|alloc\n"
+             "n4|gpu:h200:8|drain\nn5|gpu:h200:8|idle*\nn6|gpu:h200:8|down\nn7|(null)|idle\n")
+    shared = {**SLURM, "slurm_exclusive": "false"}
+    assert _check(slurm_bin, shared, nodes) == ([], 4)  # n1 1, n2 1 (two entries), n3 2; drained/down/silent none
+    assert _check(slurm_bin, SLURM, nodes) == ([], 3)  # exclusive: one job a node
+    assert _check(slurm_bin, {**shared, "slurm_gpu_type": "h200"}, nodes) == ([], 1)
+    problems, slots = _check(slurm_bin, {**SLURM, "slurm_gpu_type": "a100"}, nodes)
+    assert slots == 0 and "no usable node" in problems[0] and "'a100'" in problems[0]
+    assert "3 of its nodes are drained, down or not responding" in problems[0]

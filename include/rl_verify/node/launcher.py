@@ -39,9 +39,51 @@ SLURM_FIELDS = {
     "slurm_pending_limit_s": "seconds a job may wait in the queue before the run gives up, naming Slurm's reason",
     "slurm_unreachable_s": "seconds Slurm may not answer (slurmctld restarting, failing over) before a watched job "
                            "is given up as unknown",
+    "slurm_gpu_type": "the GPU type of a mixed partition's GRES (--gres=gpu:<type>:<n>, e.g. h200)",
+    "slurm_constraint": "node features the jobs need (--constraint, e.g. h200&ib)",
+    "slurm_exclusive": "whole nodes for each job (--exclusive; default true: a training wants its node's CPUs, "
+                       "memory and GPUs, and Ray would otherwise get what cgroups leave it)",
+    "slurm_cpus_per_task": "CPUs of each job (--cpus-per-task) where the node is shared",
+    "slurm_mem": "memory of each job (--mem, e.g. 512G; 0: all of the node's)",
 }
 _SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 _SLURM_TIME = re.compile(r"(\d+-)?\d{1,3}(:\d{2}){0,2}")
+_SLURM_FEATURES = re.compile(r"[A-Za-z0-9_.&|:*\[\]()!-]{1,200}")
+_SLURM_MEM = re.compile(r"\d{1,9}[KMGT]?")
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _placement(extra: Mapping[str, Any], config: dict[str, Any], problems: list[str]) -> None:
+    """The placement extras of a Slurm connection into ``config``; each bad one named in ``problems``."""
+    gpu_type = extra.get("slurm_gpu_type")
+    if gpu_type not in (None, "") and not (isinstance(gpu_type, str) and _SLURM_NAME.fullmatch(gpu_type)
+                                           and ":" not in gpu_type):
+        problems.append(f"extra 'slurm_gpu_type' is {gpu_type!r}: a GRES type is letters, digits, _ . - (sinfo -o "
+                        "%G shows them: gpu:<type>:<count>)")
+    config["gpu_type"] = gpu_type or None
+    constraint = extra.get("slurm_constraint")
+    if constraint not in (None, "") and not (isinstance(constraint, str) and _SLURM_FEATURES.fullmatch(constraint)):
+        problems.append(f"extra 'slurm_constraint' is {constraint!r}: node features joined by & | (letters, digits, "
+                        "_ . - [ ] * ! ( ) :), e.g. h200&ib")
+    config["constraint"] = constraint or None
+    exclusive = extra.get("slurm_exclusive", True)
+    word = str(exclusive).strip().lower()
+    if word not in _TRUE + _FALSE:
+        problems.append(f"extra 'slurm_exclusive' is {exclusive!r}: give true or false")
+    config["exclusive"] = word not in _FALSE
+    cpus = extra.get("slurm_cpus_per_task")
+    config["cpus_per_task"] = None
+    if cpus not in (None, ""):
+        if isinstance(cpus, bool) or not str(cpus).isdigit() or int(cpus) < 1:
+            problems.append(f"extra 'slurm_cpus_per_task' is {cpus!r}: give a whole number of CPUs (at least 1)")
+        else:
+            config["cpus_per_task"] = int(cpus)
+    mem = extra.get("slurm_mem")
+    if mem not in (None, "") and not (isinstance(mem, (str, int)) and not isinstance(mem, bool)
+                                      and _SLURM_MEM.fullmatch(str(mem))):
+        problems.append(f"extra 'slurm_mem' is {mem!r}: give a size as sbatch --mem takes it (512G, 400000M; 0: "
+                        "all of the node's)")
+    config["mem"] = str(mem) if mem not in (None, "") else None
 def launcher_config(extra: Mapping[str, Any], conn_id: str = "the node") -> dict[str, Any]:
     """The launcher of a node connection, from its extras: ``{"kind": "ssh"}`` (no ``launcher`` key, the default)
     or ``{"kind": "slurm", "partition", "account", "qos", "time", "pending_limit_s", "unreachable_s"}``. Raises
@@ -79,6 +121,7 @@ def launcher_config(extra: Mapping[str, Any], conn_id: str = "the node") -> dict
                 raise ValueError
         except (TypeError, ValueError):
             problems.append(f"extra {field!r} is {given!r}: give whole seconds ({zero})")
+    _placement(extra, config, problems)
     if problems:
         raise BadInput(f"connection {conn_id!r} (launcher slurm): " + "; ".join(problems))
     return config
@@ -155,6 +198,11 @@ class SlurmLauncher:
     time: str | None = None
     pending_limit_s: int = 0
     unreachable_s: int = settings.SLURM_UNREACHABLE_S
+    gpu_type: str | None = None
+    constraint: str | None = None
+    exclusive: bool = True
+    cpus_per_task: int | None = None
+    mem: str | None = None
     kind: str = SLURM
 
     def sbatch_args(self, gpus: int) -> list[str]:
@@ -164,7 +212,11 @@ class SlurmLauncher:
         args += [f"--account={self.account}"] if self.account else []
         args += [f"--qos={self.qos}"] if self.qos else []
         args += [f"--time={self.time}"] if self.time else []
-        args += [f"--gres=gpu:{int(gpus)}"] if gpus else []
+        args += [f"--gres=gpu:{self.gpu_type + ':' if self.gpu_type else ''}{int(gpus)}"] if gpus else []
+        args += [f"--constraint={self.constraint}"] if self.constraint else []
+        args += ["--exclusive"] if self.exclusive else []
+        args += [f"--cpus-per-task={self.cpus_per_task}"] if self.cpus_per_task else []
+        args += [f"--mem={self.mem}"] if self.mem else []
         return args
 
     def run(self, job_dir: str, command: str, environment: Mapping[str, str], key: str, job: str,
@@ -207,8 +259,8 @@ class SlurmLauncher:
 
     def check(self, gpus: int) -> str:
         """Script: the partition's state, how many jobs of ``gpus`` GPUs it runs at once, ``sbatch --test-only``."""
-        return render("slurm_check", partition=self.partition, gpus=int(gpus or 0),
-                      test_args=self.sbatch_args(gpus))
+        return render("slurm_check", partition=self.partition, gpus=int(gpus or 0), gpu_type=self.gpu_type or "",
+                      exclusive=int(self.exclusive), test_args=self.sbatch_args(gpus))
 
 
 def launcher_for(config: Mapping[str, Any] | None) -> SshLauncher | SlurmLauncher:
@@ -217,7 +269,10 @@ def launcher_for(config: Mapping[str, Any] | None) -> SshLauncher | SlurmLaunche
         return SshLauncher()
     return SlurmLauncher(partition=config["partition"], account=config.get("account"), qos=config.get("qos"),
                          time=config.get("time"), pending_limit_s=int(config.get("pending_limit_s") or 0),
-                         unreachable_s=int(config.get("unreachable_s", settings.SLURM_UNREACHABLE_S)))
+                         unreachable_s=int(config.get("unreachable_s", settings.SLURM_UNREACHABLE_S)),
+                         gpu_type=config.get("gpu_type"), constraint=config.get("constraint"),
+                         exclusive=bool(config.get("exclusive", True)), cpus_per_task=config.get("cpus_per_task"),
+                         mem=config.get("mem"))
 
 
 def parse_status(line: str) -> tuple[str, str]:
@@ -246,6 +301,7 @@ def parse_check(out: str, config: Mapping[str, Any], gpus: int, conn_id: str) ->
     slots: how many jobs of this size the partition runs at once (None when it could not be read)."""
     problems: list[str] = []
     slots: int | None = None
+    unusable = 0
     where = f"connection {conn_id!r} (launcher slurm)"
     for line in out.splitlines():
         parts = line.split("\t")
@@ -261,14 +317,21 @@ def parse_check(out: str, config: Mapping[str, Any], gpus: int, conn_id: str) ->
                             "'slurm_partition' to one that is up")
         elif parts[0] == "SLOTS" and parts[1].isdigit():
             slots = int(parts[1])
+        elif parts[0] == "UNUSABLE" and parts[1].isdigit():
+            unusable = int(parts[1])
         elif parts[0] == "TESTONLY" and len(parts) >= 3 and parts[1] != "0":
             problems.append(_refusal(where, parts[2], config, gpus))
     if not any(line.startswith(("PARTITION\t", "SLURMCMD\t")) for line in out.splitlines()):
         problems.append(f"{where}: the Slurm check printed nothing (the login node's shell ended before it). Fix: "
                         "check that a non-interactive SSH session on the login node runs bash scripts")
     if slots == 0 and gpus and not any("partition" in p for p in problems):
-        problems.append(f"{where}: no node of partition {config['partition']!r} has {gpus} GPUs (GRES gpu) for one "
-                        "job (slurm_partition). Fix: choose a partition with such nodes")
+        typed = f"{gpus} GPUs of type {config['gpu_type']!r} (GRES gpu:{config['gpu_type']})" \
+            if config.get("gpu_type") else f"{gpus} GPUs (GRES gpu)"
+        down = f" ({unusable} of its nodes are drained, down or not responding: they count for nothing)" \
+            if unusable else ""
+        problems.append(f"{where}: no usable node of partition {config['partition']!r} has {typed} for one job"
+                        f"{down} (slurm_partition, slurm_gpu_type). Fix: choose a partition with such nodes, or "
+                        "ask the cluster's admins to resume its nodes")
     return problems, slots
 
 

@@ -96,7 +96,8 @@ slurm_settle() {
   [ -s "$d/end_seen" ] || echo "$now" >"$d/end_seen"
   seen=$(cat "$d/end_seen")
   case "$seen" in '' | *[!0-9]*) seen=$now ;; esac
-  if [ $((now - seen)) -lt "$slurm_settle_s" ]; then
+  # An exit code already there (a body Slurm's signal killed: 128+n) leaves nothing to await.
+  if [ $((now - seen)) -lt "$slurm_settle_s" ] && [ ! -f "$d/exit_code" ]; then
     echo "settling $state"
     return 0
   fi
