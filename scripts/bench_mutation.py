@@ -273,9 +273,11 @@ def false_passes(results: Sequence[Mapping[str, Any]], suite: str) -> list[dict[
                                       ("lane launch never changed", e["lane"]["first"] is None),
                                       ("only fields the lane excludes", e["lane"].get("only_excluded") or
                                        e["full"].get("only_excluded"))) if on]
+            # Bits moved only in what a PASS (bitwise) says it does not compare (time/*, throughput, memory).
+            timing_only = all(e[mode]["first"] is None or e[mode].get("only_excluded") for mode in MODES)
             out.append({"kind": kind, "key": r["key"], "op": r["op"], "where": f"{r['path']}:{r['line']}",
                         "text": r["text"], "lane_first": e["lane"]["first"], "full_first": e["full"]["first"],
-                        "rule": e["rule"], "notes": notes, "pool": r["pool"]})
+                        "rule": e["rule"], "notes": notes, "pool": r["pool"], "timing_only": timing_only})
     return out
 
 
@@ -462,7 +464,12 @@ def report(data: Mapping[str, Any]) -> None:
               f"mutants alike" + "".join(f"\n- APART {r['key']} {r['path']}:{r['line']}: judge "
                                         f"{r['suites'][suite]['choice']}, DAG {r['suites'][suite].get('dag')}, CLI "
                                         f"{r['suites'][suite].get('cli')}" for r in apart[:20]))
-        print(f"\nfalse PASS ({suite}): {len(fp)}")
+        kinds = Counter("unchanged" if f["kind"] == "unchanged" else "timing" if f.get("timing_only") else "late"
+                        for f in fp)
+        print(f"\nfalse PASS ({suite}): {len(fp)} of {len(results)} mutants: PASS (unchanged) {kinds['unchanged']}; "
+              f"PASS (bitwise) {kinds['late']} in the named blind spot (bits that move only after the lane's steps) "
+              f"and {kinds['timing']} whose only change is in the fields a PASS (bitwise) says it never compares "
+              "(time/*, throughput, memory)")
         for f in fp:
             print(f"- PASS ({f['kind']}) {f['where']} [{f['op']}{', Pool worker' if f['pool'] else ''}, {f['key']}; "
                   f"first differing step: lane launch {f['lane_first']}, full {f['full_first']}"

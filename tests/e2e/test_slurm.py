@@ -250,7 +250,7 @@ def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_ha
         _wait("the trigger watching the job", lambda: "Slurm started the job" in _log(rig, run_id, "run_grpo"), 120,
               poll=1)
         rig.slurm.stop_controller()
-        down = time.monotonic()
+        down = seen["fault_at"] = time.monotonic()
         try:
             _wait("the watch meeting the silence", lambda: "Slurm does not answer" in _log(rig, run_id, "run_grpo"),
                   300, poll=1)
@@ -262,7 +262,8 @@ def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_ha
             seen["back_s"] = rig.slurm.start_controller()
 
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=outage, timeout=900)
-    print(f"Slurm: controller down {seen['down_s']:.0f} s, answering {seen['back_s']:.1f} s after its start")
+    print(f"Slurm: controller down {seen['down_s']:.0f} s, answering {seen['back_s']:.1f} s after its start; "
+          f"fault to verdict {time.monotonic() - seen['fault_at']:.0f} s")
     assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
     log = _log(rig, out.run_id, "run_grpo")
     assert "Slurm does not answer" in log and "taken as still running" in log, log[-3000:]
@@ -270,6 +271,36 @@ def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_ha
     assert (job_dir / "exit_code").read_text().strip() == "0" and not (job_dir / "scheduler_end").exists()
     work = Path(rig.node["root"]) / "runs" / run_key(out.run_id) / "work" / "grpo"
     assert len(list(work.glob("*/logs/exp_tracking/tracker.jsonl"))) == 1  # one training
+
+
+def test_a_node_set_down_mid_job_ends_as_node_failure_with_no_second_training(rig):
+    """The compute node set DOWN while the job trains: Slurm ends it NODE_FAIL, and with --no-requeue it never starts
+    again; the verification ends FAIL (infrastructure (node failure)), naming Slurm's end."""
+    sim.set_fault(rig.node_state(), "grpo", "hold", at_step=3)
+    seen: dict[str, Any] = {}
+
+    def node_down(run_id: str) -> None:
+        seen["id"] = _running(rig, run_id, min_steps=2)
+        rig.slurm.run("scontrol", "update", f"nodename={rig.slurm.hostname}", "state=down", "reason=rlv-test",
+                      check=True)
+        seen["fault_at"] = time.monotonic()
+        try:
+            _wait(f"job {seen['id']} ended by the node's failure", lambda: {j["id"]: j["state"] for j in
+                  rig.slurm.jobs()}.get(seen["id"]) not in (None, *ACTIVE), 120)
+        finally:
+            rig.slurm.run("scontrol", "update", f"nodename={rig.slurm.hostname}", "state=resume", check=True)
+            _wait("the node back", lambda: rig.slurm.node_state() in ("idle", "mixed", "allocated"), 120)
+
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=node_down, timeout=900)
+    print(f"Slurm: node set down to verdict {time.monotonic() - seen['fault_at']:.0f} s")
+    assert out.state == "failed" and out.summary["verdict"] == "FAIL"
+    assert out.summary["failure_classes"] == ["infrastructure (node failure)"], out.summary
+    assert "NODE_FAIL" in _log(rig, out.run_id, "run_grpo")
+    job_dir = _job_dir(rig, out.run_id, "grpo")
+    assert (job_dir / "scheduler_end").read_text().split()[0] == "NODE_FAIL"
+    assert not (job_dir / "exit_code").exists() or (job_dir / "exit_code").read_text().strip() != "0"
+    work = Path(rig.node["root"]) / "runs" / run_key(out.run_id) / "work" / "grpo"
+    assert len(list(work.glob("*/logs/exp_tracking/tracker.jsonl"))) == 1  # never started a second time
 
 
 def test_a_bisection_runs_its_probes_as_concurrent_slurm_jobs_and_names_the_culprit(rig):

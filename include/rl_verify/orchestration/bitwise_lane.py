@@ -44,7 +44,8 @@ LANES_FILE = "lanes.json"
 BITWISE_COVERS = ("What this covers: the first {k} steps of this commit's deterministic run are the same bits as "
                   "the verified commit's on the same environment (GPU, driver, CUDA, packages), every compared "
                   "metric of every one of them, the eval at step 0 included. What it does not cover: the steps "
-                  "after step {last} (a change that shows only later passes the lane) and whatever the "
+                  "after step {last} (a change that shows only later passes the lane), timing, throughput and "
+                  "memory (time/*, *throughput*, memory/*: they differ run to run, never compared), and whatever the "
                   "deterministic mode does not run (the non-deterministic launch's kernels and rollout backend); "
                   "scheduled runs verify in full at least every {days:g} days, and lane = full trains anyway.")
 
