@@ -2,7 +2,9 @@
 slurmd; 16 GPUs as device files, two simulated 8-GPU compute nodes: harness.slurm, harness.rig), the simulated node as
 its login node, a real Airflow. The simulated trainer runs inside the Slurm jobs. A verification PASS, an early abort
 that cancels its job, an account Slurm refuses named before the card, a job cancelled from outside classified, a
-DAG run cancelled mid-training (its job gone within 60 s), a bisection whose probes run as concurrent Slurm jobs.
+DAG run cancelled mid-training (its job gone within 60 s), slurmctld down for a minute or restarted mid-training (the
+verification ends as if nothing happened), the node set DOWN mid-job (NODE_FAIL, named, no second training), a
+bisection whose probes run as concurrent Slurm jobs.
 After every test Slurm holds no job of it and no process of its jobs is left. Every wait is for a state, never a
 guessed duration.
 """
@@ -237,10 +239,11 @@ def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
     print(f"DAG run cancelled: its Slurm job gone {seen['gone_s']:.1f} s later")
 
 
-def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_happened(rig):
-    """slurmctld down for 60 s at least while a healthy job trains, its body ending inside the outage: every squeue
-    fails meanwhile. The watch takes the silence as "unknown", never as an end (issue 54: one failed squeue used to
-    end it as "Slurm no longer knows job N", an infrastructure FAIL of a healthy run)."""
+@pytest.mark.parametrize("outage_s", [60, 0], ids=["down-60s", "restarted"])
+def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_happened(rig, outage_s):
+    """slurmctld down for 60 s at least while a healthy job trains, its body ending inside the outage (every squeue
+    fails meanwhile), or restarted at once. The watch takes the silence as "unknown", never as an end (issue 54: one
+    failed squeue used to end it as "Slurm no longer knows job N", an infrastructure FAIL of a healthy run)."""
     # Held at step 5 until the watch has met the silence: then the body ends while Slurm is still down.
     sim.set_fault(rig.node_state(), "grpo", "hold", at_step=5)
     seen: dict[str, Any] = {}
@@ -252,21 +255,24 @@ def test_a_controller_outage_mid_training_ends_the_verification_as_if_nothing_ha
         rig.slurm.stop_controller()
         down = seen["fault_at"] = time.monotonic()
         try:
-            _wait("the watch meeting the silence", lambda: "Slurm does not answer" in _log(rig, run_id, "run_grpo"),
-                  300, poll=1)
-            sim.release(rig.node_state(), "grpo")
-            _wait("the body's end", (_job_dir(rig, run_id, "grpo") / "exit_code").exists, 300, poll=1)
-            _wait("60 s of outage", lambda: time.monotonic() - down >= 60, 120, poll=1)
+            if outage_s:
+                _wait("the watch meeting the silence", lambda: "Slurm does not answer" in
+                      _log(rig, run_id, "run_grpo"), 300, poll=1)
+                sim.release(rig.node_state(), "grpo")
+                _wait("the body's end", (_job_dir(rig, run_id, "grpo") / "exit_code").exists, 300, poll=1)
+                _wait(f"{outage_s} s of outage", lambda: time.monotonic() - down >= outage_s, 120, poll=1)
         finally:
             seen["down_s"] = time.monotonic() - down
             seen["back_s"] = rig.slurm.start_controller()
+            sim.release(rig.node_state(), "grpo")
 
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=outage, timeout=900)
     print(f"Slurm: controller down {seen['down_s']:.0f} s, answering {seen['back_s']:.1f} s after its start; "
           f"fault to verdict {time.monotonic() - seen['fault_at']:.0f} s")
     assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
     log = _log(rig, out.run_id, "run_grpo")
-    assert "Slurm does not answer" in log and "taken as still running" in log, log[-3000:]
+    if outage_s:
+        assert "Slurm does not answer" in log and "taken as still running" in log, log[-3000:]
     job_dir = _job_dir(rig, out.run_id, "grpo")
     assert (job_dir / "exit_code").read_text().strip() == "0" and not (job_dir / "scheduler_end").exists()
     work = Path(rig.node["root"]) / "runs" / run_key(out.run_id) / "work" / "grpo"
