@@ -93,6 +93,11 @@ def no_job_left(rig):
             break
         time.sleep(0.5)
     rig.slurm.cancel_all()
+    # One training per job, ever: a requeued or restarted job that ran its body again would leave a second folder.
+    for conn in rig.nodes:
+        for work in (Path(rig.nodes[conn]["root"]) / "runs").glob("*/work/*"):
+            trackers = list(work.glob("*/logs/exp_tracking/tracker.jsonl"))
+            assert len(trackers) <= 1, f"{work}: {len(trackers)} trainings in one job's folder: {trackers}"
     for entry in left:
         if isinstance(entry, tuple):  # a leftover Ray daemon: ended so the next test starts clean
             subprocess.run(["kill", "-KILL", str(entry[1])], check=False)
@@ -294,7 +299,9 @@ def test_a_node_set_down_mid_job_ends_as_node_failure_with_no_second_training(ri
             _wait(f"job {seen['id']} ended by the node's failure", lambda: {j["id"]: j["state"] for j in
                   rig.slurm.jobs()}.get(seen["id"]) not in (None, *ACTIVE), 120)
         finally:
-            rig.slurm.run("scontrol", "update", f"nodename={rig.slurm.hostname}", "state=resume", check=True)
+            # Refused ("Invalid node state specified") where slurmd's next registration has already returned the
+            # node to service (ReturnToService): the wait below is what counts.
+            rig.slurm.run("scontrol", "update", f"nodename={rig.slurm.hostname}", "state=resume")
             _wait("the node back", lambda: rig.slurm.node_state() in ("idle", "mixed", "allocated"), 120)
 
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=node_down, timeout=900)
