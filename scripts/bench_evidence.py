@@ -21,7 +21,8 @@ recording on a step.
    ``core.lane.judge`` with and without the evidence: the share answered PASS (unchanged) or PASS (bitwise), and
    false PASS (a regression so answered).
 4. **Cost**: the full run timed with and without recording (no simulated step time: the trainer's own Python),
-   beside the real-GPU reading ``tests/data/gpu_coverage/h100.json`` (``scripts/gpu_coverage_cost.py``).
+   beside the real-GPU reading ``tests/data/gpu_coverage/h200.json`` (``scripts/gpu_coverage_cost.py``, with the
+   node's recording settings).
 Figures to read, no assertion.
 """
 
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         false = sum(v for (_, answer), v in counts[arm].items() if "FALSE PASS" in answer)
         print(f"false PASS {arm} evidence: {false} of {regressions} regressions")
 
-    gpu = json.loads((ROOT / "tests/data/gpu_coverage/h100.json").read_text())
+    gpu = json.loads((ROOT / "tests/data/gpu_coverage/h200.json").read_text())
     print("\n## 4. Cost of recording\n")
     print(f"simulator ({SUITE}, {spec.expected_steps} steps, no simulated step time, {NODE_PYTHON}): plain "
           f"{plain:.2f} s, recorded {covered:.2f} s: x{covered / plain:.2f} (process start-up included)")

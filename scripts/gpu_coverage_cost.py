@@ -4,9 +4,11 @@
     PYTHONPATH=include python -m scripts.gpu_coverage_cost [--steps 60] [--repeats 3] [--out FILE]
 
 Measured on the device tool's NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, coverage 7.16.2, Python 3.12.3; the
-reading is tests/data/gpu_coverage/h100.json): plain 3.54 ms/step, sysmon 3.83 (1.08x), ctrace 5.55 (1.57x). That
-reading predates the node's settings this script now records with (issue 53: ``concurrency = multiprocessing,thread``,
-``sigterm``, ``patch = subprocess``); no device machine could be had to read it again.
+reading is tests/data/gpu_coverage/h100.json): plain 3.54 ms/step, sysmon 3.83 (1.08x), ctrace 5.55 (1.57x), with
+coverage.py's defaults. With the node's settings this script now records with (issue 53: ``concurrency =
+multiprocessing,thread``, ``sigterm``, ``patch = subprocess``), on the device tool's NVIDIA H200 (same torch, coverage
+and Python; tests/data/gpu_coverage/h200.json, 2026-12-07): plain 3.78 ms/step, sysmon 3.92 (1.04x), ctrace 4.77
+(1.26x). Two cards, two days: the ratios, not the step times, are what to compare.
 
 The training loop is ``scripts.gpu_lane_check.run`` (a small policy-gradient loop on the GPU: a 2-layer policy,
 sampled actions, a reward, an Adam update, a tracker row per step). It runs in a child interpreter three ways:
