@@ -23,6 +23,7 @@ import pytest
 
 from harness.rig import CONN_ID, DAG_ID, Rig, node_connection_env
 from rl_verify.core.names import run_key
+from rl_verify.node.slurm_states import ACTIVE
 from simulator import node as sim
 from simulator.checkout import bisect_history
 
@@ -64,7 +65,6 @@ def _jobs(rig: Rig) -> list[dict[str, str]]:
     return [job for job in rig.slurm.jobs() if job["state"] in ACTIVE]
 
 
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
 
 
 def _wait(what: str, predicate: Any, timeout: float, poll: float = 0.25) -> Any:

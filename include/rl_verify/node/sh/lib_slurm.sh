@@ -19,17 +19,23 @@ slurm_is() {
   return 1
 }
 
-# slurm_ask CMD...: run a Slurm client command with a bound; its stdout, then "RC <status>" on the last line and
-# its first stderr line after "ERR " on the line before (a frozen or absent slurmctld: a non-zero status).
+# slurm_ask CMD...: run a Slurm client command with a bound; sets ask_out (its stdout), ask_err (its first stderr
+# line) and ask_rc (its status: non-zero for a frozen or absent slurmctld, 124 past the bound). Call it directly,
+# not in $( ): it answers through those variables.
 slurm_ask() {
-  local out err rc errf
-  errf=$(mktemp) || { printf 'ERR mktemp failed\nRC 1\n'; return 0; }
-  out=$(timeout "$slurm_ask_s" "$@" 2>"$errf")
-  rc=$?
-  err=$(head -n 1 "$errf" | tr -d '\r')
+  local errf
+  ask_out='' ask_err='' ask_rc=1
+  errf=$(mktemp) || { ask_err="mktemp failed"; return 0; }
+  ask_out=$(timeout "$slurm_ask_s" "$@" 2>"$errf")
+  ask_rc=$?
+  ask_err=$(head -n 1 "$errf" | tr -d '\r')
   rm -f "$errf"
-  [ -n "$out" ] && printf '%s\n' "$out"
-  printf 'ERR %s\nRC %s\n' "$err" "$rc"
+  return 0
+}
+
+# slurm_words TEXT: TEXT as one token of the poll header (letters, digits and _.,:()- only; at most 120 characters).
+slurm_words() {
+  printf '%s' "$1" | tr -c 'A-Za-z0-9_.,:()-' '_' | cut -c1-120
 }
 
 # slurm_of JOB_DIR: "<STATE> <reason>" of the job as Slurm knows it: squeue while it lists the job, then sacct
@@ -37,32 +43,28 @@ slurm_ask() {
 # "NONE -" when it was never submitted, "UNKNOWN <why>" when Slurm did not answer (slurmctld or slurmdbd down,
 # restarting or frozen): never taken for an answer.
 slurm_of() {
-  local id said rc err line
+  local id line
   id=$(cat "$1/slurm_job_id" 2>/dev/null) || { echo "NONE -"; return 0; }
   case "$id" in '' | *[!0-9_]*) echo "NONE -"; return 0 ;; esac
   # -t all: a finished job is still listed (until MinJobAge), with its end state.
-  said=$(slurm_ask squeue -h -t all -j "$id" -o '%T %r')
-  rc=$(printf '%s\n' "$said" | sed -n 's/^RC //p' | tail -n 1)
-  err=$(printf '%s\n' "$said" | sed -n 's/^ERR //p' | tail -n 1)
-  line=$(printf '%s\n' "$said" | grep -v -e '^RC ' -e '^ERR ' | head -n 1)
-  if [ "$rc" = 0 ] && [ -n "$line" ]; then echo "$line"; return 0; fi
+  slurm_ask squeue -h -t all -j "$id" -o '%T %r'
+  line=${ask_out%%$'\n'*}
+  if [ "$ask_rc" = 0 ] && [ -n "$line" ]; then echo "$line"; return 0; fi
   # squeue answers "Invalid job id" for a job slurmctld no longer holds; any other failure is silence.
-  if [ "$rc" != 0 ] && [[ $err != *"Invalid job id"* ]]; then
-    echo "UNKNOWN squeue_failed:_$(printf '%s' "${err:-exit $rc}" | tr -c 'A-Za-z0-9_.,:()-' '_' | cut -c1-120)"
+  if [ "$ask_rc" != 0 ] && [[ $ask_err != *"Invalid job id"* ]]; then
+    echo "UNKNOWN squeue_failed:_$(slurm_words "${ask_err:-exit $ask_rc}")"
     return 0
   fi
-  said=$(slurm_ask sacct -n -P -X -j "$id" -o State,Reason)
-  rc=$(printf '%s\n' "$said" | sed -n 's/^RC //p' | tail -n 1)
-  err=$(printf '%s\n' "$said" | sed -n 's/^ERR //p' | tail -n 1)
-  line=$(printf '%s\n' "$said" | grep -v -e '^RC ' -e '^ERR ' | head -n 1)
-  if [ "$rc" = 0 ] && [ -n "$line" ]; then
+  slurm_ask sacct -n -P -X -j "$id" -o State,Reason
+  line=${ask_out%%$'\n'*}
+  if [ "$ask_rc" = 0 ] && [ -n "$line" ]; then
     # "CANCELLED by 0|None": the state's first word, then the reason.
-    echo "${line%% *}" | cut -d'|' -f1 | tr -d '\n'
-    printf ' %s\n' "$(printf '%s' "$line" | cut -d'|' -f2 | tr -c 'A-Za-z0-9_.,:()-' '_' | sed 's/_$//')"
+    local state=${line%%|*}
+    echo "${state%% *} $(slurm_words "${line#*|}")"
     return 0
   fi
-  if [ "$rc" != 0 ] && [[ $err != *"accounting storage is disabled"* ]]; then
-    echo "UNKNOWN sacct_failed:_$(printf '%s' "${err:-exit $rc}" | tr -c 'A-Za-z0-9_.,:()-' '_' | cut -c1-120)"
+  if [ "$ask_rc" != 0 ] && [[ $ask_err != *"accounting storage is disabled"* ]]; then
+    echo "UNKNOWN sacct_failed:_$(slurm_words "${ask_err:-exit $ask_rc}")"
     return 0
   fi
   echo "GONE -"
@@ -129,15 +131,13 @@ slurm_body_ended() {
 # slurm_active ID: succeeds while Slurm still runs or holds job ID (not yet ended), and when Slurm does not answer
 # (a stop must then try scancel rather than take the silence for an end).
 slurm_active() {
-  local said rc err state
-  said=$(slurm_ask squeue -h -t all -j "$1" -o '%T')
-  rc=$(printf '%s\n' "$said" | sed -n 's/^RC //p' | tail -n 1)
-  err=$(printf '%s\n' "$said" | sed -n 's/^ERR //p' | tail -n 1)
-  state=$(printf '%s\n' "$said" | grep -v -e '^RC ' -e '^ERR ' | head -n 1)
-  if [ "$rc" != 0 ]; then
-    [[ $err == *"Invalid job id"* ]] && return 1
+  local state
+  slurm_ask squeue -h -t all -j "$1" -o '%T'
+  if [ "$ask_rc" != 0 ]; then
+    [[ $ask_err == *"Invalid job id"* ]] && return 1
     return 0
   fi
+  state=${ask_out%%$'\n'*}
   [ -n "$state" ] || return 1
   slurm_is "$state" pending || slurm_is "$state" running
 }
