@@ -113,8 +113,10 @@ class RLJobTrigger(BaseTrigger):
 
     async def _script(self, conn: Any, script: str) -> tuple[int, bytes]:
         """Run ``script`` with ``bash -s`` (script on stdin); return (exit status, raw stdout)."""
-        # A Slurm script may wait on squeue and sacct, each bounded on the node (a frozen slurmctld answers late).
-        slurm_wait = 2 * settings.SLURM_ASK_TIMEOUT_S if self._launcher.kind == launchers.SLURM else 0
+        # A Slurm script may wait on squeue and sacct, each bounded on the node (a frozen slurmctld answers late), and
+        # a stop waits up to SLURM_STOP_WAIT_S for its jobs to leave, one more bounded squeue past that deadline.
+        slurm_wait = 2 * settings.SLURM_ASK_TIMEOUT_S + settings.SLURM_STOP_WAIT_S \
+            if self._launcher.kind == launchers.SLURM else 0
         result = await conn.run("bash -s", input=script.encode(), encoding=None, check=False,
                                 timeout=self.command_timeout + slurm_wait)
         out = result.stdout or b""
