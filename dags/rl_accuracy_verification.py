@@ -16,7 +16,9 @@ accuracy aligned with the baselines, following the team's runbook:
    `check_rl_result`; OPD at every eval point against the golden table).
 6. **report** then **verdict** — PASS/FAIL report in the record store; the run fails on FAIL.
 7. **cleanup** — after the node's tasks end: on any failure `ray stop --force`, the run's processes
-   killed, logs kept; on success it checks and says that the node is clean.
+   killed (Slurm jobs cancelled), logs kept; on success it checks and says that the node is clean. A teardown:
+   a run marked failed by hand, even while no trigger watches its jobs, still stops them; **final_state** then
+   keeps that run failed (it has no verdict; Airflow would call a run whose every leaf was skipped a success).
 
 Params: `commit` (branch, tag or SHA), `suites`, `node` (SSH connection id with a pinned host key, or
 one per suite: `grpo=node_a,opd=node_b`),

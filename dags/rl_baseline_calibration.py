@@ -17,7 +17,9 @@ deviation x 1.5), and promotes it only when a person approves:
 5. **approve_promotion** — a person reads the proposal. Approved: **promote** writes it as a new
    baseline version with its provenance (commit, N, run, dates, nodes, GPUs, who approved, statistics)
    and makes it current. Rejected: nothing changes.
-6. **cleanup** — whatever the runs left on their nodes is stopped.
+6. **cleanup** — whatever the runs left on their nodes is stopped: a teardown, so it runs also when the run is
+   marked failed by hand while it trains; **final_state** then keeps such a run failed (Airflow would call a run
+   whose every leaf was skipped a success).
 
 Params: `commit`, `suites`, `runs` (N per suite; empty: GRPO 5, OPD 3), `nodes` (one or more SSH
 connection ids, comma separated). `rl-verify baselines list` shows the versions.
@@ -25,13 +27,17 @@ connection ids, comma separated). `rl-verify baselines list` shows the versions.
 
 from __future__ import annotations
 
+import logging
+
 import pendulum
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import Param, chain, dag, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration import calibration, operators
+from rl_verify.orchestration import calibration, hand_end, operators
+
+log = logging.getLogger(__name__)
 
 # A malformed RL_VERIFY_* setting or suite spec is this DAG's import error, naming each one and its fix.
 settings.raise_problems()
@@ -87,10 +93,18 @@ def rl_baseline_calibration():
     def promote(proposal, run_id=None, ti=None):
         return calibration.promote(proposal, ti.xcom_pull(task_ids="approve_promotion"), run_id)
 
-    @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
+    # A teardown (see rl_accuracy_verification): it also runs when the run is marked failed by hand.
+    @task(**settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
         # Pulled, not passed: cleanup also runs when plan failed (nothing to clean then).
         return calibration.cleanup(ti.xcom_pull(task_ids="plan"), run_id)
+
+    # A run ended by hand before its promotion never reads success (hand_end: Airflow would call it one).
+    @task(task_id=settings.FINAL_STATE_TASK, **settings.LOCAL_TASK_ARGS)
+    def final_state(ti=None):
+        log.info("%s", hand_end.final_state(hand_end.run_task_states(ti), ("fetch_runs", "propose",
+                                                                          "approve_promotion"),
+                                            approvals=[("approve_promotion", "promote")]))
 
     trainings = plan()
     train = operators.SuiteTrainingOperator.partial(task_id=settings.CALIBRATION_TRAINING_TASK, pool=POOL,
@@ -107,7 +121,9 @@ def rl_baseline_calibration():
                                                "runbook's (max deviation x 1.5) or those that hold a 5% false "
                                                "alarm per verification for these N runs (see the proposal).")})
     chain(train, fetched, proposal, approve, promote(proposal))
-    chain([trainings, train, fetched], cleanup())
+    cleaned = cleanup().as_teardown()
+    chain([trainings, train, fetched], cleaned)
+    chain(cleaned, final_state().as_teardown(on_failure_fail_dagrun=True))
 
 
 rl_baseline_calibration()

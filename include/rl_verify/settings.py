@@ -248,6 +248,10 @@ TASK_PRELOAD_MODULES: tuple[str, ...] = (
 # --- task ids: the DAG files name their tasks with these; no package module knows any other task id ---
 #: The verification DAG's task that writes the report (the UI plugin links its report from it).
 REPORT_TASK = "report"
+#: The verification DAG's task that fails the run on a FAIL.
+VERDICT_TASK = "verdict"
+#: The verification DAG's last teardown: a run ended by hand before its verdict stays failed (issue 54).
+FINAL_STATE_TASK = "final_state"
 #: The verification DAG's trainings are ``run_<suite>`` (the cluster policy gives each its node's pool).
 TRAINING_TASK_PREFIX = "run_"
 #: The calibration DAG's mapped training task: its i-th instance trains on the i-th node of the plan.

@@ -33,11 +33,12 @@ t = time.perf_counter()
 bag = DagBag(sys.argv[1])
 elapsed = time.perf_counter() - t
 dag = bag.dags.get("rl_accuracy_verification")
-tasks = {}
-for t in (dag.tasks if dag else []):
+def row(t):
     rule = t.trigger_rule.value if hasattr(t.trigger_rule, "value") else t.trigger_rule
-    tasks[t.task_id] = {"trigger_rule": str(rule),
-                        "retries": t.retries, "pool": t.pool, "upstream": sorted(t.upstream_task_ids)}
+    return {"trigger_rule": str(rule), "teardown": t.is_teardown, "setup": t.is_setup,
+            "fails_run": bool(t.is_teardown and t.on_failure_fail_dagrun),
+            "retries": t.retries, "pool": t.pool, "upstream": sorted(t.upstream_task_ids)}
+tasks = {t.task_id: row(t) for t in (dag.tasks if dag else [])}
 heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in ("pandas", "matplotlib", "numpy")})
 print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "tasks": tasks,
                   "tags": sorted(dag.tags) if dag else [], "params": sorted(dag.params.keys()) if dag else [],
@@ -46,7 +47,9 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                   "dag_ids": sorted(bag.dag_ids),
                   "calibration": {t.task_id: {"trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
                                               "upstream": sorted(t.upstream_task_ids), "pool": t.pool,
-                                              "mapped": type(t).__name__ == "MappedOperator"}
+                                              "mapped": type(t).__name__ == "MappedOperator",
+                                              "teardown": t.is_teardown,
+                                              "fails_run": bool(t.is_teardown and t.on_failure_fail_dagrun)}
                                   for t in bag.dags["rl_baseline_calibration"].tasks}
                                  if "rl_baseline_calibration" in bag.dags else {},
                   "calibration_params": sorted(bag.dags["rl_baseline_calibration"].params.keys())
@@ -57,9 +60,8 @@ print(json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "
                                          "standing_offered": getattr(t, "standing_offered", None)}
                              for t in bag.dags["rl_regression_bisect"].tasks}
                             if "rl_regression_bisect" in bag.dags else {},
-                  "probe": {t.task_id: {"trigger_rule": str(getattr(t.trigger_rule, "value", t.trigger_rule)),
-                                        "retries": t.retries, "pool": t.pool, "upstream": sorted(t.upstream_task_ids)}
-                            for t in bag.dags["rl_accuracy_probe"].tasks} if "rl_accuracy_probe" in bag.dags else {},
+                  "probe": {t.task_id: row(t) for t in bag.dags["rl_accuracy_probe"].tasks}
+                           if "rl_accuracy_probe" in bag.dags else {},
                   "probe_dag": {"params": sorted(bag.dags["rl_accuracy_probe"].params.keys()),
                                 "max_active_runs": bag.dags["rl_accuracy_probe"].max_active_runs,
                                 "schedule": type(bag.dags["rl_accuracy_probe"].timetable).__name__,
@@ -105,7 +107,7 @@ def test_dag_shape_matches_the_spec(parsed):
                for kind in ("repeat", "run", "fetch", "compare")}
     assert set(tasks) == {"resolve_commit", "check_prerequisites", "experiment_card", "approve",
                           "run_grpo", "fetch_grpo", "compare_grpo", "run_opd", "fetch_opd", "compare_opd",
-                          "confirm_grpo", "confirm_opd", "report", "verdict", "cleanup",
+                          "confirm_grpo", "confirm_opd", "report", "verdict", "cleanup", "final_state",
                           "announce_verified", "announce_reproduced_fail"} | repeats
     assert tasks["check_prerequisites"]["upstream"] == ["resolve_commit"]
     assert tasks["approve"]["upstream"] == ["experiment_card"]
@@ -136,7 +138,16 @@ def tasks_of(parsed, task_id):
 
 def test_trigger_rules_as_designed(parsed):
     rules = {t: v["trigger_rule"] for t, v in parsed["tasks"].items()}
-    assert rules["cleanup"] == "all_done"  # always says whether the node is clean (a skipped task has no log)
+    # The cleanup is a teardown with no setup (all done, as all_done): it always says whether the node is clean (a
+    # skipped task has no log), and a run marked failed by hand, which skips every task not yet started, runs it.
+    assert rules["cleanup"] == "all_done_setup_success"
+    cleanup, final = parsed["tasks"]["cleanup"], parsed["tasks"]["final_state"]
+    assert cleanup["teardown"] and not cleanup["fails_run"]
+    assert not any(t["setup"] for t in parsed["tasks"].values())
+    # The last teardown counts for the run's state (a run ended by hand before its verdict never ends a success)
+    # and only it: the verdict and the announcements stay leaves, the run's state theirs.
+    assert final["teardown"] and final["fails_run"] and final["upstream"] == ["cleanup"]
+    assert not any("final_state" in t["upstream"] for t in parsed["tasks"].values())
     assert rules["report"] == rules["verdict"] == "all_done"  # the report exists whatever failed
     # A fetch runs after a training that ran (success or failed) and is skipped after one that never ran
     # (rejected card, or an earlier task failed); its only upstream is the training.
@@ -223,9 +234,11 @@ def test_calibration_trains_mapped_runs_and_promotes_only_after_the_approval(par
     assert tasks["fetch_runs"]["upstream"] == ["plan", "train"]
     assert tasks["approve_promotion"]["upstream"] == ["propose"]
     assert tasks["promote"]["upstream"] == ["approve_promotion", "propose"]
-    # Cleanup runs whatever happened, after everything that touches a node.
-    assert tasks["cleanup"]["trigger_rule"] == "all_done"
+    # Cleanup runs whatever happened, after everything that touches a node, and when the run is marked failed
+    # by hand (a teardown with no setup); final_state keeps such a run failed.
+    assert tasks["cleanup"]["trigger_rule"] == "all_done_setup_success" and tasks["cleanup"]["teardown"]
     assert tasks["cleanup"]["upstream"] == ["fetch_runs", "plan", "train"]
+    assert tasks["final_state"]["upstream"] == ["cleanup"] and tasks["final_state"]["fails_run"]
 
 
 def test_every_task_id_the_package_knows_is_one_the_dags_name_their_tasks_with(parsed):

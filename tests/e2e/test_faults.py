@@ -41,6 +41,7 @@ STEP_SECONDS = 0.1          # default simulated step time (grpo 45 steps, opd 25
 STALL_TIMEOUT_S = 10        # > tracker flush (3 steps) + Ray/teacher start-up at every step time used here
 SSHD_OUTAGE_S = 60          # "sshd down 60 s mid-run"
 CLEAN_WAIT_S = 20           # how long a clean node may take after the run ended
+GONE_WITHIN_S = 60          # issue 54: a run marked failed has no job left within a minute
 SUMMARY_MARKER = '"response/rewards/mean"'   # only step-summary rows carry it
 EXP_RE = re.compile(r"^\d{14}$")
 TABLE_PATH = ROOT / ".state" / "fault-table.md"
@@ -580,6 +581,48 @@ def test_kill_from_the_api_stops_the_job_teachers_and_ray(main_rig, result):
                   f"task states {out.tasks}")
     result.expect(tracked_steps(main_rig, out.run_id, suite) < 25, "the job was not killed mid-run")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+def test_a_run_marked_failed_while_no_triggerer_runs_has_its_job_stopped_by_the_cleanup_teardown(main_rig, result):
+    """Issue 54: the run is marked failed while its training is deferred and no triggerer runs (so no trigger can
+    stop the job, as before a triggerer's first look): the cleanup, a teardown, still runs and stops it within a
+    minute, and the run ends failed (final_state), never success. Before the teardown the cleanup (all_done) was
+    skipped by the marking and the job trained on to its time limit."""
+    result.fault = "run marked failed while no triggerer runs"
+    suite = "grpo"
+    # Held at step 3 (never released): the training is alive when the run is marked, however slow the machine.
+    sim.set_fault(_node_state(main_rig), suite, "hold", at_step=3)
+    seen: dict[str, Any] = {}
+
+    def mark_failed_without_triggerer(run_id: str) -> None:
+        # The approval resumes through the triggerer: stop it only once the approval has been taken.
+        main_rig.client.wait_for_task(DAG_ID, run_id, "approve", timeout=300)
+        main_rig.stack.stop_component("triggerer")
+        try:
+            seen["steps"] = wait_job_running(main_rig, run_id, suite, min_steps=2)
+            main_rig.client.set_run_state(DAG_ID, run_id, "failed")
+            result.injected += 1
+            t0 = time.monotonic()
+            main_rig.client.wait_for_task(DAG_ID, run_id, "cleanup", timeout=300)
+            seen["left"] = wait_node_clean(main_rig, timeout=max(1.0, GONE_WITHIN_S - (time.monotonic() - t0)))
+            seen["stop_s"] = time.monotonic() - t0
+        finally:
+            main_rig.stack.start_component("triggerer")
+
+    out = run_scenario(main_rig, result, suite, during=mark_failed_without_triggerer)
+    result.notes.append(f"marked at step {seen.get('steps')}, node clean {seen.get('stop_s', 0):.0f}s later")
+    print(f"run marked failed with no triggerer: node clean {seen.get('stop_s', 0):.1f} s after the marking")
+    got = measure(result, main_rig, out.run_id, suite, None)
+    result.survived = out.state == "failed" and seen.get("left") == []
+    assert out.state == "failed", json.dumps(out.tasks)
+    assert (out.tasks[f"run_{suite}"], out.tasks["cleanup"], out.tasks["final_state"], out.tasks["report"]) == \
+        ("failed", "success", "failed", "skipped"), json.dumps(out.tasks)
+    assert seen["left"] == [] and seen["stop_s"] < GONE_WITHIN_S, seen
+    assert tracked_steps(main_rig, out.run_id, suite) < 25, "the job was not stopped mid-run"
+    assert len(got["folders"]) == 1 and got["leftovers"] == [], got
+    log = all_logs(main_rig, out.run_id, "cleanup")
+    assert "ended by hand" in log and "No infrastructure message" in log, log[-3000:]
+    assert "has no verdict" in all_logs(main_rig, out.run_id, "final_state")
 
 
 def test_stalled_tracker_is_killed_and_reported_as_stalled_at_step_n(main_rig, result):

@@ -33,17 +33,20 @@ PROBE_DAG_ID = "rl_accuracy_probe"
 STEP_SECONDS = 0.05
 #: A connection to the same login node whose account the partition does not allow.
 REFUSED = "rl_slurm_unknown_account"
+HELD = "rl_slurm_short_queue"
 #: A short bisection history: the culprit at 2 of 3 commits, the OPD teacher regression at full size.
 LAYOUT = {"commits": 3, "culprit": 2, "launch_fails": 0, "scale": 1.0}
 GONE_WITHIN_S = 60
 
 
 def _refused_connection(rig: Rig) -> dict[str, str]:
-    env = node_connection_env(REFUSED, rig.node)
-    conn = json.loads(env[f"AIRFLOW_CONN_{REFUSED.upper()}"])
-    conn["extra"].update(rig.launcher_extra(slurm_account="nobody"))
-    return {f"AIRFLOW_CONN_{REFUSED.upper()}": json.dumps(conn), "RL_VERIFY_JOB_POLL_INTERVAL_S": "1",
-            "RL_VERIFY_BISECT_POLL_S": "1"}
+    """The rig's extra connections: one whose Slurm account is refused, one whose jobs may wait 20 s in the queue."""
+    env = {"RL_VERIFY_JOB_POLL_INTERVAL_S": "1", "RL_VERIFY_BISECT_POLL_S": "1"}
+    for conn_id, extra in ((REFUSED, {"slurm_account": "nobody"}), (HELD, {"slurm_pending_limit_s": "20"})):
+        conn = json.loads(node_connection_env(conn_id, rig.node)[f"AIRFLOW_CONN_{conn_id.upper()}"])
+        conn["extra"].update(rig.launcher_extra(**extra))
+        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps(conn)
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +58,7 @@ def rig(start_rig):
         rig.nodes[CONN_ID] = sim.start_node(rig.node_state(), step_seconds=STEP_SECONDS, bisect=LAYOUT,
                                             login_env=rig.slurm.env)
         rig.client.create_pool(f"rl_node_{REFUSED}", 1, include_deferred=True, description="refused account")
+        rig.client.create_pool(f"rl_node_{HELD}", 1, include_deferred=True, description="a 20 s queue limit")
         for dag_id in (BISECT_DAG_ID, PROBE_DAG_ID):
             rig.enable_dag(dag_id)
         yield rig
@@ -223,7 +227,7 @@ def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
     def cancel(run_id: str) -> None:
         job_id = _running(rig, run_id)
         # The kill is the watching trigger's on_kill: wait until a triggerer runs it (its first look at the job is
-        # in the task log). A run marked failed before that leaves the job to Slurm's time limit (docs/REAL_NODE.md).
+        # in the task log). A run marked failed before that is stopped by the cleanup teardown (the next test).
         _wait("the trigger watching the job", lambda: "Slurm started the job" in _log(rig, run_id, "run_grpo"), 120,
               poll=1)
         rig.client.set_run_state(DAG_ID, run_id, "failed")
@@ -242,6 +246,65 @@ def test_a_dag_run_cancelled_mid_training_leaves_no_slurm_job_within_60_s(rig):
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=cancel, timeout=900)
     assert out.state == "failed" and seen["gone_s"] < GONE_WITHIN_S
     print(f"DAG run cancelled: its Slurm job gone {seen['gone_s']:.1f} s later")
+
+
+def test_a_run_marked_failed_while_no_triggerer_runs_leaves_no_slurm_job_within_60_s(rig):
+    """Issue 54: no trigger watches the job (the triggerer is stopped once the approval is taken, as before a
+    triggerer's first look), so only the cleanup, a teardown that a run marked failed still runs, can cancel it.
+    Before, the marking skipped the cleanup (all_done) and the job held its GPUs to Slurm's time limit."""
+    sim.set_fault(rig.node_state(), "grpo", "hold", at_step=3)
+    seen: dict[str, Any] = {}
+
+    def mark_failed_without_triggerer(run_id: str) -> None:
+        rig.client.wait_for_task(DAG_ID, run_id, "approve", timeout=300)  # the approval resumes through it
+        rig.stack.stop_component("triggerer")
+        try:
+            job_id = _running(rig, run_id)
+            _wait("run_grpo deferred", lambda: rig.client.task_instance(DAG_ID, run_id, "run_grpo")["state"]
+                  == "deferred", 120, poll=1)
+            rig.client.set_run_state(DAG_ID, run_id, "failed")
+            t0 = time.monotonic()
+            _wait(f"Slurm job {job_id} gone", lambda: job_id not in {j["id"] for j in _jobs(rig)}, GONE_WITHIN_S)
+            seen["gone_s"] = time.monotonic() - t0
+        finally:
+            rig.stack.start_component("triggerer")
+
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=mark_failed_without_triggerer,
+                  timeout=900)
+    assert out.state == "failed", out.tasks
+    assert (out.tasks["run_grpo"], out.tasks["cleanup"], out.tasks["final_state"]) == ("failed", "success", "failed")
+    assert "ended by hand" in _log(rig, out.run_id, "cleanup")
+    print(f"DAG run marked failed with no triggerer: its Slurm job gone {seen['gone_s']:.1f} s later")
+
+
+def test_a_job_held_in_the_queue_past_the_pending_limit_is_cancelled_naming_the_hold(rig):
+    """Issue 54: a job someone holds (``scontrol hold``) while it waits for GPUs stays PENDING (JobHeldUser): the
+    watch cancels it once the connection's pending limit (20 s here) is spent, and the report names Slurm's reason."""
+    blocker = rig.slurm.run("sbatch", "--parsable", "-p", "gpu", "-A", "rl-verify", "--gres=gpu:16", "-J",
+                            "blocker", "--wrap", "sleep 900", check=True).stdout.strip().split(";")[0]
+    seen: dict[str, Any] = {}
+    try:
+        _wait("the blocker job running", lambda: {j["id"]: j["state"] for j in _jobs(rig)}.get(blocker) == "RUNNING",
+              60)
+
+        def hold(run_id: str) -> None:
+            name = f"rlv.{run_key(run_id)}.grpo"
+            job = _wait(f"{name} pending behind the blocker",
+                        lambda: next((j for j in _jobs(rig) if j["name"] == name and j["state"] == "PENDING"), None),
+                        300, poll=1)
+            seen["id"] = job["id"]
+            rig.slurm.run("scontrol", "hold", job["id"], check=True)
+            rig.slurm.run("scancel", blocker, check=True)   # GPUs free: only the hold keeps the job waiting
+
+        out = rig.run({"commit": "main", "suites": ["grpo"], "node": HELD}, during=hold, timeout=900)
+    finally:
+        rig.slurm.run("scancel", blocker)
+    assert out.state == "failed" and out.summary["verdict"] == "FAIL", out.tasks
+    assert out.summary["failure_classes"] == ["infrastructure"], out.summary
+    log = _log(rig, out.run_id, "run_grpo")
+    assert "JobHeldUser" in log and "the job was cancelled" in log, log[-3000:]
+    assert "JobHeldUser" in json.dumps(json.loads(Path(out.summary["report"]["json"]).read_text()))
+    assert seen["id"] not in {j["id"] for j in _jobs(rig)}
 
 
 @pytest.mark.parametrize("outage_s", [60, 0], ids=["down-60s", "restarted"])

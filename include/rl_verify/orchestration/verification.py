@@ -30,7 +30,7 @@ from rl_verify.core.report import environment_line
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, bitwise_lane, notify, unchanged, verification_history
+from rl_verify.orchestration import airflow_api, bitwise_lane, hand_end, notify, unchanged, verification_history
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
 from rl_verify.orchestration.nodes import (is_slurm, check_nodes, expanded_specs, no_retry_on, node_launcher,
                                            node_needs, node_problems, node_settings, pool_problems, ssh_client,
@@ -309,12 +309,18 @@ def schedule_gaps(run_type: str, logical_date: Any, dag_id: str = settings.DAG_I
             f"never started, because an earlier run was still waiting or running: {shown}{more}."]
 
 
-def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] | None = None) -> list[str]:
+def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] | None = None,
+            by_hand: bool = False) -> list[str]:
     """Stop the run's processes and Ray on the node, archive whatever trackers/logs exist, and tell
-    people about an infrastructure failure (``failed_tasks`` minus suites stopped by the live check)."""
+    people about an infrastructure failure (``failed_tasks`` minus suites stopped by the live check; none
+    when the run was ended ``by_hand``: a person's own stop is no failure to announce)."""
+    if by_hand:
+        log.info("This run was ended by hand before its verdict: stopping every job and process it started "
+                 "(no trigger may be watching them)")
     if not resolved:
         log.info("The run never got a worktree on the node: nothing to clean up; the node was not touched")
-        _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, [], True)
+        if not by_hand:
+            _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, [], True)
         return []
     log.info("%s", f"Failed task(s) {', '.join(failed_tasks)}: stopping every process of this run on the node"
              if failed_tasks else "No task failed: checking that no process of this run is left on the node")
@@ -355,8 +361,15 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
     left = [line for line in lines if line.startswith("LEFT")]
     log.info("cleanup: the node is %s", "clean: no process of this run is left" if not left else
              f"NOT clean: {len(left)} process(es) of this run still run: " + "; ".join(left))
-    _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, lines, not left)
+    if by_hand:
+        log.info("No infrastructure message: the run was ended by hand")
+    else:
+        _notify_infrastructure(failed_tasks or [], resolved, dag_run_id, lines, not left)
     return lines
+
+
+#: The verification's tasks Airflow itself never skips (all_done): a skipped one was skipped by a hand's marking.
+NEVER_SKIPPED = (settings.REPORT_TASK, settings.VERDICT_TASK)
 
 
 def _stopped_on_purpose(dag_run_id: str, suite: str, attempt: int) -> bool:
@@ -365,18 +378,18 @@ def _stopped_on_purpose(dag_run_id: str, suite: str, attempt: int) -> bool:
                 .get("applied"))
 
 
-def failed_tasks(ti: Any) -> list[str]:
-    """The upstream tasks of ``ti`` (the tasks that touch the node) that failed or could not run
-    because of a failure, as Airflow records them."""
+def cleanup_scope(ti: Any) -> tuple[list[str], bool]:
+    """For the cleanup task ``ti``: its upstream tasks (the ones that touch the node) that failed or could not
+    run because of a failure, and whether the run was ended by hand, as Airflow records them. Unreadable states
+    give ([], False): the message then names no task, and the cleanup itself must go on."""
     try:
-        states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id])
-    except Exception as err:  # the message then names no task; the cleanup itself must go on
+        by_task = hand_end.run_task_states(ti)
+    except Exception as err:
         log.warning("Could not read the run's task states: %s", err)
-        return []
-    by_task = states.get(ti.run_id, states)
+        return [], False
     watched = set(ti.task.upstream_task_ids)
-    return sorted(t for t, s in by_task.items()
-                  if t in watched and str(getattr(s, "value", s)) in ("failed", "upstream_failed"))
+    return sorted(t for t, s in by_task.items() if t in watched and s in ("failed", "upstream_failed")), \
+        hand_end.ended_by_hand(by_task, NEVER_SKIPPED)
 
 
 def _notify_infrastructure(failed_tasks: list[str], resolved: Resolved | None, dag_run_id: str,

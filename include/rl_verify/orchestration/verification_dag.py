@@ -14,8 +14,8 @@ from airflow.sdk import Asset, Param, chain, task
 
 from rl_verify import engines, settings
 from rl_verify.node import placement
-from rl_verify.orchestration import (airflow_api, approval, asset_events, comparison, confirmation, operators,
-                                     reporting, verification)
+from rl_verify.orchestration import (airflow_api, approval, asset_events, comparison, confirmation, hand_end,
+                                     operators, reporting, verification)
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +147,27 @@ def build() -> None:
         card = ti.xcom_pull(task_ids="experiment_card") or {}
         return reporting.report(run_id, params, ti.xcom_pull(task_ids="approve", key="decision"), card.get("gaps"))
 
-    @task(trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
+    @task(task_id=settings.VERDICT_TASK, trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
     def verdict(run_id=None, ti=None):
         # Pulled, not passed: a failed report task must still reach this task as "no report".
         return reporting.verdict(ti.xcom_pull(task_ids=settings.REPORT_TASK), run_id)
 
-    # all_done, not one_failed: a skipped cleanup has no log, and a person must read that the node is clean.
+    # A teardown with no setup (Airflow runs it once everything upstream is done, as all_done): it runs after
+    # every outcome, a skipped cleanup having no log while a person must read that the node is clean, and also
+    # when the run is marked failed by hand, which skips every other task that has not started: the jobs of a
+    # run ended while no trigger watched them are stopped all the same (issue 54).
     # No node pool: it runs after this run's trainings, whatever happened, on every node the run used.
-    @task(trigger_rule="all_done", **settings.CLEANUP_TASK_ARGS)
+    @task(**settings.CLEANUP_TASK_ARGS)
     def cleanup(run_id=None, ti=None):
         # Pulled, not passed: cleanup also runs when resolve_commit itself failed (nothing to clean).
-        return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, verification.failed_tasks(ti))
+        failed, by_hand = verification.cleanup_scope(ti)
+        return verification.cleanup(ti.xcom_pull(task_ids="resolve_commit"), run_id, failed, by_hand=by_hand)
+
+    # The last teardown, one that counts for the run's state: marking a run failed leaves it running until its
+    # teardowns end, and Airflow then calls it a success (every leaf skipped) unless this one fails.
+    @task(task_id=settings.FINAL_STATE_TASK, **settings.LOCAL_TASK_ARGS)
+    def final_state(ti=None):
+        log.info("%s", hand_end.final_state(hand_end.run_task_states(ti), verification.NEVER_SKIPPED))
 
     # Asset events for downstream DAGs: a PASS's verified commit, a nightly's reproduced FAIL (a bisection's start).
     @task(outlets=[Asset(settings.VERIFIED_COMMIT_ASSET)], trigger_rule="all_done", **settings.LOCAL_TASK_ARGS)
@@ -200,8 +210,9 @@ def build() -> None:
         confirmed.append(outcome)
 
     summary = report()
-    cleaned = cleanup()
+    cleaned = cleanup().as_teardown()
     chain(watched, cleaned)
+    chain(cleaned, final_state().as_teardown(on_failure_fail_dagrun=True))
     # The report comes after the cleanup: it lists (and its manifest holds) what cleanup archived.
     chain([*confirmed, cleaned], summary)
     chain(summary, [verdict(), announce_verified(), announce_reproduced_fail()])
