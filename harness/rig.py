@@ -205,7 +205,9 @@ class Rig:
             prolog.write_text(compute_nodes_prolog([self.node_state(c) / "node" for c in conn_ids]))
             prolog.chmod(0o755)
             self.slurm = Slurm(self.state_dir / "slurm", gpus=self.slurm_gpus, partition=SLURM_PARTITION,
-                               accounts=(SLURM_ACCOUNT, "ml-infra"), task_prolog=prolog)
+                               accounts=(SLURM_ACCOUNT, "ml-infra"), task_prolog=prolog,
+                               # sacct answers for a job slurmctld forgot, as on a production cluster (issue 54).
+                               accounting=True)
             self.services.append(self.slurm)
             self.slurm.start()
             login_env = dict(self.slurm.env)

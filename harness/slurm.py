@@ -10,7 +10,8 @@ never touch a system munged or Slurm; ``start()`` returns once the node is IDLE 
                        env={**os.environ, **slurm.env})
 
 Needs root (slurmd starts jobs as their submitter, munged's key is root's) and Debian's slurmctld, slurmd,
-slurm-client and munge (``scripts/ensure_slurm.sh``); ``slurm_available()`` says what is missing.
+slurm-client and munge, and for accounting slurmdbd and mariadb-server (``scripts/ensure_slurm.sh``); ``slurm_available()``
+says what is missing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from rl_verify.node import slurm_states
 
 ENSURE = "scripts/ensure_slurm.sh"
 #: The binaries a running cluster needs (clients included: start() polls sinfo, stop() scancel and squeue).
-BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol", "munged", "munge")
+BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct", "munged", "munge",
+            "slurmdbd", "mariadbd", "mariadb-install-db")
 #: Job states squeue shows for a job that still holds or waits for resources: rl-verify's one table (issue 54).
 ACTIVE_STATES = slurm_states.ACTIVE
 #: Longest path of a Unix socket (sun_path is 108 bytes with the terminating NUL).
@@ -69,7 +71,7 @@ def slurm_available() -> str | None:
         missing.append("mungekey")
     if missing:
         return (f"Slurm binaries missing: {', '.join(missing)}: run {ENSURE} as root "
-                "(apt-get install slurmctld slurmd slurm-client munge)")
+                "(apt-get install slurmctld slurmd slurm-client munge slurmdbd mariadb-server)")
     if os.geteuid() != 0:
         return "the private Slurm runs as root (slurmd starts jobs as their submitter); this process is not root"
     return None
@@ -92,7 +94,10 @@ class Slurm:
       jobs share the node. The node declares ``max(os.cpu_count(), gpus)`` CPUs (``SlurmdParameters=
       config_overrides`` lets slurmd register more than the hardware has): a real GPU node has at least a core
       per GPU, so CPUs never limit how many GPU jobs run at once, only GPUs do.
-    - Accounting is off (``accounting_storage/none``: no slurmdbd), so a job carries no association and Slurm
+    - ``accounting=True`` adds a private MariaDB (STATE/mariadb, 127.0.0.1, no grant tables) and slurmdbd
+      (STATE/slurmdbd.conf, 0600): ``sacct`` then answers for jobs slurmctld forgot after ``MinJobAge``. Without it
+      accounting is off (``accounting_storage/none``). No association is ever made (no ``AccountingStorageEnforce``),
+      so either way a job carries none and Slurm
       cannot check an account or QOS. A partition's ``AllowAccounts`` then holds EVERY job PENDING ("Job's account
       not known, so it can't use this partition"), the allowed account included, while ``sbatch --test-only``
       still says it would start (with ``EnforcePartLimits=ALL`` every submission is refused instead); its
@@ -102,12 +107,12 @@ class Slurm:
       with Slurm's own errors ("Invalid account or account/partition combination specified", "Invalid qos
       specification"). A job without ``--account`` or ``--qos`` is accepted (as a default association would be).
     - ``KillWait=5``: a cancelled job leaves within seconds; ``MinJobAge=300``: ``squeue -t all`` still shows
-      an ended job for 5 minutes (``jobs()``).
+      an ended job for 5 minutes (``jobs()``); ``reconfigure`` shortens it (a test of a forgotten job).
     """
 
     def __init__(self, state_dir: Path, gpus: int = 8, partition: str = "gpu",
                  accounts: tuple[str, ...] = ("rl-verify", "ml-infra"), qos: tuple[str, ...] = ("normal",),
-                 task_prolog: Path | None = None) -> None:
+                 task_prolog: Path | None = None, accounting: bool = False) -> None:
         if gpus < 1:
             raise ValueError(f"gpus must be at least 1, not {gpus}")
         bad = [n for n in (partition, *accounts, *qos) if not _NAME.match(n)]
@@ -121,6 +126,10 @@ class Slurm:
         #: Slurm's TaskProlog (run before each task, the batch step's too; the ``export`` lines it prints join the
         #: task's environment): what a compute node sets up for its jobs (the rig: which simulated node a job is on).
         self.task_prolog = Path(task_prolog).resolve() if task_prolog else None
+        #: Job accounting through a private slurmdbd on a private MariaDB (sacct answers for jobs slurmctld forgot).
+        self.accounting = accounting
+        #: slurmctld forgets an ended job this long after its end (it purges about once a minute).
+        self.min_job_age = 300
         self.hostname = socket.gethostname().split(".")[0]
         self.conf_path = self.state_dir / "slurm.conf"
         self.log_dir = self.state_dir / "log"
@@ -197,6 +206,8 @@ class Slurm:
             self._prepare()
             self._start_munged(timeout)
             self._write_conf()
+            if self.accounting:
+                self._start_accounting(timeout - (time.monotonic() - t0))
             self._spawn("slurmctld", [_binary("slurmctld") or "slurmctld", "-D", "-c", "-f", str(self.conf_path)])
             self._spawn("slurmd", [_binary("slurmd") or "slurmd", "-D", "-f", str(self.conf_path)])
             self._wait_for(lambda: self.node_state() == "idle", timeout - (time.monotonic() - t0),
@@ -291,11 +302,13 @@ class Slurm:
     def _write_conf(self) -> None:
         """slurm.conf, gres.conf, job_submit.lua and an empty plugstack.conf in the state folder (0644: clients
         of any user read slurm.conf)."""
-        ctld_port = free_port()
-        slurmd_port = free_port()
-        while slurmd_port == ctld_port:
-            slurmd_port = free_port()
-        self.ports = {"slurmctld": ctld_port, "slurmd": slurmd_port}
+        if not self.ports:  # chosen once: a conf rewritten while the cluster runs (reconfigure) keeps them
+            for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb"):
+                port = free_port()
+                while port in self.ports.values():
+                    port = free_port()
+                self.ports[name] = port
+        ctld_port, slurmd_port = self.ports["slurmctld"], self.ports["slurmd"]
         s, logs = self.state_dir, self.log_dir
         cpus = max(os.cpu_count() or 1, self.gpus)
         memory_mib = _memory_mib()
@@ -326,7 +339,11 @@ class Slurm:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            # AccountingStoragePass names the munge socket slurmctld signs its slurmdbd connection with.
+            *(["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=127.0.0.1",
+               f"AccountingStoragePort={self.ports['slurmdbd']}", f"AccountingStoragePass={self.munge_socket}"]
+              if self.accounting
+              else ["AccountingStorageType=accounting_storage/none"]),
             "JobCompType=jobcomp/none",
             "SwitchType=switch/none",
             "MpiDefault=none",
@@ -342,7 +359,7 @@ class Slurm:
             "SlurmdParameters=config_overrides",
             *([f"TaskProlog={self.task_prolog}"] if self.task_prolog else []),
             "KillWait=5",
-            "MinJobAge=300",
+            f"MinJobAge={self.min_job_age}",
             "ReturnToService=2",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
@@ -368,6 +385,57 @@ class Slurm:
             path = s / name
             path.write_text(text)
             os.chmod(path, 0o644)
+        dbd = s / "slurmdbd.conf"   # next to slurm.conf, where slurmdbd looks (SLURM_CONF's folder); 0600: slurmdbd
+        with contextlib.suppress(FileNotFoundError):  # refuses a conf others may read
+            dbd.unlink()
+        fd = os.open(dbd, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join([
+                "# The private slurmdbd (generated by harness/slurm.py; do not edit)",
+                "AuthType=auth/munge", f"AuthInfo={auth_info}", "DbdAddr=127.0.0.1", "DbdHost=localhost",
+                f"DbdPort={self.ports['slurmdbd']}", "SlurmUser=root", f"PidFile={s / 'slurmdbd.pid'}",
+                f"LogFile={logs / 'slurmdbd.log'}", "DebugLevel=info",
+                "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1",
+                f"StoragePort={self.ports['mariadb']}", "StorageUser=root", "StorageLoc=slurm_acct_db", ""]))
+
+    def _start_accounting(self, timeout: float) -> None:
+        """A private MariaDB (its own data folder, 127.0.0.1 only, no grant tables: nothing else reaches it) and a
+        slurmdbd on it; ready when slurmdbd takes connections (slurmctld registers the cluster itself)."""
+        deadline = time.monotonic() + timeout
+        data = self.state_dir / "mariadb"
+        if not (data / "mysql").exists():
+            r = subprocess.run([_binary("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
+                                f"--datadir={data}", "--user=root", "--skip-test-db",
+                                "--auth-root-authentication-method=normal"], text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=max(30.0, timeout))
+            if r.returncode != 0:
+                raise SlurmError(f"slurm: mariadb-install-db failed ({r.returncode}): {r.stdout[-2000:]}")
+        socket_path = (self._socket_tmp or self.munge_dir) / "mariadb.sock"
+        self._spawn("mariadbd", [
+            _binary("mariadbd") or "mariadbd", "--no-defaults", f"--datadir={data}", "--user=root",
+            "--bind-address=127.0.0.1", f"--port={self.ports['mariadb']}", f"--socket={socket_path}",
+            f"--pid-file={self.state_dir / 'mariadb.pid'}", f"--log-error={self.log_dir / 'mariadb.log'}",
+            "--skip-grant-tables", "--skip-name-resolve"])
+        self._wait_for(lambda: _accepts(self.ports["mariadb"]), deadline - time.monotonic(), "MariaDB listening")
+        self._spawn("slurmdbd", [_binary("slurmdbd") or "slurmdbd", "-D"])
+        self._wait_for(lambda: _accepts(self.ports["slurmdbd"]), deadline - time.monotonic(), "slurmdbd listening")
+
+    def reconfigure(self, *, min_job_age: int | None = None, accounting: bool | None = None) -> None:
+        """Change the running cluster's conf: ``min_job_age`` through ``scontrol reconfigure``; ``accounting`` (only
+        off, or back on where slurmdbd runs) by restarting slurmctld from its saved state, as a site does."""
+        if accounting and "slurmdbd" not in self._procs:
+            raise SlurmError("slurm: accounting can only come back where slurmdbd runs (start with accounting)")
+        if min_job_age is not None:
+            self.min_job_age = min_job_age
+        restart = accounting is not None and accounting != self.accounting
+        if accounting is not None:
+            self.accounting = accounting
+        self._write_conf()
+        if restart:
+            self.stop_controller()
+            self.start_controller()
+        else:
+            self.run("scontrol", "reconfigure", check=True)
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float, what: str) -> None:
         """Poll ready() until True; SlurmError with the log tails when a daemon exits or ``timeout`` passes."""
@@ -386,7 +454,8 @@ class Slurm:
     def log_tails(self, lines: int = 20) -> str:
         """The last lines of every daemon's log and captured output."""
         parts = []
-        for name in ("munged.log", "munged.out", "slurmctld.log", "slurmctld.out", "slurmd.log", "slurmd.out"):
+        for name in ("munged.log", "munged.out", "slurmctld.log", "slurmctld.out", "slurmd.log", "slurmd.out",
+                     "slurmdbd.log", "slurmdbd.out", "mariadb.log", "mariadbd.out"):
             path = self.log_dir / name
             if path.exists() and path.stat().st_size:
                 parts.append(f"== {path}\n{tail(path, lines)}")
@@ -424,7 +493,7 @@ class Slurm:
         if cancel and ctld is not None and ctld.poll() is None:
             with contextlib.suppress(SlurmError, subprocess.SubprocessError, OSError):
                 self.cancel_all()
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"):
             proc = self._procs.pop(name, None)
             if proc is None:
                 continue
@@ -478,6 +547,13 @@ class Slurm:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _accepts(port: int) -> bool:
+    """Whether something takes TCP connections on 127.0.0.1:``port``."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+    return False
 
 
 def _memory_mib() -> int:
