@@ -10,8 +10,8 @@ never touch a system munged or Slurm; ``start()`` returns once the node is IDLE 
                        env={**os.environ, **slurm.env})
 
 Needs root (slurmd starts jobs as their submitter, munged's key is root's) and Debian's slurmctld, slurmd,
-slurm-client and munge, and for accounting slurmdbd and mariadb-server (``scripts/ensure_slurm.sh``); ``slurm_available()``
-says what is missing.
+slurm-client and munge, and for accounting slurmdbd and mariadb-server (``scripts/ensure_slurm.sh``);
+``slurm_available()`` says what is missing.
 """
 
 from __future__ import annotations
