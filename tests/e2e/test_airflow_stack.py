@@ -185,6 +185,26 @@ def test_reject_path(stack):
     assert api.hitl_detail(DAG_ID, run_id, "approve")["chosen_options"] == ["Reject"]
 
 
+def test_a_runs_key_is_found_among_airflows_runs_with_its_state(stack, monkeypatch):
+    """airflow_api.runs_by_key against the real API: how a readiness check learns that the run of a job it finds on
+    a node has ended (issue 54)."""
+    from harness.rig import api_connection_env
+    from rl_verify import settings
+    from rl_verify.core.names import run_key
+    from rl_verify.orchestration import airflow_api
+
+    api = stack.client()
+    run_id = api.trigger(DAG_ID, {"label": "ended-run"})
+    api.wait_for_hitl(DAG_ID, run_id, task_id="approve", timeout=120)
+    api.mark_task_failed(DAG_ID, run_id, "approve")
+    assert api.wait_for_run(DAG_ID, run_id, timeout=120) == "failed"
+    for name, value in api_connection_env(stack.base_url, stack.username, stack.password).items():
+        monkeypatch.setenv(name, value)
+    key = run_key(run_id)
+    found = airflow_api.runs_by_key(settings.AIRFLOW_API_CONN_ID, [DAG_ID], {key, "unknown-00000000"})
+    assert found == {key: {"dag_id": DAG_ID, "run_id": run_id, "state": "failed"}}
+
+
 def test_mark_failed_then_clear(stack):
     api = stack.client()
     run_id = api.trigger(DAG_ID, {"label": "fail-me"})

@@ -207,6 +207,44 @@ def test_a_live_job_of_another_suite_of_the_same_run_keeps_the_node_busy(sim_nod
         simnode.clear_faults(sim_node.state)
 
 
+def test_a_live_job_of_a_run_airflow_says_has_ended_is_stopped_by_the_next_check_and_named(sim_node):
+    """Issue 54: a job whose run has ended (its marker names the run, Airflow's record says it ended) is stopped by
+    the next run's readiness check, which says so and goes on; while Airflow cannot say, nothing is stopped."""
+    from rl_verify.orchestration import nodes
+
+    ended = _resolve(sim_node, "it-ended-run")
+    key = ended["run_dir"].rsplit("/", 1)[1]
+    simnode.set_fault(sim_node.state, "grpo", "hang", at_step=2)
+    try:
+        _launch(sim_node, ended, "grpo")  # hangs: live until stopped
+
+        def check():
+            return node.check_prerequisites(sim_node.client, [], _runs(sim_node), run_key("it-next-run"))
+
+        with pytest.raises(node.PrerequisitesError) as busy:
+            check()
+
+        def silent(*_):
+            raise ConnectionError("the API server does not answer")
+
+        assert nodes.stop_jobs_of_ended_runs(sim_node.client, "node", None, busy.value.result, run_key("it-next-run"),
+                                             lookup=silent) == []
+        still = {key: {"dag_id": "rl_accuracy_verification", "run_id": "it-ended-run", "state": "running"}}
+        assert nodes.stop_jobs_of_ended_runs(sim_node.client, "node", None, busy.value.result, run_key("it-next-run"),
+                                             lookup=lambda *_: still) == []
+        with pytest.raises(node.PrerequisitesError):
+            check()  # a run still running keeps its job, and the node busy
+
+        seen = {key: {**still[key], "state": "failed"}}
+        said = nodes.stop_jobs_of_ended_runs(sim_node.client, "node", None, busy.value.result, run_key("it-next-run"),
+                                             lookup=lambda conn, dags, keys: seen if key in keys else {})
+        assert len(said) == 1 and "run it-ended-run of rl_accuracy_verification ended failed" in said[0], said
+        assert check().busy == []  # stopped: the node is free for the next run
+    finally:
+        node.cleanup(sim_node.client, ended["run_dir"], key)
+        simnode.clear_faults(sim_node.state)
+
+
 def test_a_run_ending_while_another_runs_job_trains_leaves_that_jobs_ray_alone(sim_node):
     """Probes of a bisection and the nightly share a node one training at a time (its pool): a run whose
     cleanup comes after the next run's training started must not stop that training's Ray."""

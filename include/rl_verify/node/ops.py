@@ -33,7 +33,12 @@ class NodeError(RuntimeError):
 
 
 class PrerequisitesError(NodeError):
-    """One or more inputs are missing or the node is busy; the message lists every item."""
+    """One or more inputs are missing or the node is busy; the message lists every item. ``result``: what the
+    check saw (None where it could not run)."""
+
+    def __init__(self, message: str, result: "Prerequisites | None" = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 def run_script(client: "paramiko.SSHClient", script: str, timeout: float = 120) -> tuple[int, str, str]:
@@ -205,6 +210,8 @@ class Prerequisites:
     ok: list[dict[str, str]] = field(default_factory=list)
     missing: list[dict[str, str]] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    #: The live jobs of other runs behind ``busy``: ``run_dir``, ``run`` (its key, the marker), ``suite``, ``pid``.
+    busy_jobs: list[dict[str, str]] = field(default_factory=list)
     #: What the node showed of its readiness (NOFILE, GPUS, PYTHON, PORT, RAYLOG lines), by kind.
     readiness: dict[str, Any] = field(default_factory=dict)
     #: Why the node is not ready for the launch scripts, each with its fix (``readiness_problems``).
@@ -308,6 +315,8 @@ def parse_prerequisites(out: str) -> Prerequisites:
             run_dir, suite = posixpath.dirname(posixpath.dirname(job_dir)), posixpath.basename(job_dir)
             result.busy.append(f"node busy: run {posixpath.basename(run_dir)}, suite {suite}, "
                                f"since {_iso(since)} (pid {pid})")
+            result.busy_jobs.append({"run_dir": run_dir, "run": posixpath.basename(run_dir), "suite": suite,
+                                     "pid": pid})
         elif parts[0] == "PROC" and len(parts) >= 3:
             result.busy.append(f"node busy: a training not started by this run is running "
                                f"(pid {parts[1]}: {parts[2][:160]})")
@@ -398,7 +407,7 @@ def check_prerequisites(client: "paramiko.SSHClient", specs: list[SuiteSpec], ru
         raise PrerequisitesError(
             f"{len(result.problems())} prerequisite problem(s) on the node; nothing was launched:\n"
             + "\n".join(f"  - {p}" for p in result.problems())
-            + f"\nFix: {'; '.join(fixes)}.")
+            + f"\nFix: {'; '.join(fixes)}.", result)
     return result
 
 

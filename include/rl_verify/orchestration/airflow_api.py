@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from rl_verify.core.names import run_key
 from rl_verify.orchestration.standing import ApprovalRecord
 
 
@@ -232,3 +233,20 @@ def fail_task(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: st
     with api_client(conn_id) as client:
         ac.TaskInstanceApi(client).patch_task_instance(
             dag_id, dag_run_id, task_id, ac.PatchTaskInstanceBody(new_state="failed", note=note[:1000]))
+
+
+def runs_by_key(conn_id: str, dag_ids: list[str], keys: set[str], newest: int = 200) -> dict[str, dict[str, str]]:
+    """The DAG runs (``dag_id``, ``run_id``, ``state``) among the ``newest`` runs of each of ``dag_ids`` whose run
+    key (the marker their node jobs carry) is one of ``keys``. Raises the client's error when the API cannot say."""
+    import airflow_client.client as ac
+
+    found: dict[str, dict[str, str]] = {}
+    with api_client(conn_id) as client:
+        for dag_id in dag_ids:
+            runs = ac.DagRunApi(client).get_dag_runs(dag_id, order_by=["-run_after"], limit=newest)
+            for run in runs.dag_runs:
+                key = run_key(run.dag_run_id)
+                if key in keys:
+                    found[key] = {"dag_id": dag_id, "run_id": run.dag_run_id,
+                                  "state": str(getattr(run.state, "value", run.state))}
+    return found

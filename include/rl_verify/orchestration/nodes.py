@@ -246,9 +246,17 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
         launcher = node_launcher(conn)
         specs = expanded_specs(suites, values, worktree, baselines)
         with ssh_client(conn) as client:
+            def check() -> node.Prerequisites:
+                return node.check_prerequisites(client, specs, values[settings.REMOTE_RUNS_DIR_KEY], run_key,
+                                                node_needs(specs, values), _login(conn), launcher, conn)
             try:
-                result = node.check_prerequisites(client, specs, values[settings.REMOTE_RUNS_DIR_KEY], run_key,
-                                                  node_needs(specs, values), _login(conn), launcher, conn)
+                try:
+                    result = check()
+                except node.PrerequisitesError as err:
+                    # A job of a run that has ended (its cleanup could not stop it) is stopped, then checked again.
+                    if not stop_jobs_of_ended_runs(client, conn, launcher, err.result, run_key):
+                        raise
+                    result = check()
             except node.PrerequisitesError as err:
                 failed.append((conn, err))
                 continue
@@ -268,6 +276,51 @@ def check_nodes(groups: Mapping[str, tuple[list[str], str]], run_key: str,
         raise AirflowFailException(str(failed[0][1]) if len(groups) == 1 else
                                    "\n".join(f"node {conn}: {err}" for conn, err in failed))
     return ok
+
+
+#: The DAGs whose runs start jobs on the nodes: a job's run key is looked up among their runs.
+JOB_DAG_IDS = [settings.DAG_ID, settings.PROBE_DAG_ID, settings.CALIBRATION_DAG_ID]
+#: Airflow's states of a DAG run that has ended.
+ENDED_RUN_STATES = ("success", "failed")
+
+
+def ended_runs(busy_jobs: list[dict[str, str]], runs: Mapping[str, Mapping[str, str]],
+               own_key: str) -> dict[str, dict[str, str]]:
+    """Of the live jobs ``busy_jobs`` (``Prerequisites.busy_jobs``), those whose run Airflow knows (``runs``, by
+    key: ``airflow_api.runs_by_key``) and says has ended: run key -> its run and the job's folder. A job whose key
+    Airflow does not know (another deployment's run, one older than the runs read) is never one of them."""
+    out: dict[str, dict[str, str]] = {}
+    for job in busy_jobs:
+        run = runs.get(job["run"])
+        if job["run"] != own_key and run and run.get("state") in ENDED_RUN_STATES:
+            out.setdefault(job["run"], {**run, "run_dir": job["run_dir"]})
+    return out
+
+
+def stop_jobs_of_ended_runs(client: Any, conn: str, launcher: Mapping[str, Any] | None,
+                            result: node.Prerequisites | None, own_key: str,
+                            lookup: Any = None) -> list[str]:
+    """Stop every live job on the node whose run has ended, as the job's marker (its run key) and Airflow's
+    record of that run say (issue 54: a cleanup that could not stop it, a node that was down then); each stop
+    logged and returned, one line a run. Airflow silent: nothing is stopped (the node stays busy, named)."""
+    jobs = (result.busy_jobs if result else [])
+    if not jobs or (launcher or {}).get("kind") == launchers.SLURM:
+        return []
+    keys = {j["run"] for j in jobs if j["run"] != own_key}
+    try:
+        runs = (lookup or airflow_api.runs_by_key)(settings.AIRFLOW_API_CONN_ID, JOB_DAG_IDS, keys)
+    except Exception as err:  # the API's silence is no answer: the busy node stays refused, as it says
+        log.warning("Could not ask Airflow whether the run(s) of the jobs on %s have ended (%s): they are left "
+                    "running", conn, err)
+        return []
+    said = []
+    for key, run in sorted(ended_runs(jobs, runs, own_key).items()):
+        lines = node.cleanup(client, run["run_dir"], key, launcher)
+        line = (f"run {run['run_id']} of {run['dag_id']} ended {run['state']}, but its job(s) still ran on {conn}: "
+                f"stopped them ({'; '.join(lines[-2:])})")
+        log.warning("%s", line)
+        said.append(line)
+    return said
 
 
 def _compare_slots(conn_id: str, slots: int | None) -> None:
