@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STATE = ROOT / ".state" / "demo"
 DISTRIBUTED_STATE = ROOT / ".state" / "demo-distributed"
+#: Where `make demo` moves the record an earlier demo left in records/ (the newest KEPT_RECORDS kept).
+EARLIER_RECORDS = ROOT / ".state" / "demo-records"
+KEPT_RECORDS = 3
 #: Seconds per simulated training step unless STEP_SECONDS says otherwise.
 STEP_SECONDS = 1.0
 
@@ -115,11 +118,31 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
     return single(args)
 
 
+def set_aside(records: Path, into: Path, keep: int = KEPT_RECORDS) -> Path | None:
+    """Move a non-empty ``records`` folder into ``into/<UTC time>`` (the newest ``keep`` kept, older ones removed);
+    the folder it was moved to, or None when there was nothing to move."""
+    import shutil
+    from datetime import datetime, timezone
+
+    if not records.is_dir() or not any(records.iterdir()):
+        return None
+    into.mkdir(parents=True, exist_ok=True)
+    dest = into / datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    shutil.move(str(records), dest)
+    for old in sorted(p for p in into.iterdir() if p.is_dir())[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
 def single(args: argparse.Namespace) -> int:
     """`make demo`: one simulated node and a local Airflow on SQLite."""
     from harness.rig import DAG_ID  # the Airflow client: after the arguments are known good
 
     records = ROOT / "records"
+    earlier = set_aside(records, EARLIER_RECORDS)
+    if earlier:
+        _say(f"the record of an earlier demo was moved to {earlier.relative_to(ROOT)}: a demo starts from an empty "
+             "record (a commit it verified before would now be PASS (unchanged) of itself, no story to show)")
     t0 = time.monotonic()
     rig = start_rig(STATE, records, _say, "starting the simulated GPU node (OpenSSH sshd on 127.0.0.1) and Airflow "
                     "(api-server, scheduler, triggerer, dag-processor; SQLite)...", step_seconds=args.step_seconds)
