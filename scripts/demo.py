@@ -206,7 +206,12 @@ def single(args: argparse.Namespace) -> int:
     unchanged_ok = True
     if verdict == "PASS" and conf["commit"] == "main":
         full_s = time.monotonic() - t0 - started
-        unchanged_ok = _docs_only_commit(rig, conf, full_s) and _neutral_commit(rig, conf, full_s)
+        try:
+            unchanged_ok = _docs_only_commit(rig, conf, full_s) and _neutral_commit(rig, conf, full_s)
+        except BaseException:  # as after the first run: a failed demo leaves no Airflow or node running
+            if not args.keep:
+                rig.stop()
+            raise
     if args.keep:
         (STATE / "kept.json").write_text(json.dumps({"base_url": rig.stack.base_url}))
         _say(f"KEEP=1: Airflow stays up at {rig.stack.base_url} (user '{rig.stack.username}', password in "
