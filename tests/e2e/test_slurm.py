@@ -294,6 +294,7 @@ def test_a_job_held_in_the_queue_past_the_pending_limit_is_cancelled_naming_the_
                         300, poll=1)
             seen["id"] = job["id"]
             rig.slurm.run("scontrol", "hold", job["id"], check=True)
+            seen["held_at"] = time.monotonic()
             rig.slurm.run("scancel", blocker, check=True)   # GPUs free: only the hold keeps the job waiting
 
         out = rig.run({"commit": "main", "suites": ["grpo"], "node": HELD}, during=hold, timeout=900)
@@ -306,6 +307,7 @@ def test_a_job_held_in_the_queue_past_the_pending_limit_is_cancelled_naming_the_
     assert re.search(r"reason JobHeld(Admin|User); the job was cancelled", log), log[-3000:]
     assert re.search(r"JobHeld(Admin|User)", json.dumps(json.loads(Path(out.summary["report"]["json"]).read_text())))
     assert seen["id"] not in {j["id"] for j in _jobs(rig)}
+    print(f"a job held in the queue: hold to the run's end {time.monotonic() - seen['held_at']:.1f} s")
 
 
 @pytest.mark.parametrize("accounting", [True, False], ids=["with-accounting", "without-accounting"])
@@ -330,6 +332,7 @@ def test_a_job_slurm_forgot_while_nobody_watched_is_read_from_accounting_or_name
                   180, poll=1)
         finally:
             rig.stack.start_component("triggerer")
+            seen["back_at"] = time.monotonic()
 
     try:
         out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, during=forget, timeout=900)
@@ -344,8 +347,9 @@ def test_a_job_slurm_forgot_while_nobody_watched_is_read_from_accounting_or_name
     else:
         assert out.summary["failure_classes"][0].startswith("infrastructure"), out.summary
         assert f"no longer knows job {seen['id']}" in log, log[-3000:]
+    back_s = time.monotonic() - seen["back_at"]
     print(f"a job Slurm forgot ({'with' if accounting else 'without'} accounting): "
-          f"{out.summary['failure_classes']}")
+          f"{out.summary['failure_classes']}, triggerer back to the run's end {back_s:.1f} s")
 
 
 @pytest.mark.parametrize("outage_s", [60, 0], ids=["down-60s", "restarted"])
