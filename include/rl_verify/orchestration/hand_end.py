@@ -8,9 +8,12 @@ run's state (``final_state``) keeps a run ended before its verdict from ever rea
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable, Mapping
 
 from airflow.sdk.exceptions import AirflowFailException
+
+log = logging.getLogger(__name__)
 
 
 def run_task_states(ti: Any) -> dict[str, str]:
@@ -37,9 +40,10 @@ def final_state(states: Mapping[str, str], never_skipped: Iterable[str],
     raise, naming what failed. Otherwise the line to log (the run's state is then its leaves')."""
     if ended_by_hand(states, never_skipped, approvals):
         failed = sorted(t for t, s in states.items() if s == "failed")
-        raise AirflowFailException(
-            "This run was ended by hand before its verdict ("
-            + (f"failed: {', '.join(failed)}" if failed else "its unfinished tasks skipped")
-            + "): it has no verdict, so it does not end as a success. The cleanup stopped its jobs on the node(s) "
-            "(see its log). Trigger a new run for a verdict.")
+        why = ("This run was ended by hand before its verdict ("
+               + (f"failed: {', '.join(failed)}" if failed else "its unfinished tasks skipped")
+               + "): it has no verdict, so it does not end as a success. The cleanup stopped its jobs on the node(s) "
+               "(see its log). Trigger a new run for a verdict.")
+        log.error("%s", why)  # a log line a person reads first, above the exception's traceback
+        raise AirflowFailException(why)
     return "The run was not ended by hand: its state is its verdict's"
