@@ -106,7 +106,9 @@ class Slurm:
       ``--account`` not in ``accounts`` and a ``--qos`` not in ``qos`` at submission, ``--test-only`` included,
       with Slurm's own errors ("Invalid account or account/partition combination specified", "Invalid qos
       specification"). A job without ``--account`` or ``--qos`` is accepted (as a default association would be).
-    - ``KillWait=5``: a cancelled job leaves within seconds; ``MinJobAge=300``: ``squeue -t all`` still shows
+    - ``KillWait=30`` (Slurm's default): a cancelled job's batch step has that long to end the job's marked
+      processes before Slurm kills it (with 5 s, a loaded machine's step was killed midway and left the job's Ray
+      daemons running); it leaves as soon as it is done, within seconds when idle; ``MinJobAge=300``: ``squeue -t all`` still shows
       an ended job for 5 minutes (``jobs()``); ``reconfigure`` shortens it (a test of a forgotten job).
     """
 
@@ -358,7 +360,7 @@ class Slurm:
             # The node may declare more CPUs than the machine has (see the class docstring).
             "SlurmdParameters=config_overrides",
             *([f"TaskProlog={self.task_prolog}"] if self.task_prolog else []),
-            "KillWait=5",
+            "KillWait=30",
             f"MinJobAge={self.min_job_age}",
             "ReturnToService=2",
             "SlurmctldTimeout=30",
