@@ -108,8 +108,8 @@ class Slurm:
       specification"). A job without ``--account`` or ``--qos`` is accepted (as a default association would be).
     - ``KillWait=30`` (Slurm's default): a cancelled job's batch step has that long to end the job's marked
       processes before Slurm kills it (with 5 s, a loaded machine's step was killed midway and left the job's Ray
-      daemons running); it leaves as soon as it is done, within seconds when idle; ``MinJobAge=300``: ``squeue -t all`` still shows
-      an ended job for 5 minutes (``jobs()``); ``reconfigure`` shortens it (a test of a forgotten job).
+      daemons running); it leaves as soon as it is done, within seconds when idle. ``MinJobAge=300``: ``squeue -t
+      all`` still shows an ended job for 5 minutes (``jobs()``); ``reconfigure`` shortens it (a forgotten job's test).
     """
 
     def __init__(self, state_dir: Path, gpus: int = 8, partition: str = "gpu",
