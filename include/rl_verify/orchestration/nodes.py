@@ -307,6 +307,8 @@ def stop_jobs_of_ended_runs(client: Any, conn: str, launcher: Mapping[str, Any] 
     if not jobs or (launcher or {}).get("kind") == launchers.SLURM:
         return []
     keys = {j["run"] for j in jobs if j["run"] != own_key}
+    if not keys:  # only this run's own jobs: nothing to ask Airflow about
+        return []
     try:
         runs = (lookup or airflow_api.runs_by_key)(settings.AIRFLOW_API_CONN_ID, JOB_DAG_IDS, keys)
     except Exception as err:  # the API's silence is no answer: the busy node stays refused, as it says
