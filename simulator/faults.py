@@ -26,7 +26,10 @@ def set_fault(state: Path, suite: str, kind: str, at_step: int | None = None,
     ``release``) / oom (logs a CUDA out-of-memory error at ``at_step`` and hangs, as a real run
     often does until an NCCL timeout), truncated, slow (``factor``, default 3),
     missing-input (renames ``path`` - relative to ROOT, default the suite's main model - to
-    ``<path>.rlsim-hidden`` until ``clear_faults``). Read by the replay trainer at launch.
+    ``<path>.rlsim-hidden`` until ``clear_faults``). Read by the replay trainer at launch. A crash
+    ``at_step`` 0 dies at launch, before any tracker. ``extra`` ``commit`` (a SHA prefix) narrows a fault to
+    launches of that commit, ``times`` to the first ``times`` launches it strikes (a one-off fault), every
+    launch of the suite counted, the bitwise lane's included.
 
     Node traps (``traps.NODE_FAULT_KINDS``: low-nofile, hidden-gpu, gpu-lost, foreign-ray,
     no-python) are node-wide: several can be on at once, under ``faults.json["node"]``, whichever
@@ -69,6 +72,7 @@ def release(state: Path, suite: str) -> None:
 
 def _clear_suite(root: Path, suite: str) -> None:
     (root / f"release-{suite}").unlink(missing_ok=True)
+    (root / "state" / f"fault-launches-{suite}").unlink(missing_ok=True)  # a new fault counts its own launches
     faults = _read_json(root / "faults.json", {})
     for rel in (faults.get(suite) or {}).get("hidden", []):
         hidden = root / (rel + HIDDEN_SUFFIX)

@@ -148,9 +148,21 @@ REAP_AFTER_DAYS = _number("RL_VERIFY_REAP_AFTER_DAYS", 7, int, 0)
 #: default_args per kind of task.
 SHORT_SSH_TASK_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=10),
                        "execution_timeout": timedelta(minutes=10)}
-#: No automatic retry: a failed or timed-out training would only be re-attached and fail again.
-#: A cleared task (or a restarted worker/triggerer) re-attaches to the live job of its run.
+#: The infrastructure retry policy (issue 55): ``suites/data/infra_retry.json`` (the kinds of causes, the wait),
+#: its number of retries replaced by RL_VERIFY_INFRA_RETRIES (0: a training that failed as infrastructure is final).
+INFRA_RETRY_FILE = Path(__file__).parent / "suites" / "data" / "infra_retry.json"
+INFRA_RETRIES: int | None = None if not os.environ.get("RL_VERIFY_INFRA_RETRIES", "").strip() else \
+    int(_number("RL_VERIFY_INFRA_RETRIES", 1, int, 0))
+#: The most retries a deployment may set (job names ``<job>-t<n>`` are reserved up to it).
+MAX_INFRA_RETRIES = 3
+#: No Airflow retry: the retry policy trains the next attempt inside the same task (its node's pool slot kept, a new
+#: job folder: ``retry_job``) once the failed attempt's processes are proven gone; an Airflow retry would also re-run
+#: a training that hit its job timeout. A cleared task (or a restarted worker/triggerer) re-attaches to the live job
+#: of its run's current attempt.
 TRAINING_TASK_ARGS = {"retries": 0}
+if INFRA_RETRIES is not None and INFRA_RETRIES > MAX_INFRA_RETRIES:
+    PROBLEMS.append(("RL_VERIFY_INFRA_RETRIES", str(INFRA_RETRIES), f"give 0..{MAX_INFRA_RETRIES}"))
+    INFRA_RETRIES = MAX_INFRA_RETRIES
 LOCAL_TASK_ARGS = {"retries": 0, "execution_timeout": timedelta(minutes=30)}
 CLEANUP_TASK_ARGS = {"retries": CLEANUP_RETRIES, "retry_delay": timedelta(seconds=CLEANUP_RETRY_DELAY_S),
                      "retry_exponential_backoff": True, "execution_timeout": timedelta(minutes=10)}
@@ -304,6 +316,17 @@ def attempt_name(suite: str, attempt: int = 0) -> str:
     """``suite`` for a suite's first run, ``suite-r<k>`` for its k-th repeat: its record folder, job
     folder and WORK_DIR on the node."""
     return suite if attempt == 0 else f"{suite}{REPEAT_MARK}{attempt}"
+
+
+def retry_job(name: str, attempt: int) -> str:
+    """The job of a training's ``attempt``-th try after infrastructure failures (issue 55): ``name`` for the first,
+    ``<name>-t<n>`` after: its own job folder, WORK_DIR and marker on the node."""
+    return name if attempt <= 1 else f"{name}-t{attempt}"
+
+
+def attempt_jobs(name: str) -> list[str]:
+    """Every job a training ``name`` may start: its first attempt and each retry's."""
+    return [retry_job(name, n) for n in range(1, MAX_INFRA_RETRIES + 2)]
 
 
 #: The bitwise lane's deterministic jobs of a suite (issue 33): the lane itself and a reference's two self-check runs.

@@ -393,7 +393,7 @@ def test_a_traceback_is_not_acted_on_while_the_job_runs_and_quotes_its_exception
     hit = watch.ended_short()
     assert hit == {"pattern": r"^Traceback \(most recent call last\):", "means": "the trainer raised an exception",
                    "line": "ValueError: bad batch", "when": "exit", "at_exit": True, "steps": 7,
-                   "fix": "", "seen": 1, "stop": "early_abort"}
+                   "fix": "", "seen": 1, "stop": "early_abort", "retry": None}
 
 
 def test_a_traceback_the_run_survives_is_no_failure_at_its_full_exit():

@@ -51,6 +51,12 @@ def _report_cell(row: Mapping[str, Any]) -> str:
     return "stopped: no report" if row.get("stopped") else "none"
 
 
+def _attempts_cell(row: Mapping[str, Any]) -> str:
+    """A probe's trainings tried again after an infrastructure failure (issue 55), each attempt in words; "-" when
+    every training ran at its first attempt."""
+    return " / ".join(row.get("attempts") or []) or "-"
+
+
 def headline(result: Mapping[str, Any]) -> str:
     """One line: the culprit with its subject, author and date, or why there is none."""
     answer = result["answer"]
@@ -76,13 +82,15 @@ def markdown(result: Mapping[str, Any]) -> str:
                   + ", ".join(f"{short_sha(c['sha'])} {c['subject']}" for c in result["answer"]["skipped"]), ""]
     lines += [f"{len(result['probes'])} probe(s), {result['runs']} training run(s) in {result['wall_s'] / 60:.1f} min "
               f"on {', '.join(result['nodes'])}; {early_aborts(result)}.", "",
-              "| commit | subject | node | runs | outcome | followed metric: error at first breach | report |",
-              "|---|---|---|---|---|---|---|"]
+              "| commit | subject | node | runs | outcome | followed metric: error at first breach | "
+              "infrastructure attempts | report |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows(result):
         lines.append(f"| `{short_sha(r['sha'])}` | {subjects.get(r['sha'], '')} | {r.get('node', '')} "
                      f"| {r.get('runs', 0)} "
                      f"| {_outcome(r)} "
-                     f"| {r.get('metric') or ''} {_error(r)} | {_report_cell(r)} |")
+                     f"| {r.get('metric') or ''} {_error(r)} | {_attempts_cell(r).replace('|', '/')} "
+                     f"| {_report_cell(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -139,15 +147,15 @@ def html_page(result: Mapping[str, Any], png: bytes | None) -> str:
         body.append(f'<img alt="followed metric across the range" style="max-width:100%" '
                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
     body.append('<div style="overflow-x:auto"><table><thead><tr><th>commit</th><th>subject</th><th>node</th>'
-                "<th>runs</th><th>outcome</th><th>followed metric: error at first breach</th><th>report</th>"
-                "</tr></thead><tbody>")
+                "<th>runs</th><th>outcome</th><th>followed metric: error at first breach</th>"
+                "<th>infrastructure attempts</th><th>report</th></tr></thead><tbody>")
     for r in rows(result):
         link = (f'<a href="{e(r["report"])}">report</a>' if r.get("report") and r.get("runs") else
                 e(_report_cell(r)) + (f' (<a href="{e(r["run_page"])}">run</a>)' if r.get("run_page") else ""))
         body.append(f"<tr><td><code>{e(short_sha(r['sha']))}</code></td><td>{e(subjects.get(r['sha'], ''))}</td>"
                     f"<td>{e(str(r.get('node', '')))}</td><td>{int(r.get('runs') or 0)}</td>"
                     f"<td>{e(_outcome(r))}</td><td>{e(str(r.get('metric') or ''))} {e(_error(r))}</td>"
-                    f"<td>{link}</td></tr>")
+                    f"<td>{e(_attempts_cell(r))}</td><td>{link}</td></tr>")
     body.append("</tbody></table></div>")
     style = ("body{font-family:system-ui,sans-serif;margin:1.2em;max-width:1400px}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}")

@@ -293,7 +293,8 @@ class LiveWatch:
             if when == "seen" and seen < count:
                 continue  # not yet: a line a healthy start prints a few times
             hit = {"pattern": rule["pattern"], "means": rule["means"], "line": line.strip()[:500], "when": when,
-                   "fix": rule.get("fix") or "", "seen": seen, "stop": rule.get("stop") or "early_abort"}
+                   "fix": rule.get("fix") or "", "seen": seen, "stop": rule.get("stop") or "early_abort",
+                   "retry": rule.get("retry")}
             if when == "seen" and seen > count:
                 continue  # acted on at its count-th line already
             self.log_hits.append(hit)

@@ -30,7 +30,7 @@ _REL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
 GLOB_RE = re.compile(r"[A-Za-z0-9_*][A-Za-z0-9._*/-]*")
 #: A suite's job folder: the suite, ``<suite>-r<k>`` for its k-th repeat (``settings.attempt_name``), or one of
 #: its bitwise lane's deterministic jobs (``settings.lane_job``: ``-lane``, ``-ref1``, ``-ref2``).
-_JOB_NAME = r"[a-z0-9_]{1,40}(?:-r[0-9]{1,2}|-lane|-ref[12])?"
+_JOB_NAME = r"[a-z0-9_]{1,40}(?:(?:-r[0-9]{1,2})?(?:-t[0-9]{1,2})?|-lane|-ref[12])"
 _MARKER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,120}/" + _JOB_NAME)
 #: The same shape as a POSIX extended regular expression, whole value (bash's ``[[ =~ ]]`` in sh/lib_gpu.sh reads
 #: another process's job marker with it).
@@ -79,9 +79,10 @@ def validate_suites(value: object, known: Sequence[str] | None = None) -> list[s
 
 
 def validate_suite_name(value: str) -> str:
-    """A suite's name, or the job name of one of its repeats (``<suite>-r<k>``)."""
+    """A suite's name, or the job name of one of its repeats (``<suite>-r<k>``) or retries (``<job>-t<n>``)."""
     if not isinstance(value, str) or not re.fullmatch(_JOB_NAME, value):
-        raise BadInput(f"suite name {value!r} must be lower-case letters, digits or _ (a repeat: <suite>-r<k>)")
+        raise BadInput(f"suite name {value!r} must be lower-case letters, digits or _ (a repeat: <suite>-r<k>; "
+                       "a retry: <job>-t<n>)")
     return value
 
 

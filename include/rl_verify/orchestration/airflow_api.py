@@ -226,6 +226,15 @@ def skip_tasks(conn_id: str, dag_id: str, dag_run_id: str, task_ids: list[str], 
                 continue
 
 
+def set_task_note(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: str) -> None:
+    """Set one task instance's note (the grid marks a task with a note and shows it in its details)."""
+    import airflow_client.client as ac
+
+    with api_client(conn_id) as client:
+        ac.TaskInstanceApi(client).patch_task_instance(dag_id, dag_run_id, task_id,
+                                                       ac.PatchTaskInstanceBody(note=note[:1000]), update_mask=["note"])
+
+
 def fail_task(conn_id: str, dag_id: str, dag_run_id: str, task_id: str, note: str) -> None:
     """Mark one task instance failed (a running one is stopped by Airflow), with ``note`` saying why."""
     import airflow_client.client as ac

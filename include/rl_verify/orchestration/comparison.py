@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
-from rl_verify.core import launch
+from rl_verify.core import launch, retry
 from rl_verify.core.errors import InputError
 from rl_verify.core.live import aborted_result, describe_hit, full_aborted_checks, partial_plot
 from rl_verify.core.model import BITWISE, SuiteResult, infrastructure_class
@@ -27,6 +27,7 @@ from rl_verify.orchestration.confirmation import POINTS_FILE
 from rl_verify.orchestration.contract import Fetched, NodeFolders, Resolved
 from rl_verify.orchestration.nodes import expanded_specs, node_settings, ssh_client, suite_node, version_files
 from rl_verify.orchestration.notify import suite_line, suite_summary
+from rl_verify.orchestration.training_job import ATTEMPTS_FILE, current_job
 from rl_verify.store import baselines, record
 from rl_verify.suites.spec import SuiteSpec
 
@@ -46,12 +47,17 @@ def fetch(suite: str, resolved: Resolved, dag_run_id: str, attempt: int = 0) -> 
     spec = expanded_specs([suite], node_settings(conn), folders["worktree"], resolved.get("baselines"))[0]
     name = settings.attempt_name(suite, attempt)
     with record.workspace(dag_run_id, parts=[name]) as run_dir:
-        return _fetch_into(run_dir / name, name, spec, conn, folders)
+        # The training's last attempt (issue 55): the earlier ones failed as infrastructure and are kept as attempts.
+        tried = list(record.read_json(run_dir / name / ATTEMPTS_FILE) or [])
+        return _fetch_into(run_dir / name, name, spec, conn, folders, tried)
 
 
-def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders) -> Fetched:
+def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: NodeFolders,
+                tried: list[dict[str, Any]]) -> Fetched:
+    job = current_job(suite, tried)
     with ssh_client(conn) as client:
-        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=suite)
+        meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=job)
+    meta["job"] = job
     meta["expected_steps"] = spec.expected_steps
     abort = record.read_json(dest / "abort.json") or {}
     hit = abort.get("log_rule") if abort.get("applied") and not abort.get("certain") else None
@@ -87,6 +93,8 @@ def _fetch_into(dest: Path, suite: str, spec: SuiteSpec, conn: str, folders: Nod
     if meta["other_experiments"]:
         log.warning("Several experiment folders in %s; using the newest, ignoring: %s",
                     meta["work_dir"], ", ".join(meta["other_experiments"]))
+    if meta["problems"] and tried:  # every attempt, by name (issue 55): the report's finding says what each met
+        meta["problems"].append(f"{len(tried)} attempt(s): " + " | ".join(retry.describe(tried)))
     record.write_json(dest / "fetch.json", meta)
     if meta["problems"]:
         # Not retried: the files on the node will not change by asking again.

@@ -20,6 +20,7 @@ from rl_verify.core.names import repeat_seed
 from rl_verify.engines import engine_of, load_suite
 from rl_verify.orchestration import bitwise_lane, spread_history
 from rl_verify.orchestration.nodes import version_files
+from rl_verify.orchestration.training_job import ATTEMPTS_FILE
 from rl_verify.store import baselines, record
 from rl_verify.suites.spec import SuiteSpec
 
@@ -81,7 +82,7 @@ def _decision(run_dir: Path, spec: SuiteSpec, budget: int, dag_run_id: str,
 def _confirm_parts(suite: str) -> list[str]:
     return ["commit.json", settings.STOPPED_BY_BISECTION_FILE, f"{suite}/{baselines.RECORD_FOLDER}"] + [
         f"{settings.attempt_name(suite, k)}/{name}" for k in range(settings.MAX_REPEATS + 1)
-        for name in (POINTS_FILE, "result.json", "fetch.json")]
+        for name in (POINTS_FILE, "result.json", "fetch.json", ATTEMPTS_FILE)]
 
 
 def repeat_gate(suite: str, attempt: int, dag_run_id: str) -> bool:
@@ -157,7 +158,9 @@ def _run_summary(run_dir: Path, resolved: Mapping[str, Any], suite: str, attempt
             "failure_class": result.get("failure_class"),
             "seed": resolved.get("seed") if attempt == 0 else repeat_seed(resolved.get("run_key", ""), attempt),
             "steps": fetched.get("steps"), "expected_steps": fetched.get("expected_steps"),
-            "record": f"{resolved.get('record', '')}/{name}"}
+            "record": f"{resolved.get('record', '')}/{name}",
+            # its attempts after infrastructure failures (issue 55), when it had any
+            "attempts": list(record.read_json(run_dir / name / ATTEMPTS_FILE) or [])}
 
 
 def _estimates(run_dir: Path, spec: SuiteSpec, budget: int) -> dict[str, Any]:

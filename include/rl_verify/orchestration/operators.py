@@ -15,20 +15,21 @@ from datetime import timedelta
 from typing import Any, Iterator
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
 from rl_verify import settings
-from rl_verify.core import evidence
+from rl_verify.core import evidence, retry
 from rl_verify.core.model import BITWISE
 from rl_verify.core.names import repeat_seed, short_sha
 from rl_verify.engines import load_suite
 from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.node import remote
-from rl_verify.orchestration import bitwise_lane
+from rl_verify.orchestration import airflow_api, bitwise_lane
 from rl_verify.orchestration.contract import Resolved
 from rl_verify.orchestration.nodes import expanded_spec, node_launcher, node_settings, ssh_client, suite_node
-from rl_verify.orchestration.training_job import live_check_config, record_early_abort, training_failure
+from rl_verify.orchestration.training_job import (ATTEMPTS_FILE, attempts, cause_of, current_job, live_check_config,
+                                                  log_tail, record_early_abort, retry_policy, training_failure)
 from rl_verify.orchestration.triggers import RLJobTrigger
 from rl_verify.store import record, references
 from rl_verify.suites.spec import SuiteSpec
@@ -39,9 +40,11 @@ class SuiteTrainingOperator(BaseOperator):
 
     Owned on public interfaces only: the SSH provider's ``SSHHook`` (through
     ``orchestration.nodes.ssh_client``) to launch, :class:`rl_verify.orchestration.triggers.RLJobTrigger` to watch.
-    A job's identity is (DAG run, suite), not the try: the job folder is
-    ``<run_dir>/jobs/<suite>``. A retried, cleared or restarted task re-attaches to the live job
-    (or takes the finished one as is) instead of launching a second training; a live job of
+    A job's identity is (DAG run, suite, attempt), not the try: the job folder is ``<run_dir>/jobs/<suite>``, and
+    ``<suite>-t<n>`` for the n-th attempt after infrastructure failures (issue 55: the retry policy
+    ``core.retry`` decides in the task, after the failed attempt's processes are proven gone; every attempt is kept
+    in the record's ``attempts.json``). A retried, cleared or restarted task re-attaches to the live job of the
+    current attempt (or takes the finished one as is) instead of launching a second training; a live job of
     another run makes the launch fail with "node busy" instead of launching.
     """
 
@@ -89,7 +92,10 @@ class SuiteTrainingOperator(BaseOperator):
             self._defer_full(context)
 
     def _defer_full(self, context: Any) -> None:
-        node, job_dir, marker, live = self._launch_or_attach(context)
+        try:
+            node, job_dir, marker, live = self._launch_or_attach(context)
+        except _TrainingLost as lost:  # an earlier try's job ended without an exit code: an attempt that failed
+            self._failed_attempt(context, {}, AirflowFailException(str(lost)))
         self.defer(trigger=RLJobTrigger(ssh_conn_id=node, job_dir=job_dir, job_marker=marker,
                                         poll_interval=self.poll_interval_s,
                                         max_reconnect_attempts=self.max_reconnect_attempts, live=live,
@@ -243,8 +249,9 @@ class SuiteTrainingOperator(BaseOperator):
                               self.suite, settings.fetch_task(self.suite, self.attempt))
             for line in (event.get("log_chunk") or "").splitlines():
                 self.log.info("[remote] %s", line)
-            if failure is not None:
-                raise failure
+            if failure is not None:  # tried again in this task (it defers again), or raised naming every attempt
+                self._failed_attempt(context, event, failure)
+            self._note_deciding_attempt(context)
             entry = self._lane_entry(context, repeats_too=True)
             made = record.get_json(context["run_id"], f"{self.suite}/{bitwise_lane.LANE_FILE}",
                                    dag_id=context["dag_run"].dag_id) if entry else None
@@ -257,8 +264,92 @@ class SuiteTrainingOperator(BaseOperator):
                               "its run" if self.attempt == 0 else f"repeat {self.attempt}, the run that ran to its "
                               "end", entry["steps"])
                 if self.spec.evidence is not None:
-                    self._read_evidence(context, self.job_name, "full")
+                    self._read_evidence(context, current_job(self.job_name, self._attempts(context)), "full")
                 self._defer_lane(context, "ref1", None, "reference_first")
+
+    # --- attempts after infrastructure failures (issue 55: core.retry) ----------------------------------------
+
+    def _attempts(self, context: Any) -> list[dict[str, Any]]:
+        return attempts(context["run_id"], self.record_as, context["dag_run"].dag_id)
+
+    def _failed_attempt(self, context: Any, event: dict[str, Any], failure: AirflowException) -> None:
+        """The current attempt failed (``failure``): keep it in the record. When the policy tries it again and the
+        failed attempt's processes are proven gone, train the next attempt in a job folder of its own, in this same
+        task (its node's pool slot kept; the task defers again); else raise ``failure``, naming every attempt."""
+        run_id, dag_id = context["run_id"], context["dag_run"].dag_id
+        tried = self._attempts(context)
+        job = current_job(self.job_name, tried)
+        earlier = [a for a in tried if a.get("retried")]
+        conn, folders = suite_node(self.resolved, self.suite)
+        cause = cause_of(self.spec, event, failure)
+        go, decision = retry.decide(retry_policy(), earlier, cause, conn)
+        entry: dict[str, Any] = {"attempt": len(earlier) + 1, "job": job, "node": conn, "kind": cause.kind,
+                                 "why": cause.why, "decision": decision, "retried": False, "decided": True,
+                                 "ended_at": time.time(), "log": log_tail(event)}
+        if go:
+            clean, said = self._stop_attempt(conn, folders["run_dir"], job)
+            entry["stopped"] = said
+            if not clean:
+                go, entry["decision"] = False, ("not tried again: the failed attempt's processes could not be "
+                                                "proven gone (" + "; ".join(said[-3:]) + ")")
+        if go:
+            abort = record.get_json(run_id, f"{self.record_as}/abort.json", dag_id=dag_id)
+            if abort:  # the next attempt's fetch must not read this attempt's stop
+                entry["abort"] = abort
+                record.put_json(run_id, f"{self.record_as}/abort.json", {}, dag_id=dag_id)
+            entry.update(retried=True, decided=False)
+        # A task cleared after its last attempt failed for good ends that attempt again: one entry, not two.
+        kept = [a for a in tried if a.get("retried") or a.get("job") != job]
+        record.put_json(run_id, f"{self.record_as}/{ATTEMPTS_FILE}", [*kept, entry], dag_id=dag_id)
+        lines = retry.describe([*kept, entry])
+        self._note_attempts(context, lines)
+        if not go:
+            self.log.error("%s: %s", self.suite, " | ".join(lines))
+            raise AirflowFailException(f"{failure} [" + " | ".join(lines) + "]") from None
+        following = settings.retry_job(self.job_name, entry["attempt"] + 1)
+        self.log.warning("%s: attempt %d failed as infrastructure (%s): %s. %s; the node is clean (%s). Attempt %d "
+                         "trains as job %s in %d s", self.suite, entry["attempt"], cause.kind, cause.why, decision,
+                         "; ".join(said[-2:]) or "nothing was left", entry["attempt"] + 1, following,
+                         retry_policy().delay_s)
+        time.sleep(retry_policy().delay_s)
+        self._defer_full(context)
+
+    def _note_attempts(self, context: Any, lines: list[str]) -> None:
+        """The task's note in the grid: its attempts (issue 55). Best effort: the record and the log have them."""
+        try:
+            airflow_api.set_task_note(settings.AIRFLOW_API_CONN_ID, context["dag_run"].dag_id, context["run_id"],
+                                      self.task_id, "Infrastructure attempts: " + " | ".join(lines))
+        except Exception as err:
+            self.log.warning("Could not set the task's note (%s: %s); the attempts are in this log and the record",
+                             type(err).__name__, str(err).splitlines()[0][:200] if str(err) else "")
+
+    def _stop_attempt(self, conn: str, run_dir: str, job: str) -> tuple[bool, list[str]]:
+        """Stop a failed attempt's job and prove it gone before the next starts: (clean, what the stop said).
+        A stop that cannot run, or that leaves a process (a ``LEFT`` line), is no proof."""
+        job_dir = remote.RunLayout(run_dir).job_dir(job)
+        try:
+            with ssh_client(conn) as client:
+                status, out, err = _run(client, launchers.launcher_for(node_launcher(conn)).stop(
+                    job_dir, remote.job_marker(self.resolved["run_key"], job)))
+        except Exception as err:  # unreachable: no proof, no second training
+            return False, [f"the stop could not run: {type(err).__name__}: {str(err)[:200]}"]
+        said = [line.strip() for line in out.splitlines() if line.strip()]
+        if status != 0:
+            return False, [*said, f"the stop exited {status}: {err.strip()[-200:]}"]
+        return not any(line.startswith("LEFT") for line in said), said
+
+    def _note_deciding_attempt(self, context: Any) -> None:
+        """After failed attempts, the one whose job ended as the training's end (it trained) is kept last."""
+        tried = self._attempts(context)
+        if not tried or not tried[-1].get("retried"):
+            return
+        job, conn = current_job(self.job_name, tried), suite_node(self.resolved, self.suite)[0]
+        every = [*tried, {"attempt": len(tried) + 1, "job": job, "node": conn, "kind": None, "why": "",
+                          "retried": False, "decided": True, "ended_at": time.time()}]
+        record.put_json(context["run_id"], f"{self.record_as}/{ATTEMPTS_FILE}", every, dag_id=context["dag_run"].dag_id)
+        self._note_attempts(context, retry.describe(every))
+        self.log.info("%s: attempt %d (job %s) ran after %d attempt(s) failed as infrastructure; its training decides "
+                      "the suite", self.suite, len(tried) + 1, job, len(tried))
 
     def _reference_begun(self, context: Any) -> bool:
         """Whether an earlier training of this suite in this run already began its reference (a repeat's question:
@@ -285,7 +376,9 @@ class SuiteTrainingOperator(BaseOperator):
         """Launch the suite's job, or find this run's; return (node, job dir, job marker, live check config)."""
         resolved: Resolved = self.resolved
         seed = resolved.get("seed") if self.attempt == 0 else repeat_seed(resolved["run_key"], self.attempt)
-        conn, job_dir, marker, work_dir, spec = self._start(context, self.job_name, self.spec, seed,
+        # A retry trains the same run again (its seed too) in a job folder of its own.
+        job = current_job(self.job_name, self._attempts(context))
+        conn, job_dir, marker, work_dir, spec = self._start(context, job, self.spec, seed,
                                                             evidence=self._wants_evidence(context))
         version = (resolved.get("baselines") or {}).get(self.suite) or {}
         with ssh_client(conn) as client:
@@ -377,19 +470,22 @@ class SuiteTrainingOperator(BaseOperator):
                     raise AirflowFailException(f"Slurm refused the {job} job: {err.strip()}")
                 if status != 0:
                     raise RuntimeError(f"could not submit the {job} job (exit {status}): {err.strip()}")
+                training = job in settings.attempt_jobs(self.job_name)
                 self.log.info("Launched %s %s: job %s, WORK_DIR %s%s", self.suite,
-                              "training" if job == self.job_name else f"deterministic job {job}", job_dir, work_dir,
+                              "training" if training else f"deterministic job {job}", job_dir, work_dir,
                               f"; Slurm {out.strip()} in partition {launcher['partition']}"
                               if chosen.kind == launchers.SLURM else "")
             elif once and state in ("dead", "finished", "ended"):
                 raise _JobEnded(f"the deterministic job {job} of this run already ended ({state}) in an earlier try")
             elif state in ("dead", "ended"):
                 # Started, no exit code, no process: killed (or the node rebooted, or Slurm ended it). Waiting for it
-                # would only run into the timeout; relaunching would be a second training.
-                raise AirflowFailException(f"the {job} job of this run ({job_dir}) " + (
+                # would only run into the timeout; relaunching in its folder would be a second training (a retry
+                # policy's new attempt has a folder of its own).
+                raise (_TrainingLost if job in settings.attempt_jobs(self.job_name) else AirflowFailException)(
+                    f"the {job} job of this run ({job_dir}) " + (
                     f"was ended by Slurm without an exit code ({launchers.end_class(said)}: {said})"
                     if state == "ended" else "died without an exit code (killed or node restarted)")
-                    + "; not launching a second training")
+                    + "; not launching a second training in its folder")
             else:
                 self.log.info("Re-attaching to the %s job of this run (%s)%s: no second training", state, job_dir,
                               f" ({said})" if said else "")
@@ -402,6 +498,10 @@ class SuiteTrainingOperator(BaseOperator):
             return None
         return record.get_json(context["run_id"], f"{self.job_name}/{settings.STOP_EARLY_FILE}",
                                dag_id=context["dag_run"].dag_id) or None
+
+
+class _TrainingLost(Exception):
+    """The training's job of this attempt, launched by an earlier try, ended without an exit code."""
 
 
 class _JobEnded(Exception):
@@ -440,5 +540,5 @@ def job_state(client: Any, job_dir: str, launcher: dict[str, Any] | None = None)
 def _refuse_if_busy(client: Any, runs_root: str, key: str, suite: str) -> None:
     status, out, err = _run(client, remote.prerequisites_script([], runs_root, key, own_suite=suite))
     busy = node.parse_prerequisites(out).busy
-    if busy:
-        raise RuntimeError("; ".join(busy) + " — not launching a second training on this node")
+    if busy:  # the node's own state: asking again in seconds finds it busy again (core.retry: a node cause)
+        raise AirflowFailException("; ".join(busy) + " — not launching a second training on this node")

@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from rl_verify import settings
 from rl_verify.core import bisect
 from rl_verify.core.names import run_key, short_sha
+from rl_verify.core.report.words import attempt_lines
 from rl_verify.orchestration import airflow_api, bisection, links
 from rl_verify.orchestration.probe_trigger import ProbesTrigger
 from rl_verify.orchestration.verification_history import suite_outcome
@@ -72,7 +73,14 @@ def probe_reading(run_id: str, plan: Mapping[str, Any]) -> tuple[bisect.Reading,
                why=(first.get("outcome") or {}).get("reason") or first.get("verdict") or "")
     row.update(followed_error(rows, plan.get("metrics") or []))
     row["aborted_at"] = aborted_at(rows)
+    row["attempts"] = infra_attempts(rows)
     return reading, row
+
+
+def infra_attempts(rows: list[Mapping[str, Any]]) -> list[str]:
+    """Every attempt after an infrastructure failure in a probe's report (issue 55), one line each, named by suite:
+    what the evidence table shows beside the probe's outcome (empty: every training ran at its first attempt)."""
+    return [f"{r['suite']}: {line}" for r in rows for line in attempt_lines((r.get("outcome") or {}).get("runs") or [])]
 
 
 def aborted_at(rows: list[Mapping[str, Any]]) -> dict[str, str]:

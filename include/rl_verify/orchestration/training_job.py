@@ -1,16 +1,22 @@
 """What the training task hands its trigger and what a watched job's end means for the task
 (``operators.SuiteTrainingOperator``): the live check's config with its baseline read in the worker, the exception a
-job's end raises, and the live check's finding kept in the run's record."""
+job's end raises, the live check's finding kept in the run's record, and the training's attempts after
+infrastructure failures (issue 55: ``core.retry``'s policy, every attempt kept in ``<folder>/attempts.json``)."""
 
 from __future__ import annotations
 
+import functools
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from rl_verify import settings
+from rl_verify.core import launch, retry
 from rl_verify.engines import engine_of, live_config
+from rl_verify.node import launcher as launchers
 from rl_verify.node import ops as node
 from rl_verify.store import record
 from rl_verify.store.baselines import RECORD_FOLDER
@@ -18,6 +24,52 @@ from rl_verify.suites.spec import SuiteSpec
 
 #: The most of a baseline tracker on the node's share read for the live check.
 LIVE_BASELINE_MAX_BYTES = 64 << 20
+#: A training's attempts (issue 55), in its record folder: one entry per attempt that failed, then the last.
+ATTEMPTS_FILE = "attempts.json"
+#: The job's last log lines kept with a failed attempt.
+ATTEMPT_LOG_LINES = 40
+
+
+@functools.cache
+def retry_policy() -> retry.Policy:
+    """The infrastructure retry policy: ``settings.INFRA_RETRY_FILE``, its count replaced by
+    RL_VERIFY_INFRA_RETRIES; a malformed file raises ValueError naming the field."""
+    data = json.loads(settings.INFRA_RETRY_FILE.read_text())
+    policy = retry.Policy.from_dict(data, settings.INFRA_RETRIES)
+    if policy.retries > settings.MAX_INFRA_RETRIES:
+        raise ValueError(f"{settings.INFRA_RETRY_FILE}: retries {policy.retries}: give 0..{settings.MAX_INFRA_RETRIES}")
+    return policy
+
+
+def attempts(run_id: str, folder: str, dag_id: str | None = None) -> list[dict[str, Any]]:
+    """The training's attempts so far (``<folder>/attempts.json`` in the run's record; [] before any failed)."""
+    return list(record.get_json(run_id, f"{folder}/{ATTEMPTS_FILE}", dag_id=dag_id) or [])
+
+
+def current_job(name: str, tried: list[dict[str, Any]]) -> str:
+    """The job the training ``name`` runs now: the next attempt's after each attempt that was tried again."""
+    return settings.retry_job(name, 1 + sum(1 for a in tried if a.get("retried")))
+
+
+def cause_of(spec: SuiteSpec, event: dict[str, Any], failure: BaseException) -> retry.Cause:
+    """The cause of a failed attempt (``core.retry.classify``): the log rule that ended it (its own ``retry``
+    kind), Slurm's end of the job, else the failure's words and the job's last lines."""
+    hit = (event.get("live") or {}).get("log_rule") or {}
+    kind = hit.get("retry") or next((r.retry for r in spec.log_rules if r.pattern == hit.get("pattern")), None)
+    said = event.get("scheduler") if isinstance(event.get("scheduler"), dict) else {}
+    words = launchers.end_class(said["detail"]) if said.get("state") == "ended" and said.get("detail") else None
+    message = str(failure)
+    said = launch.last_lines(event.get("log_chunk") or "", 1)
+    if said and "see the [remote] lines" in message:  # the job's own last words say more than its exit code
+        message = message.replace("see the [remote] lines below", f"its last line: {said[0][:200]}")
+    if words is None and event.get("status") == "scheduler":
+        words = next((w for w in retry_policy().scheduler_ends if w in message), None)
+    return retry.classify(retry_policy(), message, event.get("log_chunk") or "", kind, words)
+
+
+def log_tail(event: dict[str, Any]) -> list[str]:
+    """The job's last log lines of a trigger's event, kept with its attempt."""
+    return (event.get("log_chunk") or "").splitlines()[-ATTEMPT_LOG_LINES:]
 
 
 def live_check_config(spec: SuiteSpec, client: Any, version: dict[str, Any], work_dir: str, early_abort: bool,

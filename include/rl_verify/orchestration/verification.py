@@ -30,7 +30,8 @@ from rl_verify.core.report import environment_line
 from rl_verify.engines import engine_of
 from rl_verify.node import ops as node
 from rl_verify.node import placement, remote
-from rl_verify.orchestration import airflow_api, bitwise_lane, hand_end, notify, unchanged, verification_history
+from rl_verify.orchestration import (airflow_api, bitwise_lane, hand_end, notify, training_job, unchanged,
+                                     verification_history)
 from rl_verify.orchestration.contract import Card, Prerequisites, Resolved
 from rl_verify.orchestration.nodes import (is_slurm, check_nodes, expanded_specs, no_retry_on, node_launcher,
                                            node_needs, node_problems, node_settings, pool_problems, ssh_client,
@@ -278,7 +279,7 @@ def experiment_card(resolved: Resolved, prereq: Prerequisites, dag_run_id: str,
         repeats = resolved.get("repeats")
         sections = card.card_sections(specs, prereq["ok"], resolved.get("suite_nodes") or resolved["node"],
                                       engines.criteria(specs, data_path), {s: v["label"] for s, v in versions.items()},
-                                      repeats)
+                                      repeats, training_job.retry_policy().retries)
         fingerprint = card.experiment_fingerprint(specs, lambda spec: json.loads(data_path(spec).read_text()),
                                                   {s: v["version"] for s, v in versions.items()}, repeats)
         markdown = card.render_card(resolved, sections, dag_run_id, fingerprint, notes)
@@ -338,7 +339,8 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
             folders = suite_node(resolved, suites[0])[1]
             # Every job the run may have started on this node (a Slurm target cancels each, and any job by the run's
             # name); an SSH node stops the run's processes by their marker.
-            names = [settings.attempt_name(s, k) for s in suites for k in range(settings.MAX_REPEATS + 1)] + \
+            names = [job for s in suites for k in range(settings.MAX_REPEATS + 1)
+                     for job in settings.attempt_jobs(settings.attempt_name(s, k))] + \
                 [settings.lane_job(s, which) for s in suites for which in settings.LANE_JOBS]
             with ssh_client(conn) as client:
                 done = node.cleanup(client, folders["run_dir"], resolved["run_key"], node_launcher(conn), names)
@@ -352,7 +354,8 @@ def cleanup(resolved: Resolved | None, dag_run_id: str, failed_tasks: list[str] 
                     if (dest / "fetch.json").exists():
                         continue
                     spec = expanded_specs([suite], node_settings(conn), folders["worktree"])[0]
-                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=name)
+                    job = training_job.current_job(name, training_job.attempts(dag_run_id, name))
+                    meta = node.fetch_suite(client, spec, remote.RunLayout(folders["run_dir"]), dest, job=job)
                     record.write_json(dest / "fetch.json", {**meta, "problems": meta["problems"] or
                                                             ["collected by cleanup after a failure"]})
         record.write_json(run_dir / CLEANUP_FILE, {"gpus": gpus})  # the report (written next) states them

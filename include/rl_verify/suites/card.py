@@ -41,12 +41,14 @@ def threshold_text(rule: Rule) -> str:
 
 def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, str]],
                   node: str | Mapping[str, str], criteria_of: Mapping[str, list[str]],
-                  versions: Mapping[str, str] | None = None, repeats: int | None = None) -> dict[str, list[str]]:
+                  versions: Mapping[str, str] | None = None, repeats: int | None = None,
+                  infra_retries: int | None = None) -> dict[str, list[str]]:
     """The card's four sections as Markdown lines (no commit, no date: these are fingerprinted).
 
     ``node``: the one node of every suite, or ``{suite: node}``. ``criteria_of``: suite -> its engine's
     acceptance criteria (``Engine.criteria``, from the data it is judged with); ``versions``: suite ->
-    its baseline version, in words; ``repeats``: the extra runs a suite may take to confirm a FAIL.
+    its baseline version, in words; ``repeats``: the extra runs a suite may take to confirm a FAIL;
+    ``infra_retries``: the retry policy's attempts after an infrastructure failure (issue 55).
     """
     versions = versions or {}
     specs = list(specs)
@@ -81,6 +83,17 @@ def card_sections(specs: Iterable[SuiteSpec], verified: Iterable[Mapping[str, st
                      "measured spread) is final at once.")
     elif repeats == 0:
         scale += ["", "Confirmation off: each suite's first run's verdict is final (no extra training)."]
+    if infra_retries:
+        scale += ["", "Infrastructure: a training that fails as infrastructure for a passing cause (a crash at launch, "
+                      "a teacher that did not come up, a stall, a preemption) is trained again, up to "
+                      f"{infra_retries} "
+                      "more time(s), in a job folder of its own once the failed attempt's processes are proven gone. "
+                      "Never for an accuracy FAIL, bad input, a cancel outside rl-verify, or a second time on a node "
+                      "at fault. The report names every attempt; an infrastructure message goes out only when the "
+                      "retries are spent."]
+    elif infra_retries == 0:
+        scale += ["", "Infrastructure retries off: a training that fails as infrastructure ends its suite FAIL "
+                      "(infrastructure) at once."]
     prereq = ["| suite | kind | path |", "|---|---|---|"]
     prereq += [f"| {v['suite']} | {v['kind']} | `{v['path']}` |" for v in verified]
     return {"目标 goal": goal, "判读标准 acceptance criteria": criteria,

@@ -60,6 +60,10 @@ class LogRule(_Spec):
     #: ``seen`` rules: stop the job only with ``early_abort`` on, or ``always`` (a wait that can never end:
     #: letting it go on only delays the same infrastructure FAIL to the stall watchdog).
     stop: Literal["early_abort", "always"] = "early_abort"
+    #: Whether a training this line ended is tried again (issue 55, ``core.retry``): ``node`` (the node's own
+    #: fault: never again on the same node), ``transient``, ``input`` or ``never``; unset: read from the line's
+    #: words by the retry policy (``data/infra_retry.json``).
+    retry: Literal["transient", "node", "input", "never"] | None = None
 
     @field_validator("pattern")
     @classmethod

@@ -15,7 +15,7 @@ from rl_verify.core.report.content import (INCONCLUSIVE, ReportMeta, commit_item
 from rl_verify.core.report.words import (HEADERS, RESULT_COLUMN, RULE_IN_WORDS, TEXT_COLUMNS, UNCHANGED_COVERS,
                                          check_cells, evidence_lines,
                                          checker_line, estimates_sentence, in_units, pct, plot_caption, sources_line,
-                                         spread_sentences, styles_of)
+                                         attempt_lines, spread_sentences, styles_of)
 from rl_verify.core.spread import DRIFT_WORDS
 
 
@@ -60,6 +60,8 @@ def confirmation_html(outcome: dict[str, Any]) -> list[str]:
                        f"<td>{e(str(seed))}</td><td class=\"{css}\">{e(verdict)}</td><td>{e(steps)}</td>"
                        f"<td>{link}</td></tr>")
         out.append("</table></div>")
+    for line in attempt_lines(runs):
+        out.append(f"<p class=\"attempts\">{e(line)}</p>")
     for sentence in spread_sentences(outcome):
         css = " class=\"abn\"" if sentence.startswith(DRIFT_WORDS) else ""
         out.append(f"<p{css}>{e(sentence)}</p>")

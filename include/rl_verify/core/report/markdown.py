@@ -13,7 +13,7 @@ from rl_verify.core.report.words import (HEADERS, RULE_IN_WORDS, UNCHANGED_COVER
                                          evidence_lines,
                                          checker_line,
                                          estimates_sentence, in_units, md_cell, pct, plot_caption, sources_line,
-                                         spread_sentences, styles_of)
+                                         attempt_lines, spread_sentences, styles_of)
 
 
 def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
@@ -39,6 +39,8 @@ def confirmation_lines(outcome: dict[str, Any]) -> list[str]:
                          f"{r.get('seed') if r.get('seed') is not None else 'node default'} | {verdict} | {steps} | "
                          f"{link} |")
         lines.append("")
+    said = attempt_lines(runs)
+    lines += [*(f"- {line}" for line in said), *([""] if said else [])]
     return lines + spread_sentences(outcome) + ([""] if outcome.get("spread") else [])
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_verify.core import numbers
+from rl_verify.core import numbers, retry
 from rl_verify.core.model import Check, SuiteResult
 from rl_verify.core.spread import DRIFT_WORDS
 
@@ -92,6 +92,18 @@ def estimates_sentence(est: dict[str, Any]) -> str:
             f"{pct(est.get('single_run_false_alarm'))} of the time; after confirmation a healthy verification FAILs "
             f"{pct(est.get('false_alarm'))} of the time, ends INCONCLUSIVE {pct(est.get('inconclusive'))}, and "
             f"takes {est.get('mean_runs', 0):.2f} runs on average.")
+
+
+def attempt_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Each run's attempts after infrastructure failures (issue 55), one line each, for the runs that had any:
+    "Run 1, attempt 1 on rl_gpu_node (job grpo): infrastructure (transient): ...; tried again: ..."."""
+    lines = []
+    for r in runs:
+        tried = r.get("attempts") or []
+        if tried:
+            run = f"Run {int(r.get('attempt') or 0) + 1}"
+            lines += [f"{run}, {line}" for line in retry.describe(tried)]
+    return lines
 
 
 def spread_sentences(outcome: dict[str, Any]) -> list[str]:

@@ -11,7 +11,8 @@ Inputs it honours (all optional outside a simulated node):
   ``trainer.rollout_steps``, as XTuner's trainer takes it (a config that runs another and sets it is honoured);
 - ``RLSIM_NODE`` (the node root): ``sim.json`` (step_seconds, flush_steps, gpus, seed, and the noise
   mode ``noise`` with its ``baseline_error_seed``, see curves.py) and ``faults.json`` (per-suite
-  fault: crash | hang | truncated | nan | slow, with ``at_step``);
+  fault: crash | hang | truncated | nan | slow, with ``at_step``; crash at step 0 dies at launch, before any tracker;
+  ``commit`` and ``times`` narrow it to launches of a commit and to the first ``times`` of them);
 - ``xtuner/rlsim/behaviour.json`` of the checkout it runs from: the regression the commit carries
   (``regression``: a kind of curves.REGRESSIONS or null; optional ``scale`` and ``from_step``: its size and
   the first step it shows at, see curves.regression_applier);
@@ -189,7 +190,30 @@ class Node:
         self.worker_env = str(sim.get("worker_env", "inherited"))
         faults = _read_json(self.root / "faults.json", {}) if self.root else {}
         self.fault = faults.get(suite) or {}
+        if self.fault and not self._fault_applies(suite):
+            self.fault = {}
         self.ray_pid: int | None = None
+
+    def _fault_applies(self, suite: str) -> bool:
+        """A fault with ``commit`` strikes only launches of that commit (a prefix of the checkout's HEAD); with
+        ``times``, only the first ``times`` such launches (a one-off fault: a retry then trains)."""
+        commit = str(self.fault.get("commit") or "")
+        if commit:
+            import subprocess
+
+            head = subprocess.run(["git", "-C", str(HERE), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  check=False).stdout.strip()
+            if not head.startswith(commit):
+                return False
+        times = self.fault.get("times")
+        if times is None or self.root is None:
+            return True
+        # One line per launch the fault matched, appended (O_APPEND): the count survives concurrent launches.
+        counter = self.root / "state" / f"fault-launches-{suite}"
+        counter.parent.mkdir(parents=True, exist_ok=True)
+        with open(counter, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return len(counter.read_text().splitlines()) <= int(times)
 
     def connect_ray(self) -> None:
         """Like ray.init(address='auto'): fail when no head of this node runs."""
@@ -334,6 +358,12 @@ def run(args: argparse.Namespace) -> int:
         teachers = json.loads(raw)
         _check_teachers(teachers)
 
+    if node.fault.get("kind") == "crash" and int(node.fault.get("at_step") or 0) == 0:
+        # at launch: before Ray, before any tracker (what a broken environment or a dead teacher does)
+        print("Traceback (most recent call last):\n  File \"xtuner/v1/train/rl_trainer.py\", line 1, in fit\n"
+              "RuntimeError: NCCL error: unhandled system error (simulated crash fault at launch)",
+              file=sys.stderr, flush=True)
+        return 1
     node.connect_ray()
     work_dir = Path(args.work_dir).resolve()
     exp = _new_exp_dir(work_dir)
