@@ -111,6 +111,7 @@ bench: venv ensure-sshd
 	$(PY) -m scripts.bench_shortcuts
 	$(PY) -m scripts.bench_evidence
 	$(PY) -m scripts.bench_mutation
+	$(PY) -m scripts.bench_retry
 
 lint: venv
 	$(PY) -m compileall -q include dags harness scripts simulator tests

@@ -138,9 +138,15 @@ def test_bad_input_is_refused_before_anything_is_launched_naming_the_param_and_t
 
 def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_unlaunchable_commit_and_cleans_up(
         rig, history):
+    # Issue 55: the culprit's first launch on each node dies at launch, once (a transient infrastructure failure):
+    # its probe trains again instead of reading "could not be judged".
+    for conn in rig.nodes:
+        sim.set_fault(rig.node_state(conn), "opd", "crash", at_step=0, commit=history["culprit"], times=1)
     t0 = datetime.now().astimezone()
     run_id, state, detail = _bisect(rig, {"good": "sim/bisect-good", "bad": "sim/bisect-bad", "suites": ["opd"],
                                           "nodes": f"{CONN_ID},{NODE_B}"}, run_id=RUN_ID)
+    for conn in rig.nodes:
+        sim.clear_faults(rig.node_state(conn), "opd")
     wall = (datetime.now().astimezone() - t0).total_seconds()
     tries = rig.client.task_instance(BISECT_DAG_ID, run_id, "bisect")["try_number"]
     assert state == "success", rig.client.task_log(BISECT_DAG_ID, run_id, "bisect", try_number=tries)[-4000:]
@@ -164,6 +170,11 @@ def test_a_bisection_over_16_commits_on_two_nodes_names_the_culprit_skips_the_un
     probed = [r["sha"] for r in rows if r.get("reading")]
     assert history["good"] in probed and history["bad"] in probed
     assert probed.count(history["culprit"]) >= 2 and probed.count(history["commits"][LAYOUT["culprit"] - 1]) >= 2
+    # The culprit's probe that met the one-off fault shows both attempts in the evidence table.
+    retried = [r for r in rows if r["sha"] == history["culprit"] and r.get("attempts")]
+    assert any("infrastructure (transient)" in r["attempts"][0] and "(job opd-t2): ran" in " ".join(r["attempts"])
+               for r in retried), rows
+    assert "infrastructure attempts" in page_text(rig, run_id) and "opd-t2" in page_text(rig, run_id)
     # Every probe is a verification run with its own report, reachable through the plugin.
     runs = {r["dag_run_id"]: r for r in _probe_runs(rig) if r["dag_run_id"].startswith(f"bisect__{run_key(run_id)}")}
     assert {r["run_id"] for r in rows} <= set(runs)

@@ -659,7 +659,57 @@ def test_crash_with_exit_zero_is_an_infrastructure_failure(main_rig, result):
                   f"fetch_{suite} log does not give both the step count and the exception")
     result.expect("FAIL (infrastructure): " in main_rig.client.task_log(DAG_ID, out.run_id, "verdict"),
                   "verdict log does not name an infrastructure failure")
+    # Issue 55: the crash is on every launch, so the retry policy's one more attempt crashes too, in a job folder
+    # of its own (one training each); the FAIL names both attempts.
+    report = Path(out.summary["report"]["md"]).read_text() if out.summary else ""
+    for said in (f"attempt 1 on rl_gpu_node (job {suite}): infrastructure (transient)",
+                 f"attempt 2 on rl_gpu_node (job {suite}-t2): infrastructure (transient)", "spent"):
+        result.expect(said in report, f"the report does not say {said!r}")
+    result.expect(len(experiment_folders(main_rig, out.run_id, f"{suite}-t2")) == 1,
+                  "the second attempt did not train once in its own folder")
     conclude(main_rig, result, out, suite, state="failed", verdict="FAIL", failure_classes=["infrastructure"])
+
+
+def test_a_crash_at_launch_once_trains_again_in_a_new_job_and_passes_naming_both_attempts(main_rig, result):
+    """Issue 55: the first GRPO launch dies before any tracker; the failed attempt's processes are proven gone,
+    the same run trains again as job grpo-t2 in the same task, and the verification ends PASS with both attempts
+    in its report, the record and the training task's note in the grid."""
+    result.fault = "crash at launch, once (retried)"
+    suite = "grpo"
+    sim.set_fault(_node_state(main_rig), suite, "crash", at_step=0, times=1)
+    result.injected += 1
+    out = run_scenario(main_rig, result, suite)
+    record = Path(out.summary["record"]) if out.summary else None
+    attempts = json.loads((record / suite / "attempts.json").read_text()) if record else []
+    result.expect([(a["job"], a["kind"], a["retried"]) for a in attempts]
+                  == [(suite, "transient", True), (f"{suite}-t2", None, False)], f"attempts {attempts}")
+    result.expect("simulated crash fault at launch" in (attempts[0]["why"] if attempts else ""),
+                  "the first attempt's why does not quote the crash")
+    report = Path(out.summary["report"]["md"]).read_text() if out.summary else ""
+    for said in (f"attempt 1 on rl_gpu_node (job {suite}): infrastructure (transient)",
+                 f"attempt 2 on rl_gpu_node (job {suite}-t2): ran; its training decides the suite"):
+        result.expect(said in report, f"the report does not say {said!r}")
+    note = ti(main_rig, out.run_id, f"run_{suite}").get("note") or ""
+    result.expect(f"(job {suite}-t2)" in note, f"the training task's note does not name the attempts: {note!r}")
+    run_dir = _run_dir(main_rig, out.run_id)
+    result.expect((run_dir / "jobs" / suite).is_dir() and (run_dir / "jobs" / f"{suite}-t2").is_dir(),
+                  "each attempt has no job folder of its own")
+    first, second = (experiment_folders(main_rig, out.run_id, job) for job in (suite, f"{suite}-t2"))
+    result.expect(first == [] and len(second) == 1, f"trainings: first attempt {first}, second {second}")
+    result.expect(int(ti(main_rig, out.run_id, f"run_{suite}").get("try_number") or 0) == 1,
+                  "the retry was an Airflow try, not an attempt inside the task")
+    result.notes.append(f"attempts: {len(attempts)}")
+    leftovers = wait_node_clean(main_rig)
+    result.leftovers, result.duplicates = len(leftovers), 0
+    result.records_lost = len(manifest_problems(out.summary, main_rig, out.run_id, suite))
+    result.expect(record and (record / suite / "tracker.jsonl").is_file(), "the deciding attempt's tracker is not "
+                                                                          "in the record")
+    result.survived = out.state == "success" and (out.summary or {}).get("verdict") == "PASS"
+    result.notes.insert(0, f"{out.state}: {(out.summary or {}).get('verdict')}")
+    result.notes += result.failures
+    assert out.state == "success" and out.summary["verdict"] == "PASS", (out.tasks, out.summary)
+    assert leftovers == [], leftovers
+    assert result.failures == [], result.failures
 
 
 # ----------------------------------------------------------------------------------------------------
