@@ -175,6 +175,24 @@ def test_a_verification_through_slurm_passes_with_the_trainer_inside_the_job(rig
     assert "Slurm partition gpu is up" in _log(rig, out.run_id, "check_prerequisites")
 
 
+def test_a_crash_at_launch_once_trains_again_as_a_new_slurm_job_after_the_first_is_gone(rig):
+    """Issue 55 on Slurm: the first job dies at launch (a one-off fault of the simulated node); its job is proven
+    gone (the launcher's stop) before a second job, with a folder and a marker of its own, trains and PASSes."""
+    sim.set_fault(rig.node_state(), "grpo", "crash", at_step=0, times=1)
+    out = rig.run({"commit": "main", "suites": ["grpo"], "node": CONN_ID}, timeout=900)
+    assert out.state == "success" and out.summary["verdict"] == "PASS", rig.client.failures(DAG_ID, out.run_id)
+    first, second = _job_id(rig, out.run_id, "grpo"), _job_id(rig, out.run_id, "grpo-t2")
+    assert first != second
+    ended = {j["id"]: j["state"] for j in rig.slurm.jobs()}
+    assert ended.get(first) not in ACTIVE and ended.get(second) not in ACTIVE, ended
+    attempts = json.loads((Path(out.summary["record"]) / "grpo" / "attempts.json").read_text())
+    assert [(a["job"], a["kind"]) for a in attempts] == [("grpo", "transient"), ("grpo-t2", None)], attempts
+    log = _log(rig, out.run_id, "run_grpo")
+    assert f"Slurm JOB {first} submitted" in log and f"Slurm JOB {second} submitted" in log
+    assert log.index("the node is clean") < log.index(f"Slurm JOB {second} submitted"), log[-3000:]
+    assert "attempt 2 on " in Path(out.summary["report"]["md"]).read_text()
+
+
 def test_an_account_slurm_refuses_is_named_before_the_card_and_nothing_is_submitted(rig):
     before = {j["id"] for j in rig.slurm.jobs()}
     out = rig.run({"commit": "main", "suites": ["grpo"], "node": REFUSED}, decision=None, timeout=600)
