@@ -101,24 +101,26 @@ def _build_share(root: Path) -> None:
     mode = curves.check_noise_mode(sim.get("noise", curves.DEFAULT_NOISE))
     seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
     ratio = curves.check_spread_ratio(sim.get("spread_ratio", 1.0))
+    rho = curves.check_correlation(sim.get("correlation", 0.0))
     base = root / "share" / "baseline"
     if visible("share/baseline/" + GRPO_BASELINE):
         p = base / GRPO_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves, mode, seed, ratio)))
+        p.write_text("".join(json.dumps(r) + "\n" for r in grpo_baseline_rows(curves, mode, seed, ratio, rho)))
     if visible("share/baseline/" + OPD_BASELINE):
         p = base / OPD_BASELINE
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("".join(json.dumps(r) + "\n" for r in opd_baseline_rows(curves, mode=mode, seed=seed,
-                                                                            spread_ratio=ratio)))
+                                                                            spread_ratio=ratio, correlation=rho)))
     # What the baselines were written for: the trainer warns when sim.json was changed behind it.
     (root / "state").mkdir(parents=True, exist_ok=True)
     _write_json(root / "state" / "baseline_noise.json",
-                {"noise": mode, "baseline_error_seed": None if mode == "bounded" else seed})
+                {"noise": mode, "baseline_error_seed": None if mode == "bounded" else seed,
+                 **({"correlation": rho} if rho else {})})
 
 
 def grpo_baseline_rows(curves: ModuleType, mode: str = "bounded", seed: str | None = None,
-                       spread_ratio: float = 1.0) -> list[dict[str, float]]:
+                       spread_ratio: float = 1.0, correlation: float = 0.0) -> list[dict[str, float]]:
     """The GRPO baseline: 45 step-summary rows; eval/accuracy only on the final step (0.9007).
 
     ``mode`` is the node's noise mode and ``seed`` its baseline_error_seed (see curves.baseline_rows:
@@ -126,15 +128,18 @@ def grpo_baseline_rows(curves: ModuleType, mode: str = "bounded", seed: str | No
     ``spread_ratio`` the node's (curves.check_spread_ratio).
     """
     seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
-    return curves.baseline_rows("grpo", mode, baseline_error_seed=seed, spread_ratio=spread_ratio)
+    return curves.baseline_rows("grpo", mode, baseline_error_seed=seed, spread_ratio=spread_ratio,
+                                correlation=correlation)
 
 
 def opd_baseline_rows(curves: ModuleType, steps: int = 25, mode: str = "bounded",
-                      seed: str | None = None, spread_ratio: float = 1.0) -> list[dict[str, float]]:
+                      seed: str | None = None, spread_ratio: float = 1.0,
+                      correlation: float = 0.0) -> list[dict[str, float]]:
     """An OPD baseline tracker around the golden table (step-0 eval row + 25 step-summary rows), exactly
     the golden table at its points; ``mode`` and ``seed`` as for :func:`grpo_baseline_rows` (3-run mean)."""
     seed = curves.DEFAULT_BASELINE_ERROR_SEED if seed is None else seed
-    return curves.baseline_rows("opd", mode, steps=steps, baseline_error_seed=seed, spread_ratio=spread_ratio)
+    return curves.baseline_rows("opd", mode, steps=steps, baseline_error_seed=seed, spread_ratio=spread_ratio,
+                                correlation=correlation)
 
 
 def _build_bin(root: Path) -> None:

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--user", help="foreign-ray / gpu-foreign: the other user (default nobody)")
     f.add_argument("--gpu", type=int, help="gpu-foreign / gpu-held / gpu-error: the GPU's index (default 0)")
     f.add_argument("--mib", type=int, help="gpu-foreign / gpu-held: GPU memory held (MiB)")
+    f.add_argument("--times", type=int, help="strike only the first N launches (a one-off fault: N = 1)")
+    f.add_argument("--commit", help="strike only launches of this commit (a SHA prefix)")
     f.add_argument("--survives-stop", action="store_true",
                    help="foreign-ray: `ray stop --force` cannot kill it (as for an unprivileged SSH user)")
     c = sub.add_parser("clear-faults", help="switch faults off (restores hidden inputs, node traps)")
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--state", required=True, type=Path)
     n.add_argument("--mode", help="bounded | realistic | realistic-t (omit to show the settings)")
     n.add_argument("--baseline-error-seed", help="seed of the baseline's own error (realistic modes)")
+    n.add_argument("--correlation", type=float,
+                   help="step-to-step correlation of a run's training-metric noise, 0 <= rho < 1 (0: independent)")
     a = p.parse_args(argv)
 
     if a.cmd == "start":
@@ -86,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(node_status(a.state), indent=2))
     elif a.cmd == "fault":
         extra = {k: v for k, v in (("factor", a.factor), ("metric", a.metric), ("limit", a.limit),
-                                   ("gpus", a.gpus), ("user", a.user), ("gpu", a.gpu), ("mib", a.mib))
+                                   ("gpus", a.gpus), ("user", a.user), ("gpu", a.gpu), ("mib", a.mib),
+                                   ("times", a.times), ("commit", a.commit))
                  if v is not None}
         if a.survives_stop:
             extra["survives_stop"] = True
@@ -98,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         clear_faults(a.state, a.suite)
         print("faults cleared")
     elif a.cmd == "noise":
-        if a.mode or a.baseline_error_seed:
-            settings = set_noise(a.state, a.mode or noise_settings(a.state)["noise"], a.baseline_error_seed)
+        if a.mode or a.baseline_error_seed or a.correlation is not None:
+            settings = set_noise(a.state, a.mode or noise_settings(a.state)["noise"], a.baseline_error_seed,
+                                 correlation=a.correlation)
         else:
             settings = noise_settings(a.state)
         print(json.dumps(settings))

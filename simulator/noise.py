@@ -21,15 +21,16 @@ def noise_settings(state: Path) -> dict[str, Any]:
     sim = _read_json(_root(state) / "sim.json", {})
     return {"noise": sim.get("noise", curves.DEFAULT_NOISE),
             "baseline_error_seed": str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED)),
-            "spread_ratio": float(sim.get("spread_ratio", 1.0))}
+            "spread_ratio": float(sim.get("spread_ratio", 1.0)), "correlation": float(sim.get("correlation", 0.0))}
 
 
 def set_noise(state: Path, mode: str = "realistic", baseline_error_seed: str | int | None = None,
-              spread_ratio: float | None = None) -> dict[str, Any]:
+              spread_ratio: float | None = None, correlation: float | None = None) -> dict[str, Any]:
     """Switch the node under ``state`` to noise ``mode`` (one of curves.NOISE_MODES), optionally with a
     new ``baseline_error_seed`` (the draw of the baseline's own error: the node's true curve and its
     share's baselines), optionally a ``spread_ratio`` (the node's true run-to-run spread over the assumed
-    one: curves.check_spread_ratio), and return the settings now in force.
+    one: curves.check_spread_ratio), optionally a ``correlation`` (the step-to-step correlation of a run's
+    training-metric noise: curves.check_correlation), and return the settings now in force.
 
     Promises: sim.json holds the settings (they survive a restart of the node); the share's baseline
     trackers are rewritten for them at once (a baseline hidden by a missing-input fault is left
@@ -46,6 +47,8 @@ def set_noise(state: Path, mode: str = "realistic", baseline_error_seed: str | i
         sim["baseline_error_seed"] = str(baseline_error_seed)
     if spread_ratio is not None:
         sim["spread_ratio"] = load_curves().check_spread_ratio(spread_ratio)
+    if correlation is not None:
+        sim["correlation"] = load_curves().check_correlation(correlation)
     _write_json(root / "sim.json", sim)
     _build_share(root)
     return noise_settings(state)

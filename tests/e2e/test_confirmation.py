@@ -154,6 +154,7 @@ def test_a_regression_is_reproduced_by_a_repeat_that_is_aborted_early(rig, node_
     first, repeat = outcome["runs"]
     assert repeat["steps"] < repeat["expected_steps"]  # the repeat stopped as soon as its FAIL was certain
     assert out.summary["verdict"] == "FAIL" and out.summary["failure_classes"] == ["accuracy"]
+    assert not first["attempts"] and not repeat["attempts"]  # issue 55: an accuracy FAIL is never trained again
     _assert_node_clean(node_state)
 
 
@@ -169,6 +170,10 @@ def test_a_nan_and_a_crash_are_never_repeated(rig, node_state, kind, extra, said
     outcome = _outcome(_report(out))
     assert outcome["outcome"] == "FAIL" and "not repeated" in outcome["reason"] and said in outcome["reason"]
     assert len(outcome["runs"]) == 1
+    if kind == "crash":  # issue 55: trained again once as infrastructure (a new job), never as a confirmation repeat
+        assert [a["job"] for a in outcome["runs"][0]["attempts"]] == ["opd", "opd-t2"], outcome["runs"]
+    else:  # a NaN ends the run on its own terms (accuracy rules): no infrastructure attempt
+        assert not outcome["runs"][0]["attempts"], outcome["runs"]
     _assert_node_clean(node_state)
 
 

@@ -33,7 +33,7 @@ def test_realistic_node_writes_the_generators_rows(faults: Node) -> None:
     try:
         assert simnode.set_noise(faults.state, "realistic", "it-7") == {"noise": "realistic",
                                                                        "baseline_error_seed": "it-7",
-                                                                       "spread_ratio": 1.0}
+                                                                       "spread_ratio": 1.0, "correlation": 0.0}
         for suite, rel in (("grpo", "qwen3-rl-lmdeploy/tracker.jsonl"),
                            ("opd", "opd-qwen3-vl-2b-25step/tracker.jsonl")):
             rows, partial = parse((base / rel).read_text())

@@ -384,7 +384,7 @@ def test_set_noise_switches_the_node_and_rewrites_its_baselines(tmp_path: Path) 
         return [json.loads(line) for line in (base / rel).read_text().splitlines()]
 
     assert set_noise(tmp_path, "realistic", 12) == {"noise": "realistic", "baseline_error_seed": "12",
-                                                    "spread_ratio": 1.0}
+                                                    "spread_ratio": 1.0, "correlation": 0.0}
     sim = json.loads((root / "sim.json").read_text())
     assert sim == {"step_seconds": 1.0, "seed": "s", "noise": "realistic", "baseline_error_seed": "12"}
     assert tracker("qwen3-rl-lmdeploy/tracker.jsonl") == curves.baseline_rows("grpo", "realistic",
@@ -400,8 +400,9 @@ def test_set_noise_switches_the_node_and_rewrites_its_baselines(tmp_path: Path) 
                              cwd=REPO, capture_output=True, text=True, check=True)
         return json.loads(res.stdout)
 
-    assert cli() == {"noise": "realistic", "baseline_error_seed": "12", "spread_ratio": 1.0}
-    assert cli("--mode", "bounded") == {"noise": "bounded", "baseline_error_seed": "12", "spread_ratio": 1.0}
+    assert cli() == {"noise": "realistic", "baseline_error_seed": "12", "spread_ratio": 1.0, "correlation": 0.0}
+    assert cli("--mode", "bounded") == {"noise": "bounded", "baseline_error_seed": "12", "spread_ratio": 1.0,
+                                        "correlation": 0.0}
     assert noise_settings(tmp_path)["noise"] == "bounded"
     assert tracker("opd-qwen3-vl-2b-25step/tracker.jsonl") == curves.baseline_rows("opd")
     assert json.loads((root / "state" / "baseline_noise.json").read_text()) == {"noise": "bounded",
@@ -436,3 +437,36 @@ def test_spread_ratio_scales_the_run_noise_and_the_baselines_own_error_and_nothi
     for bad in (0, -1, float("nan"), 11):
         with pytest.raises(ValueError, match="spread_ratio"):
             curves.check_spread_ratio(bad)
+
+
+def _kl_noise(seed: str, rho: float) -> list[float]:
+    """A run's OPD distillation-KL noise over its 25 steps (its row minus the node's truth), in sigmas."""
+    truth = curves.true_means("opd", mode="realistic", baseline_error_seed="c")
+    rows = [r for r in curves.run_rows("opd", seed, None, "realistic", baseline_error_seed="c", correlation=rho)
+            if r["step"] >= 1 and "distillation/reduced_distillation_kl" in r]
+    key = "distillation/reduced_distillation_kl"
+    return [(r[key] - truth[r["step"]][key]) / curves.OPD_SIGMA[key] for r in rows]
+
+
+def test_correlated_noise_is_ar1_at_the_same_marginal_sigma_and_zero_is_todays_rows() -> None:
+    """Issue 51: the noise of a run's training metrics persists from step to step (AR(1), lag-1 correlation rho),
+    every step keeping its sigma; rho = 0 draws exactly the independent mode's rows."""
+    assert curves.run_rows("opd", "s", None, "realistic", correlation=0.0) == curves.run_rows("opd", "s", None,
+                                                                                                 "realistic")
+    series = np.array([_kl_noise(f"ar-{i}", 0.9) for i in range(400)])
+    assert series[:, 0].std() == pytest.approx(1.0, rel=0.12) and series[:, -1].std() == pytest.approx(1.0, rel=0.12)
+    lag1 = np.mean([np.corrcoef(series[:, t], series[:, t + 1])[0, 1] for t in range(5, 20)])
+    assert lag1 == pytest.approx(0.9, abs=0.05)
+    lag5 = np.mean([np.corrcoef(series[:, t], series[:, t + 5])[0, 1] for t in range(0, 19)])
+    assert lag5 == pytest.approx(0.9 ** 5, abs=0.08)
+    independent = np.array([_kl_noise(f"ar-{i}", 0.0) for i in range(400)])
+    assert abs(np.mean([np.corrcoef(independent[:, t], independent[:, t + 1])[0, 1] for t in range(24)])) < 0.05
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(ValueError, match="correlation"):
+            curves.check_correlation(bad)
+
+
+def test_a_correlated_nodes_baselines_carry_the_same_persistence() -> None:
+    rows = curves.baseline_rows("grpo", "realistic", baseline_error_seed="b", correlation=0.9)
+    assert rows != curves.baseline_rows("grpo", "realistic", baseline_error_seed="b")
+    assert rows[-1]["eval/accuracy"] == curves.GRPO_FINAL_EVAL

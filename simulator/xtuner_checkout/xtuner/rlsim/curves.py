@@ -19,9 +19,16 @@ A run is a mean curve per step plus seeded noise, plus the regression its commit
 * ``realistic-t``: the same sigmas with heavier tails: Student-t with T_DF = 5 degrees of freedom
   scaled to unit variance (kurtosis 9); the binomial part and the baseline's error stay normal.
 
-Noise is independent per (metric, step): the runbook gives no step-to-step correlation. (One
+Noise is independent per (metric, step) by default: the runbook gives no step-to-step correlation. (One
 consequence: the GRPO checker's p80-over-45-steps statistics are nearly deterministic, so their
-breach rate changes abruptly with sigma.)
+breach rate changes abruptly with sigma.) Real RL runs are not so: a run whose policy drifts above the mean
+at step t is still above at t + 1. ``correlation`` (sim.json, :func:`check_correlation`, 0 <= rho < 1) makes a
+run's noise on every training metric AR(1) from step to step: e_t = rho e_(t-1) + sqrt(1 - rho^2) z_t, the
+first step's e_1 = z_1, so every step keeps the same marginal sigma and the draws are the independent mode's
+when rho = 0 (the same seeds give the same rows). The baseline's own N-run error is AR(1) with the same rho (a
+mean of such runs is). Eval accuracies keep their independent model-level and binomial parts. REAL_CORRELATION
+is the value argued for real runs (docs/BEHAVIOUR.md): the simulator's default stays 0, the seeds the tests
+chose keep their rows.
 
 OPD sigmas: the runbook's measured max deviations (N=3, 25 steps) read as normal noise
 ----------------------------------------------------------------------------------------
@@ -281,10 +288,23 @@ class Noise:
 
     def __init__(self, seed: str) -> None:
         self._rng = random.Random(seed)
+        #: each AR(1) series' last value (``ar``)
+        self._persist: dict[str, float] = {}
 
     def u(self, half_width: float) -> float:
         """One uniform draw in [-half_width, half_width] (0 when half_width is 0)."""
         return self._rng.uniform(-half_width, half_width) if half_width else 0.0
+
+    def ar(self, key: str, rho: float, mode: str = "realistic") -> float:
+        """One step of ``key``'s AR(1) noise with lag-1 correlation ``rho`` and unit variance: exactly
+        :meth:`z` when ``rho`` is 0 (one draw a call either way, so the draw order never shifts)."""
+        z = self.z(mode)
+        if not rho:
+            return z
+        previous = self._persist.get(key)
+        value = z if previous is None else rho * previous + math.sqrt(1.0 - rho * rho) * z
+        self._persist[key] = value
+        return value
 
     def z(self, mode: str = "realistic") -> float:
         """One unbounded draw with mean 0 and variance 1: standard normal, or for ``realistic-t``
@@ -452,6 +472,20 @@ def check_noise_mode(mode: str) -> str:
     return mode
 
 
+#: The step-to-step correlation argued for real RL runs' training metrics (docs/BEHAVIOUR.md, "Correlated noise");
+#: the simulator's default is 0 (independent), the bench covers 0 to 0.95.
+REAL_CORRELATION = 0.8
+
+
+def check_correlation(value: float) -> float:
+    """Return ``value`` as a float if it is a step-to-step correlation this simulator draws (0 <= rho < 1), else
+    raise ValueError naming it and the range."""
+    rho = float(value)
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"correlation {value!r}: give a step-to-step correlation 0 <= rho < 1 (0: independent)")
+    return rho
+
+
 def check_spread_ratio(value: float) -> float:
     """The node's true run-to-run spread over the spread the baselines and the rule assume (sim.json
     ``"spread_ratio"``, default 1.0): every sigma of SIGMA, the run's noise and the baseline's own error
@@ -531,12 +565,14 @@ def _physical(key: str, value: float) -> float:
     return value
 
 
-def _noisy(suite: str, key: str, true: float, noise: Noise, mode: str, spread_ratio: float = 1.0) -> float:
-    """One run's value of a training metric around its true mean (relative or absolute sigma)."""
+def _noisy(suite: str, key: str, true: float, noise: Noise, mode: str, spread_ratio: float = 1.0,
+           correlation: float = 0.0) -> float:
+    """One run's value of a training metric around its true mean (relative or absolute sigma), its noise AR(1)
+    over the run's steps with ``correlation``."""
     sigma = spread_ratio * SIGMA[suite][key]
     if key in RELATIVE_METRICS:
-        return true * (1.0 + sigma * noise.z(mode))
-    return _physical(key, true + sigma * noise.z(mode))
+        return true * (1.0 + sigma * noise.ar(key, correlation, mode))
+    return _physical(key, true + sigma * noise.ar(key, correlation, mode))
 
 
 def _noisy_eval(suite: str, key: str, true: float, noise: Noise, mode: str, spread_ratio: float = 1.0) -> float:
@@ -553,11 +589,11 @@ def _noisy_eval(suite: str, key: str, true: float, noise: Noise, mode: str, spre
 
 
 def _realistic_row(suite: str, step: int, truth: dict[str, float], noise: Noise, mode: str,
-                   eval_step: bool, spread_ratio: float = 1.0) -> dict[str, float]:
+                   eval_step: bool, spread_ratio: float = 1.0, correlation: float = 0.0) -> dict[str, float]:
     """A realistic step-summary row (eval keys merged on eval steps), before any regression."""
     row = {}
     for key in (grpo_mean(step) if suite == "grpo" else opd_mean(step)):
-        row[key] = _noisy(suite, key, truth[key], noise, mode, spread_ratio)
+        row[key] = _noisy(suite, key, truth[key], noise, mode, spread_ratio, correlation)
     if eval_step:
         for key in _EVAL_KEYS[suite]:
             row[key] = _noisy_eval(suite, key, truth[key], noise, mode, spread_ratio)
@@ -567,7 +603,8 @@ def _realistic_row(suite: str, step: int, truth: dict[str, float], noise: Noise,
 def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: str = DEFAULT_NOISE, *,
              steps: int | None = None, eval_every: int | None = None,
              baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED, regression_scale: float = 1.0,
-             regression_from: int = 0, spread_ratio: float = 1.0) -> list[dict[str, float]]:
+             regression_from: int = 0, spread_ratio: float = 1.0,
+             correlation: float = 0.0) -> list[dict[str, float]]:
     """Every row the simulated trainer writes for one run, in order: the step-0 eval row, then per step
     its two mini-batch rows and its step-summary row (eval keys merged on eval steps).
 
@@ -580,8 +617,9 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     ``regression_scale`` / ``regression_from``: the regression's size (x its kind's shifts) and the first
     training step it shows at (:func:`regression_applier`; behaviour.json's ``scale`` / ``from_step``);
     ``spread_ratio``: the node's true run-to-run spread over the one the baselines assume (SIGMA), see
-    :func:`check_spread_ratio`. The noise draws never depend on the regression: the same seed gives the same
-    noise on every commit.
+    :func:`check_spread_ratio`; ``correlation``: the step-to-step correlation of the run's training-metric noise
+    (:func:`check_correlation`; 0: independent). The noise draws never depend on the regression: the same seed
+    gives the same noise on every commit.
     Bounded mode reproduces the rows of the earlier trainer exactly.
     """
     _check_suite(suite)
@@ -604,7 +642,8 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
     rows = [first]
     for step in range(1, steps + 1):
         rows += _minibatch_rows(step, noise)
-        row = _realistic_row(suite, step, truth[step], noise, mode, step % eval_every == 0, spread_ratio)
+        row = _realistic_row(suite, step, truth[step], noise, mode, step % eval_every == 0, spread_ratio,
+                             check_correlation(correlation))
         apply(regression, step, row)
         if suite == "opd":
             # k1 loss mode: the opd_* aliases are numerically identical to the reduced_* metrics.
@@ -616,8 +655,9 @@ def run_rows(suite: str, seed: str | int, regression: str | None = None, mode: s
 
 def baseline_rows(suite: str, mode: str = DEFAULT_NOISE, *, steps: int | None = None,
                   baseline_error_seed: str = DEFAULT_BASELINE_ERROR_SEED,
-                  spread_ratio: float = 1.0) -> list[dict[str, float]]:
-    """The rows of the node share's baseline tracker of ``suite``.
+                  spread_ratio: float = 1.0, correlation: float = 0.0) -> list[dict[str, float]]:
+    """The rows of the node share's baseline tracker of ``suite`` (``correlation``: its training metrics' N-run
+    error AR(1) over the steps, as the mean of runs that are).
 
     GRPO: 45 step-summary rows, ``eval/accuracy`` only on the last (0.9007, the runbook's value).
     OPD: the step-0 eval row and ``steps`` (25) step-summary rows, eval keys on eval steps.
@@ -636,8 +676,12 @@ def baseline_rows(suite: str, mode: str = DEFAULT_NOISE, *, steps: int | None = 
     rng = Noise(f"{suite}:baseline:{baseline_error_seed}")
     root_n = math.sqrt(BASELINE_RUNS[suite])
 
+    rho = check_correlation(correlation)
+    evals = set(_EVAL_KEYS[suite])
+
     def mean_of_runs(key: str, step: int) -> float:
-        err = spread_ratio * SIGMA[suite][key] / root_n * rng.z("realistic")  # always drawn: the order never shifts
+        # always drawn: the order never shifts
+        err = spread_ratio * SIGMA[suite][key] / root_n * rng.ar(key, 0.0 if key in evals else rho, "realistic")
         true = truth[step][key]
         return true * (1.0 + err) if key in RELATIVE_METRICS else _physical(key, true + err)
 

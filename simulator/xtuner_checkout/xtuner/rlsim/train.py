@@ -178,6 +178,8 @@ class Node:
         self.baseline_error_seed = str(sim.get("baseline_error_seed", curves.DEFAULT_BASELINE_ERROR_SEED))
         #: The node's true run-to-run spread over the assumed one (curves.check_spread_ratio): a noisier node.
         self.spread_ratio = curves.check_spread_ratio(sim.get("spread_ratio", 1.0))
+        #: The step-to-step correlation of a run's training-metric noise (curves.check_correlation): 0 independent.
+        self.correlation = curves.check_correlation(sim.get("correlation", 0.0))
         #: What the share's baseline trackers were last written for (simulator/checkout.py).
         self.share_noise = _read_json(self.root / "state" / "baseline_noise.json", {}) if self.root else {}
         #: Whether deterministic mode reproduces on this node, its environment (driver, packages: part of the
@@ -383,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
     rows = curves.run_rows(suite, seed, regression, node.noise, steps=total, eval_every=eval_every,
                            baseline_error_seed=node.baseline_error_seed,
                            regression_scale=float(behaviour.get("scale", 1.0)),
-                           regression_from=int(behaviour.get("from_step", 0)), spread_ratio=node.spread_ratio)
+                           regression_from=int(behaviour.get("from_step", 0)), spread_ratio=node.spread_ratio,
+                           correlation=node.correlation)
     by_step: dict[int, list[dict]] = {}
     for r in rows:
         by_step.setdefault(r["step"], []).append(r)
@@ -396,7 +399,8 @@ def run(args: argparse.Namespace) -> int:
     _log(f"SIMULATED {suite} run: {total} steps, exp dir {exp}, regression={regression}{shape}, fault={fault or None}, "
          f"noise={node.noise}, seed={seed}" + (", deterministic mode" if deterministic else ""))
     wanted = {"noise": node.noise,
-              "baseline_error_seed": None if node.noise == "bounded" else node.baseline_error_seed}
+              "baseline_error_seed": None if node.noise == "bounded" else node.baseline_error_seed,
+              **({"correlation": node.correlation} if node.correlation else {})}
     if node.root is not None and node.share_noise and node.share_noise != wanted:
         # A hand-edited sim.json: the runs and the share's baselines disagree (simulator.node.set_noise fixes it).
         _log(f"WARNING: share baselines were written for {node.share_noise}, this run uses {wanted}")
