@@ -85,6 +85,10 @@ class Spread:
     #: The most judged points of one metric when the engine's differs from :class:`Rule`'s default (GRPO: one
     #: per training step); the single-point bound is Sidak over that many points per metric.
     points_per_metric: int | None = None
+    #: Per metric, the correlation of its noise at two neighbouring judged points (issue 51: a run's deviation
+    #: persists from step to step). Points k of the metric's spacings apart correlate by correlation^k (AR(1));
+    #: a metric not here is taken as independent from point to point (``core.spread.learn`` learns it).
+    correlation: Mapping[str, float] = field(default_factory=dict)
 
     def df_of(self, metric: str) -> float:
         """The degrees of freedom of ``metric``'s sigma (infinity: taken as exact), rounded to 0.1 (the
@@ -210,9 +214,26 @@ def _tested(spread: Spread) -> list[str]:
     return sorted(spread.sigma)
 
 
+def sum_variance(steps: Sequence[int], correlation: float) -> float:
+    """The variance of the sum of unit-variance terms at ``steps`` whose correlation is ``correlation`` ** k for
+    terms k of the smallest spacing apart (AR(1)); ``len(steps)`` when independent (issue 51)."""
+    n = len(steps)
+    if n < 2 or not correlation:
+        return float(n)
+    rho = min(max(float(correlation), -0.999), 0.999)
+    ordered = sorted(steps)
+    gaps = [b - a for a, b in zip(ordered, ordered[1:])]
+    unit = max(1, min(gaps))
+    if all(g == unit for g in gaps):  # evenly spaced: n + 2 sum_k (n - k) rho^k
+        return n + 2.0 * sum((n - k) * rho ** k for k in range(1, n))
+    return sum(rho ** (abs(a - b) / unit) for a in ordered for b in ordered)
+
+
 def _metric_z(metric: str, repeats: Sequence[RunPoints], spread: Spread) -> tuple[float | None, list[int], float]:
     """The Stouffer z of one metric over the repeats' means at each point (None when no repeat has a point
-    of it), the steps it is over, and its largest point |z|."""
+    of it), the steps it is over, and its largest point |z|. The sum of the points' z is scaled by its own
+    standard deviation: sqrt(points) when they are independent, more when the metric's noise persists from
+    point to point (``Spread.correlation``: neighbouring points then say less than their count)."""
     sigma, n = spread.sigma[metric], spread.runs
     by_step: dict[int, list[float]] = {}
     for r in repeats:
@@ -222,7 +243,8 @@ def _metric_z(metric: str, repeats: Sequence[RunPoints], spread: Spread) -> tupl
     terms = [(sum(v) / len(v)) / (sigma * math.sqrt(1 / len(v) + 1 / n)) for _, v in sorted(by_step.items())]
     if not terms:
         return None, [], 0.0
-    return sum(terms) / math.sqrt(len(terms)), sorted(by_step), max(abs(t) for t in terms)
+    scale = math.sqrt(sum_variance(sorted(by_step), spread.correlation.get(metric, 0.0)))
+    return sum(terms) / scale, sorted(by_step), max(abs(t) for t in terms)
 
 
 def decide(first: RunPoints, repeats: Sequence[RunPoints], spread: Spread | None, rule: Rule = Rule(),
@@ -360,9 +382,10 @@ class Layout:
 
 def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping[str, float] | None = None,
              samples: int = 2000, seed: int = 0, budget: int | None = None) -> dict[str, float]:
-    """Outcome rates and mean runs of the whole procedure (:func:`decide` itself) on simulated runs: normal,
-    independent noise with ``spread``, the reference's own N-run error drawn once per verification, and
-    ``shift`` (metric -> a constant shift at every point) added to every run."""
+    """Outcome rates and mean runs of the whole procedure (:func:`decide` itself) on simulated runs: normal
+    noise with ``spread`` (AR(1) from point to point with its ``correlation``, else independent), the reference's
+    own N-run error drawn once per verification, and ``shift`` (metric -> a constant shift at every point) added
+    to every run."""
     import numpy as np  # kept out of DAG parsing
 
     rng = np.random.default_rng(seed)
@@ -371,14 +394,25 @@ def simulate(layout: Layout, spread: Spread, rule: Rule = Rule(), shift: Mapping
     sig = np.array([spread.sigma[m] for m, _ in keys])
     delta = np.array([(shift or {}).get(m, 0.0) for m, _ in keys])
     thr = np.array([layout.thresholds[m] for m, _ in keys])
+    # AR(1) from point to point within each metric when the spread says its noise persists (issue 51).
+    rho = np.array([spread.correlation.get(m, 0.0) for m, _ in keys])
+    carry = np.array([i > 0 and keys[i - 1][0] == keys[i][0] for i in range(len(keys))]) & (rho != 0)
     counts = {REPRODUCED: 0, NOT_REPRODUCED: 0, INCONCLUSIVE: 0, PASS: 0, FAIL: 0}
     runs_used = 0
     limit = rule.budget if budget is None else budget
+
+    def noise(scale: Any) -> Any:
+        z = rng.normal(0, 1, len(keys))
+        if carry.any():
+            for i in np.flatnonzero(carry):
+                z[i] = rho[i] * z[i - 1] + math.sqrt(1 - rho[i] ** 2) * z[i]
+        return z * scale
+
     for _ in range(samples):
-        reference_error = rng.normal(0, sig / math.sqrt(spread.runs))
+        reference_error = noise(sig / math.sqrt(spread.runs))
 
         def run() -> RunPoints:
-            d = rng.normal(0, sig) - reference_error + delta
+            d = noise(sig) - reference_error + delta
             over = {m for m, q in layout.percentiles.items() if m in metrics
                     and np.percentile(np.abs([v for (k, _), v in zip(keys, d) if k == m]), q) >= layout.thresholds[m]}
             pts = [Point(m, s, float(v), float(t), bool(abs(v) >= t) and (m not in layout.percentiles or m in over))

@@ -25,6 +25,18 @@ Pooled: ``sigma^2 = (df0 s0^2 + SS_repeats + SS_history) / (df0 + df_repeats + d
 point). A metric's learned variance (repeats and history alone) is compared with the prior's by a
 two-sided F test, Sidak-corrected over the metrics with data: the **drift alarm**, information for a
 person (a noisier node, a changed library), not a FAIL.
+
+**Step-to-step correlation** (issue 51). A run's deviation persists from step to step (a policy that drifts
+above the mean at step t is still above at t + 1), so a run's points are not independent draws. From the same
+residuals (each point's deviation from the per-point mean), the correlation of neighbouring judged points of a
+run is estimated per metric (pooled lag-1 products), shrunk toward a conservative prior
+(:data:`CORRELATION_PRIOR`, worth :data:`CORRELATION_PRIOR_PAIRS` pairs: with no data the rule assumes strong
+persistence, so a cold node never overstates its evidence), and then used twice: the confirmation's Stouffer
+sums are scaled by their own standard deviation (``core.confirm.sum_variance``), and the data's degrees of
+freedom count effective points, ``(1 - rho^2) / (1 + rho^2)`` of each run's points (Bartlett: correlated squares
+carry less information about the variance). With independent points (rho = 0, no correlation learned or given)
+everything is as before. The history's older and newer halves are compared too: a learned correlation that
+moved raises a drift alarm.
 """
 
 from __future__ import annotations
@@ -56,19 +68,40 @@ class Past:
     runs: tuple[RunPoints, ...] = ()
 
 
+#: The step-to-step correlation of neighbouring judged points the rule assumes while it has no data (issue 51):
+#: conservative (strong persistence: a sum of points then weighs little), and worth this many pairs of
+#: neighbouring residuals against the data's.
+CORRELATION_PRIOR = 0.9
+CORRELATION_PRIOR_PAIRS = 20
+
+
 @dataclass(frozen=True)
 class Squares:
     """Per metric: the sum of squared deviations from the per-point means, its degrees of freedom, and the
-    runs it came from."""
+    runs it came from; and for the step-to-step correlation, the sums over neighbouring points of a run of
+    ``r_i r_(i+1)``, ``r_i^2`` and ``r_(i+1)^2`` and their count (``lag``: metric -> [xy, xx, yy, pairs])."""
 
     ss: Mapping[str, float] = field(default_factory=dict)
     df: Mapping[str, int] = field(default_factory=dict)
     runs: int = 0
+    lag: Mapping[str, tuple[float, float, float, int]] = field(default_factory=dict)
 
     def __add__(self, other: "Squares") -> "Squares":
         metrics = set(self.ss) | set(other.ss)
+        lags = set(self.lag) | set(other.lag)
         return Squares({m: self.ss.get(m, 0.0) + other.ss.get(m, 0.0) for m in metrics},
-                       {m: self.df.get(m, 0) + other.df.get(m, 0) for m in metrics}, self.runs + other.runs)
+                       {m: self.df.get(m, 0) + other.df.get(m, 0) for m in metrics}, self.runs + other.runs,
+                       {m: tuple(a + b for a, b in zip(self.lag.get(m, (0.0, 0.0, 0.0, 0)),
+                                                       other.lag.get(m, (0.0, 0.0, 0.0, 0))))  # type: ignore[misc]
+                        for m in lags})
+
+    def correlation(self, metric: str) -> tuple[float | None, int]:
+        """(the pooled correlation of neighbouring residuals of ``metric``, the pairs it rests on); None without
+        pairs."""
+        xy, xx, yy, pairs = self.lag.get(metric, (0.0, 0.0, 0.0, 0))
+        if not pairs or xx <= 0 or yy <= 0:
+            return None, int(pairs)
+        return max(-1.0, min(1.0, xy / math.sqrt(xx * yy))), int(pairs)
 
 
 def squares(runs: Sequence[RunPoints]) -> Squares:
@@ -82,13 +115,46 @@ def squares(runs: Sequence[RunPoints]) -> Squares:
                 by_point.setdefault((p.metric, p.step), []).append(p.diff)
     ss: dict[str, float] = {}
     df: dict[str, int] = {}
-    for (metric, _), values in by_point.items():
+    means: dict[tuple[str, int], float] = {}
+    for (metric, step), values in by_point.items():
         if len(values) < 2:
             continue
-        mean = sum(values) / len(values)
+        mean = means[(metric, step)] = sum(values) / len(values)
         ss[metric] = ss.get(metric, 0.0) + sum((v - mean) ** 2 for v in values)
         df[metric] = df.get(metric, 0) + len(values) - 1
-    return Squares(ss, df, len(runs))
+    # Neighbouring judged points of one run (the metric's points in step order): their residuals' products.
+    lag: dict[str, list[float]] = {}
+    for run in runs:
+        residuals: dict[str, list[float]] = {}
+        for p in sorted(run.points, key=lambda q: (q.metric, q.step)):
+            if math.isfinite(p.diff) and (p.metric, p.step) in means:
+                residuals.setdefault(p.metric, []).append(p.diff - means[(p.metric, p.step)])
+        for metric, r in residuals.items():
+            acc = lag.setdefault(metric, [0.0, 0.0, 0.0, 0])
+            for a, b in zip(r, r[1:]):
+                acc[0] += a * b
+                acc[1] += a * a
+                acc[2] += b * b
+                acc[3] += 1
+    return Squares(ss, df, len(runs), {m: (v[0], v[1], v[2], int(v[3])) for m, v in lag.items()})
+
+
+def learned_correlation(data: Squares, metric: str, prior: float = CORRELATION_PRIOR,
+                        prior_pairs: int = CORRELATION_PRIOR_PAIRS) -> tuple[float, int]:
+    """(the step-to-step correlation the rule uses for ``metric``, the pairs of residuals behind it): the data's
+    pooled estimate shrunk toward the conservative ``prior`` (worth ``prior_pairs``), never below 0 (a negative
+    correlation would make a sum of points weigh more than their count)."""
+    estimate, pairs = data.correlation(metric)
+    if estimate is None:
+        return prior, 0
+    return max(0.0, (prior_pairs * prior + pairs * estimate) / (prior_pairs + pairs)), pairs
+
+
+def effective_share(correlation: float) -> float:
+    """The share of a run's correlated points that counts as independent squares for its variance (Bartlett:
+    ``(1 - rho^2) / (1 + rho^2)`` for AR(1) points; 1 when independent)."""
+    rho2 = correlation * correlation
+    return (1.0 - rho2) / (1.0 + rho2)
 
 
 def left_out(past: Past, key: Mapping[str, Any], now: datetime, max_age: timedelta,
@@ -136,15 +202,20 @@ def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past] =
     from_repeats = squares(repeats)
     from_history = squares([run for past in history for run in past.runs])
     data = from_repeats + from_history
-    sigma, df = {}, {}
+    sigma, df, correlation, pairs = {}, {}, {}, {}
     for metric, s0 in prior.sigma.items():
         df0 = float(prior_df.get(metric, math.inf))
         ss, dfd = data.ss.get(metric, 0.0), data.df.get(metric, 0)
-        if not math.isfinite(df0):  # an exact prior: data cannot move it
+        if not math.isfinite(df0):  # an exact prior: data cannot move it (its correlation as given)
             sigma[metric], df[metric] = s0, math.inf
+            if metric in prior.correlation:
+                correlation[metric] = prior.correlation[metric]
             continue
-        sigma[metric] = math.sqrt((df0 * s0 * s0 + ss) / (df0 + dfd))
-        df[metric] = df0 + dfd
+        rho, pairs[metric] = learned_correlation(data, metric, prior.correlation.get(metric, CORRELATION_PRIOR))
+        correlation[metric] = rho
+        effective = dfd * effective_share(rho)
+        sigma[metric] = math.sqrt((df0 * s0 * s0 + ss * effective / dfd) / (df0 + effective)) if dfd else s0
+        df[metric] = df0 + effective
     sources = [f"prior: {prior.source} (df {_df_text(prior_df, 'exact')})"]
     if from_repeats.runs:
         sources.append(f"{_count(from_repeats.runs, 'repeat')} of this commit (df {_df_text(from_repeats.df)})")
@@ -152,8 +223,48 @@ def learn(prior: Spread, repeats: Sequence[RunPoints], history: Sequence[Past] =
         nights = len({past.finished_at.date() for past in history})
         sources.append(f"{_count(from_history.runs, 'run')} of {_count(len(history), 'healthy verification')} over "
                        f"{_count(nights, 'day')} (df {_df_text(from_history.df)})")
+    if correlation:
+        sources.append("step-to-step correlation of neighbouring points: " + ", ".join(
+            f"{m} {rho:.2f} ({f'{pairs[m]} pairs' if pairs.get(m) else 'the prior: no data'})"
+            for m, rho in sorted(correlation.items())))
+    alarms = drift(prior, prior_df, data, drift_p) + correlation_drift(history, drift_p) if drift_p is not None else []
     return replace(prior, sigma=sigma, df=df, sources=tuple(sources), prior_sigma=dict(prior.sigma),
-                   drift=tuple(drift(prior, prior_df, data, drift_p)) if drift_p is not None else ())
+                   drift=tuple(alarms), correlation=correlation)
+
+
+def correlation_drift(history: Sequence[Past], p: float = 0.01) -> list[str]:
+    """The metrics whose step-to-step correlation moved between the history's older and newer half: Fisher z of
+    the two pooled estimates, each on its effective pairs, two-sided, Sidak over the metrics, family-wise ``p``."""
+    ordered = sorted(history, key=lambda past: past.finished_at)
+    half = len(ordered) // 2
+    if half < 2:
+        return []
+    older = squares([run for past in ordered[:half] for run in past.runs])
+    newer = squares([run for past in ordered[half:] for run in past.runs])
+    tested = []
+    for metric in sorted(set(older.lag) & set(newer.lag)):
+        (a, n_a), (b, n_b) = older.correlation(metric), newer.correlation(metric)
+        if a is None or b is None:
+            continue
+        # pairs within a run are themselves correlated: count them as effective ones
+        e_a, e_b = n_a * effective_share(max(a, 0.0)), n_b * effective_share(max(b, 0.0))
+        if e_a > 3 and e_b > 3:
+            tested.append((metric, a, b, e_a, e_b))
+    if not tested:
+        return []
+    from statistics import NormalDist
+
+    per_test = 1 - (1 - p) ** (1 / len(tested))
+    out = []
+    for metric, a, b, e_a, e_b in tested:
+        clip = 0.999
+        z = (math.atanh(max(-clip, min(clip, b))) - math.atanh(max(-clip, min(clip, a)))) / \
+            math.sqrt(1 / (e_a - 3) + 1 / (e_b - 3))
+        both = 2 * (1 - NormalDist().cdf(abs(z)))
+        if both < per_test:
+            out.append(f"{metric} step-to-step correlation moved from {a:.2f} to {b:.2f} between the older and the "
+                       f"newer half of the history (p = {both:.2g} < {per_test:.2g})")
+    return out
 
 
 def drift(prior: Spread, prior_df: Mapping[str, float], data: Squares, p: float = 0.01) -> list[str]:

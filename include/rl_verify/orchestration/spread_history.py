@@ -100,14 +100,15 @@ def learned(prior: confirm.Spread | None, spec: SuiteSpec, resolved: Mapping[str
 
 
 def describe(learned_spread: confirm.Spread | None) -> dict[str, Any] | None:
-    """The spread that decided, for outcome.json and the report: per metric sigma, the prior's, their ratio
-    and degrees of freedom; its sources in words; the drift alarm."""
+    """The spread that decided, for outcome.json and the report: per metric sigma, the prior's, their ratio,
+    degrees of freedom and step-to-step correlation (issue 51); its sources in words; the drift alarm."""
     if learned_spread is None:
         return None
     moved = spread.moved(learned_spread)
     return {"sources": list(learned_spread.sources), "drift": list(learned_spread.drift),
             "metrics": {m: {"sigma": s, "prior_sigma": learned_spread.prior_sigma.get(m),
-                            "moved": moved.get(m), "df": _finite(learned_spread.df.get(m))}
+                            "moved": moved.get(m), "df": _finite(learned_spread.df.get(m)),
+                            "correlation": learned_spread.correlation.get(m)}
                         for m, s in sorted(learned_spread.sigma.items())}}
 
 

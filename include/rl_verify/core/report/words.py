@@ -120,6 +120,12 @@ def spread_sentences(outcome: dict[str, Any]) -> list[str]:
         for m, v in (learned.get("metrics") or {}).items())
     sources = "; ".join(learned.get("sources") or [])
     out.append(f"The spread that decided (run-to-run sigma per metric, pooled): {sources}. Per metric: {per_metric}.")
+    persist = {m: v["correlation"] for m, v in (learned.get("metrics") or {}).items() if v.get("correlation")}
+    if persist:
+        out.append("The rule takes a run's noise as persisting from step to step (AR(1)): neighbouring judged points "
+                   "correlate by " + ", ".join(f"{m} {rho:.2f}" for m, rho in persist.items()) + ". A metric's "
+                   "points are summed over their own variance (correlated points count for less than their "
+                   "number), and its degrees of freedom count effective points.")
     return out
 
 
