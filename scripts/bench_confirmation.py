@@ -93,7 +93,15 @@ def _scenario(suite: str, name: str) -> tuple[str, Any, Any]:
 def _seeds(verification: int | tuple[str, str], attempt: int) -> tuple[str, str]:
     """(the run's seed, the baseline error's seed) of one run. A verification is an int (its own baseline
     error draw), ``("night", i, n)``: the n-th healthy night before verification i on its node (its baseline
-    error), or ``(baseline, probe)``: verifications of one bisection share their node's baseline error."""
+    error), ``(baseline, probe)``: verifications of one bisection share their node's baseline error; ``("on-node",
+    node, i)`` and ``("node-night", node, n)``: verification i and the n-th healthy night of a node that several
+    verifications share (its baseline error, its nights)."""
+    if isinstance(verification, (tuple, list)) and verification[0] == "on-node":  # ("on-node", node, i)
+        _, node, index = verification
+        return f"node{node}-{index}-{attempt}", f"node{node}"
+    if isinstance(verification, (tuple, list)) and verification[0] == "node-night":  # ("node-night", node, n)
+        _, node, night = verification
+        return f"node{node}-night{night}-{attempt}", f"node{node}"
     if isinstance(verification, (tuple, list)) and len(verification) == 3:
         _, index, night = verification
         return f"bench-{index}-night{night}-{attempt}", f"bench-{index}"
@@ -103,21 +111,30 @@ def _seeds(verification: int | tuple[str, str], attempt: int) -> tuple[str, str]
     return f"bench-{verification}-{attempt}", f"bench-{verification}"
 
 
+def _tail(ratio: float = 1.0, correlation: float = 0.0) -> tuple:
+    """The end of a run's cache key: the node's true spread over the assumed one and its step-to-step correlation
+    (issue 51), left out at their defaults (the keys of the independent, assumed-spread node stay as before)."""
+    if correlation:
+        return (ratio, correlation)
+    return (ratio,) if ratio != 1.0 else ()
+
+
 def _rows(suite: str, regression: Any, shift: Any, verification: Any, attempt: int, mode: str,
-          ratio: float = 1.0) -> list[dict]:
+          ratio: float = 1.0, correlation: float = 0.0) -> list[dict]:
     seed, error_seed = _seeds(verification, attempt)
     kind, shape = regression, {}
     if isinstance(regression, tuple):
         kind, scale, from_step = regression
         shape = {"regression_scale": scale, "regression_from": from_step}
     rows = CURVES.run_rows(suite, seed, kind, mode, eval_every=EVAL_EVERY[suite], baseline_error_seed=error_seed,
-                           spread_ratio=ratio, **shape)
+                           spread_ratio=ratio, correlation=correlation, **shape)
     rows = [r for r in rows if r["step"] == 0 or "response/rewards/mean" in r]  # mini-batch rows: never read
     return shift(rows) if shift else rows
 
 
-def _baseline(suite: str, verification: Any, mode: str, ratio: float = 1.0) -> bytes:
-    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=_seeds(verification, 0)[1], spread_ratio=ratio)
+def _baseline(suite: str, verification: Any, mode: str, ratio: float = 1.0, correlation: float = 0.0) -> bytes:
+    rows = CURVES.baseline_rows(suite, mode, baseline_error_seed=_seeds(verification, 0)[1], spread_ratio=ratio,
+                                correlation=correlation)
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
@@ -128,11 +145,12 @@ def _evaluate(args: tuple) -> tuple[tuple, dict]:
     certain FAIL of one of them stops the run early (``core.live.confirming``)."""
     suite, index, attempt, scenario, mode, confirms, *rest = args
     ratio = rest[0] if rest else 1.0  # the node's true spread over the assumed one (curves.check_spread_ratio)
+    correlation = rest[1] if len(rest) > 1 else 0.0  # its noise's step-to-step correlation (issue 51)
     name, regression, shift = _scenario(suite, scenario)
     spec = load_suite(suite)
     engine = engine_of(spec)
-    rows = _rows(suite, regression, shift, index, attempt, mode, ratio)
-    baseline = _baseline(suite, index, mode, ratio)
+    rows = _rows(suite, regression, shift, index, attempt, mode, ratio, correlation)
+    baseline = _baseline(suite, index, mode, ratio, correlation)
     live = engine.live(spec, baseline, None)
     feed, elapsed, abort = TrackerFeed("tracker.jsonl"), 0.0, None
     for i, row in enumerate(rows):
@@ -152,7 +170,7 @@ def _evaluate(args: tuple) -> tuple[tuple, dict]:
         (folder / "checker" / "autotest").symlink_to(CHECKER_DIR)
         if abort is not None:
             result = aborted_result(suite, abort, engine.rules)
-        elif isinstance(index, (tuple, list)) and index[0] == "night":
+        elif isinstance(index, (tuple, list)) and index[0] in ("night", "node-night"):
             # A healthy night is kept for its points alone (the history pools their differences, whatever the
             # night's verdict): no comparison, no checker subprocess.
             result = SuiteResult(suite=suite, verdict="PASS", failure_class=None, checks=[])
@@ -193,12 +211,14 @@ class Runs:
 BENCH_KEY = {"bench": True}
 
 
-def history(runs: Runs, suite: str, indices: list[int], nights: int, ratio: float) -> dict[int, list[spread.Past]]:
+def history(runs: Runs, suite: str, indices: list[int], nights: int, ratio: float,
+            correlation: float = 0.0) -> dict[int, list[spread.Past]]:
     """Per verification: ``nights`` healthy nights on its node before it (its baseline error, the same true
     spread), one run each, each through the engine like any first run, as the spread history would hold them."""
     if not nights:
         return {i: [] for i in indices}
-    keys = {(i, n): (suite, ("night", i, n), 0, "healthy", "", ratio) for i in indices for n in range(nights)}
+    keys = {(i, n): (suite, ("night", i, n), 0, "healthy", "", ratio, *_tail(ratio, correlation)[1:])
+            for i in indices for n in range(nights)}
     runs.get(list(keys.values()))
     today = datetime(2026, 12, 4, tzinfo=timezone.utc)
     return {i: [spread.Past(f"night-{n}", BENCH_KEY, confirm.PASS, today - timedelta(days=nights - n),
@@ -208,7 +228,7 @@ def history(runs: Runs, suite: str, indices: list[int], nights: int, ratio: floa
 def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: confirm.Rule,
                spreads: dict[str, confirm.Spread | None], ratio: float = 1.0,
                pasts: dict[Any, list[spread.Past]] | None = None,
-               learn: bool = True) -> dict[tuple[str, Any, str], tuple[str, list[tuple]]]:
+               learn: bool = True, correlation: float = 0.0) -> dict[tuple[str, Any, str], tuple[str, list[tuple]]]:
     """Verifications ``(suite, verification, scenario)`` decided by ``core.confirm`` as the DAG does: the first
     run, then repeats (each stopped early only as ``confirm.stop_early`` allows) until ``confirm.decide`` gives an
     outcome. With ``learn`` (default), every decision and stop uses the spread the DAG would: the version's,
@@ -218,7 +238,7 @@ def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: conf
     alive = list(dict.fromkeys(verifications))
     keys_of: dict[tuple, list[tuple]] = {v: [] for v in alive}
     outcomes: dict[tuple, str] = {}
-    tail = (ratio,) if ratio != 1.0 else ()
+    tail = _tail(ratio, correlation)
     runs.get([(suite, i, 0, scenario, "", *tail) for suite, i, scenario in alive])
     firsts = {v: _points(runs.cache[(v[0], v[1], 0, v[2], "", *tail)]) for v in alive}
     repeats: dict[tuple, list[confirm.RunPoints]] = {v: [] for v in alive}
@@ -249,19 +269,40 @@ def decide_all(runs: Runs, verifications: list[tuple[str, Any, str]], rule: conf
     return {v: (outcomes[v], keys_of[v]) for v in keys_of}
 
 
+def node_history(runs: Runs, suite: str, nodes: int, nights: int, ratio: float,
+                 correlation: float = 0.0) -> dict[int, list[spread.Past]]:
+    """Per node of ``nodes``: its ``nights`` healthy nights, one run each (the verifications on that node learn
+    from them), as :func:`history` keeps them."""
+    keys = {(k, n): (suite, ("node-night", k, n), 0, "healthy", "", ratio, *_tail(ratio, correlation)[1:])
+            for k in range(nodes) for n in range(nights)}
+    runs.get(list(keys.values()))
+    today = datetime(2026, 12, 4, tzinfo=timezone.utc)
+    return {k: [spread.Past(f"night-{n}", BENCH_KEY, confirm.PASS, today - timedelta(days=nights - n),
+                            (_points(runs.cache[keys[(k, n)]]),)) for n in range(nights)] for k in range(nodes)}
+
+
 def verify(runs: Runs, suite: str, scenario: str, count: int, rule: confirm.Rule,
-           spread_: confirm.Spread | None, ratio: float = 1.0, nights: int | None = None) -> dict[str, float]:
+           spread_: confirm.Spread | None, ratio: float = 1.0, nights: int | None = None,
+           correlation: float = 0.0, per_node: int = 1) -> dict[str, float]:
     """``count`` verifications of one scenario under ``rule``: outcome rates and mean runs. ``nights`` None: the
     rule as before issue 34 (the version's spread taken as exact); 0: learned from the repeats alone (cold);
-    n: and from n healthy nights of history on the same node."""
-    indices = list(range(count))
-    pasts = history(runs, suite, indices, nights or 0, ratio) if nights and spread_ is not None else {}
-    decided = decide_all(runs, [(suite, i, scenario) for i in indices], rule, {suite: spread_}, ratio, pasts,
-                         learn=nights is not None)
+    n: and from n healthy nights of history on the same node. ``per_node`` > 1: that many verifications share a
+    node (its baseline error and its nights), as a node verifies commit after commit: the nights cost 1/per_node
+    of the runs."""
+    if per_node > 1:
+        ids: list[Any] = [("on-node", i // per_node, i) for i in range(count)]
+        by_node = node_history(runs, suite, -(-count // per_node), nights or 0, ratio, correlation) \
+            if nights and spread_ is not None else {}
+        pasts = {v: by_node.get(v[1], []) for v in ids} if by_node else {}
+    else:
+        ids = list(range(count))
+        pasts = history(runs, suite, ids, nights or 0, ratio, correlation) if nights and spread_ is not None else {}
+    decided = decide_all(runs, [(suite, i, scenario) for i in ids], rule, {suite: spread_}, ratio, pasts,
+                         learn=nights is not None, correlation=correlation)
     outcomes = {v[1]: outcome for v, (outcome, _) in decided.items()}
     repeats = {v[1]: keys[1:] for v, (_, keys) in decided.items()}
     firsts = {v[1]: _points(runs.cache[keys[0]]) for v, (_, keys) in decided.items()}
-    first_fail = sum(firsts[i].verdict == "FAIL" for i in range(count)) / count
+    first_fail = sum(firsts[i].verdict == "FAIL" for i in ids) / count
     final_fail = sum(o in confirm.FAILING for o in outcomes.values()) / count
     return {"first_fail": first_fail, "final_fail": final_fail,
             "inconclusive": sum(o == confirm.INCONCLUSIVE for o in outcomes.values()) / count,
@@ -276,6 +317,44 @@ def _ci(p: float, n: int) -> str:
     return f"{p:.1%} ({max(0.0, centre - half):.1%}-{min(1.0, centre + half):.1%})"
 
 
+def correlation_grid(runs: Runs, suites: list[str], rule: confirm.Rule, spreads: dict[str, confirm.Spread | None],
+                     correlations: list[float], ratios: list[float], healthy: int, regressed: int,
+                     nights: int, per_node: int = 10) -> None:
+    """Issue 51: healthy verifications on a node whose noise persists from step to step (AR(1) with each
+    correlation, at each true/assumed spread), cold and after ``nights`` healthy nights, and detection of every
+    simulated regression at each correlation (assumed spread, after the nights). ``per_node`` verifications share a
+    node (its baseline error, its nights)."""
+    if not correlations:
+        return
+    print("Correlated noise (issue 51): the node's run noise on every training metric AR(1) from step to step with "
+          "the given correlation (the same marginal sigma; eval accuracies independent), the baseline's own error "
+          "alike. The rule learns the correlation from the repeats and the nights (cold: the conservative prior "
+          f"{spread.CORRELATION_PRIOR:g}). {per_node} verifications share a node: its baseline error and its "
+          f"{nights} nights.\n")
+    print("| suite | step-to-step correlation | true/assumed spread | rule | verifications | single-run FAIL | "
+          "final FAIL | INCONCLUSIVE | mean runs |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for suite in suites:
+        for rho in correlations:
+            for ratio in ratios:
+                for label, night_count in (("cold", 0), (f"{nights} nights", nights)):
+                    r = verify(runs, suite, "healthy", healthy, rule, spreads[suite], ratio, night_count, rho,
+                               per_node)
+                    print(f"| {suite} | {rho:g} | {ratio:g} | {label} | {healthy} | {_ci(r['first_fail'], healthy)} | "
+                          f"{_ci(r['final_fail'], healthy)} | {r['inconclusive']:.1%} | {r['runs']:.2f} |",
+                          flush=True)
+    print(f"\nRegressions on a correlated node (assumed spread, {nights} nights): detection = a final FAIL.\n")
+    print("| suite | scenario | step-to-step correlation | verifications | detection | INCONCLUSIVE | mean runs |")
+    print("|---|---|---|---|---|---|---|")
+    for suite in suites:
+        for name, _, _ in SCENARIOS[suite][1:]:
+            for rho in correlations:
+                r = verify(runs, suite, name, regressed, rule, spreads[suite], 1.0, nights, rho, per_node)
+                print(f"| {suite} | {name} | {rho:g} | {regressed} | {_ci(r['final_fail'], regressed)} | "
+                      f"{r['inconclusive']:.1%} | {r['runs']:.2f} |", flush=True)
+    print()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--healthy", type=int, default=200, help="healthy verifications per suite")
@@ -288,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suites", default=",".join(SCENARIOS),
                         help=f"comma-separated suites to measure (default: all, {','.join(SCENARIOS)}); the "
                              "trade-off table needs opd")
+    parser.add_argument("--correlations", default="0,0.5,0.7,0.9,0.95",
+                        help="step-to-step correlations of the node's noise for the correlated-noise grid (issue 51)")
+    parser.add_argument("--grid-ratios", default="1.0,1.5", help="true/assumed spreads of the correlated-noise grid")
+    parser.add_argument("--grid-only", action="store_true", help="only the correlated-noise grid (issue 51)")
+    parser.add_argument("--per-node", type=int, default=10,
+                        help="correlated-noise grid: verifications that share a node (its baseline error and nights)")
     args = parser.parse_args(argv)
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = sorted(set(suites) - set(SCENARIOS))
@@ -305,6 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     exact = {s: None if sp is None else replace(sp, df={}) for s, sp in spreads.items()}
     ratios = [float(r) for r in args.ratios.split(",") if r.strip()]
     print(f"Confirmation rule, {args.mode} noise (simulator), shipped baselines (v1); rule: {rule.describe()}.\n")
+    correlation_grid(runs, suites, rule, spreads, [float(c) for c in args.correlations.split(",") if c.strip()],
+                     [float(r) for r in args.grid_ratios.split(",") if r.strip()], args.healthy, args.regressed,
+                     args.nights, args.per_node)
+    if args.grid_only:
+        print(f"\n{len(runs.cache)} training runs evaluated in {time.monotonic() - t0:.0f} s")
+        runs.pool.close()
+        return 0
     print("Healthy verifications at a true run-to-run spread of ratio x the assumed one (the simulator's "
           "spread_ratio: run noise and the baseline's own error alike). Rules: 'exact' = before issue 34 (the "
           "version's sigma taken as exact, normal bounds); 'cold' = learned from the repeats alone (Student-t on the "

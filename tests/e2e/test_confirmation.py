@@ -102,9 +102,14 @@ def test_a_healthy_runs_noise_fail_is_repeated_and_ends_pass_not_reproduced(rig,
     # It decided with the spread learned from the node's healthy nights and its own repeat, and says so.
     learned = outcome["spread"]
     assert learned["sources"][0].startswith("prior: shipped baseline") and learned["drift"] == []
-    assert learned["sources"][-1] == (f"{HEALTHY_NIGHTS} runs of {HEALTHY_NIGHTS} healthy verifications over "
+    assert learned["sources"][-2] == (f"{HEALTHY_NIGHTS} runs of {HEALTHY_NIGHTS} healthy verifications over "
                                       f"{HEALTHY_NIGHTS} days (df 25-30 by metric)"), learned["sources"]
-    assert all(e["df"] == learned["metrics"][m]["df"] > 30 for m, e in evidence.items()), evidence
+    # issue 51: and the step-to-step correlation learned from the same nights' residuals (independent noise here:
+    # pulled from the conservative prior toward 0), the data's df counted at its effective share
+    assert learned["sources"][-1].startswith("step-to-step correlation of neighbouring points: ") \
+        and "pairs)" in learned["sources"][-1], learned["sources"]
+    assert all(e["df"] == learned["metrics"][m]["df"] > 20 for m, e in evidence.items()), evidence
+    assert all(learned["metrics"][m]["correlation"] < 0.6 for m in evidence), learned["metrics"]
     md = (Path(out.summary["record"]) / "report.md").read_text()
     assert f"{HEALTHY_NIGHTS} runs of {HEALTHY_NIGHTS} healthy verifications" in md and "Drift alarm" not in md
     assert outcome["estimates"]["metrics"]["distillation/reduced_distillation_kl"]["healthy_breach"] > 0
@@ -228,7 +233,7 @@ def test_a_grpo_night_on_a_node_half_again_as_noisy_after_healthy_nights_is_no_f
     assert outcome["outcome"] in ("PASS", "PASS (not reproduced)"), outcome["reason"]
     learned = outcome["spread"]
     assert learned["sources"][0].startswith("prior: shipped baseline (mean of 5 runs, no spread recorded)")
-    assert learned["sources"][-1].startswith(f"{GRPO_NIGHTS} runs of {GRPO_NIGHTS} healthy verifications"), learned
+    assert learned["sources"][-2].startswith(f"{GRPO_NIGHTS} runs of {GRPO_NIGHTS} healthy verifications"), learned
     # The nights moved the prior: response_len's sigma is about 1.5x the threshold's reading.
     assert 1.2 < learned["metrics"]["response/response_len/mean"]["moved"] < 1.8, learned["metrics"]
     md = (Path(out.summary["record"]) / "report.md").read_text()
