@@ -100,3 +100,16 @@ def test_a_correlation_that_moves_between_the_older_and_newer_nights_raises_a_dr
     learned = spread.learn(Spread({M: 0.01}, 5, "t", {M: 8.0}), [], moved)
     assert any("correlation moved" in a for a in learned.drift)
     assert "step-to-step correlation of neighbouring points" in learned.sources[-1]
+
+
+def test_the_report_says_what_the_rule_assumes_about_correlation_and_what_it_learned():
+    from rl_verify.core.report.words import spread_sentences
+    from rl_verify.orchestration import spread_history
+
+    rng = np.random.default_rng(6)
+    learned = spread.learn(Spread({M: 0.01}, 5, "t", {M: 8.0}), [], [_past(f"n{i}", 0.8, 30 - i, rng)
+                                                                    for i in range(20)])
+    said = " ".join(spread_sentences({"spread": spread_history.describe(learned)}))
+    assert "persisting from step to step (AR(1))" in said, said
+    assert f"{M} 0.7" in said or f"{M} 0.8" in said, said
+    assert "pairs" in said  # learned, not the prior's
