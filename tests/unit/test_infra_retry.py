@@ -252,3 +252,16 @@ def test_a_probe_row_and_the_bisection_table_show_its_attempts():
               "nodes": ["n1"], "probes": [{"sha": "c" * 40, "outcome": "grpo FAIL", "runs": 1, "attempts": rows}]}
     table = bisect_markdown(result)
     assert "| infrastructure attempts |" in table and "attempt 2 on n1 (job grpo-t2)" in table
+
+
+def test_a_log_rules_retry_kind_leaves_the_experiment_fingerprint_as_it_was():
+    """Standing approvals and verified PASSes bound to the experiment survive the retry kinds (they change no
+    number); any other edit of a log rule still changes it."""
+    spec = load_suite("grpo")
+    without = spec.model_copy(update={"raw": {**spec.raw, "log_rules": [
+        {k: v for k, v in r.items() if k != "retry"} for r in spec.raw["log_rules"]]}})
+    assert any("retry" in r for r in spec.raw["log_rules"])
+    assert card.experiment_fingerprint([spec]) == card.experiment_fingerprint([without])
+    edited = spec.model_copy(update={"raw": {**spec.raw, "log_rules": [
+        {**r, "means": r["means"] + "!"} for r in spec.raw["log_rules"]]}})
+    assert card.experiment_fingerprint([spec]) != card.experiment_fingerprint([edited])

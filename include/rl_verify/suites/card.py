@@ -107,12 +107,23 @@ def experiment_definition(specs: Iterable[SuiteSpec],
     number of the baseline version it is judged against, and the extra runs a FAIL may take (when given)."""
     data = data or _thresholds
     ordered = sorted(specs, key=lambda s: s.name)
-    out = {spec.name: {"spec": dict(spec.raw), "data": dict(data(spec))} for spec in ordered}
+    out = {spec.name: {"spec": _measured(spec.raw), "data": dict(data(spec))} for spec in ordered}
     for name, version in (versions or {}).items():
         if name in out:
             out[name]["baseline_version"] = version
     if repeats is not None:
         out = {**out, "confirmation_repeats": repeats}
+    return out
+
+
+def _measured(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec as written, less what does not change what is measured: a log rule's retry kind (issue 55: whether
+    an infrastructure failure trains again) leaves the experiment, its standing approvals and its verified PASSes
+    as they were."""
+    out = dict(raw)
+    if isinstance(out.get("log_rules"), list):
+        out["log_rules"] = [{k: v for k, v in rule.items() if k != "retry"} if isinstance(rule, Mapping) else rule
+                            for rule in out["log_rules"]]
     return out
 
 
