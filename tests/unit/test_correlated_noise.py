@@ -113,3 +113,14 @@ def test_the_report_says_what_the_rule_assumes_about_correlation_and_what_it_lea
     assert "persisting from step to step (AR(1))" in said, said
     assert f"{M} 0.7" in said or f"{M} 0.8" in said, said
     assert "pairs" in said  # learned, not the prior's
+
+
+def test_the_bench_grid_lets_verifications_share_a_node_and_draws_the_nodes_correlation():
+    from scripts import bench_confirmation as bc
+
+    assert bc._seeds(("on-node", 2, 25), 1) == ("node2-25-1", "node2")
+    assert bc._seeds(("node-night", 2, 7), 0)[1] == "node2"  # its nights on the same node's baseline error
+    assert bc._seeds(3, 0) == ("bench-3-0", "bench-3")  # the other tables' keys stay as they were
+    assert bc._tail() == () and bc._tail(1.5) == (1.5,) and bc._tail(1.0, 0.9) == (1.0, 0.9)
+    rows = bc._rows("grpo", None, None, ("on-node", 0, 1), 0, "realistic", 1.0, 0.9)
+    assert rows != bc._rows("grpo", None, None, ("on-node", 0, 1), 0, "realistic", 1.0, 0.0)
