@@ -121,11 +121,11 @@ def test_a_nodes_own_fault_goes_to_another_node_never_to_the_same_one_twice():
 def test_every_attempt_is_one_line_naming_its_node_job_kind_and_why():
     lines = retry.describe([
         {"attempt": 1, "job": "grpo", "node": "rl_gpu_node", "kind": "transient", "why": "crash at launch",
-         "decision": "a transient infrastructure failure: tried again (attempt 2 of 2)", "retried": True},
+         "decision": "a transient infrastructure failure (attempt 2 of 2 follows)", "retried": True},
         {"attempt": 2, "job": "grpo-t2", "node": "rl_gpu_node", "kind": None, "decided": True}])
     assert lines == [
         "attempt 1 on rl_gpu_node (job grpo): infrastructure (transient): crash at launch; tried again: a transient "
-        "infrastructure failure: tried again (attempt 2 of 2)",
+        "infrastructure failure (attempt 2 of 2 follows)",
         "attempt 2 on rl_gpu_node (job grpo-t2): ran; its training decides the suite"]
     assert attempt_lines([{"attempt": 1, "attempts": [{"attempt": 1, "job": "grpo-r1", "node": "n", "kind": None}]},
                           {"attempt": 0}]) == ["Run 2, attempt 1 on n (job grpo-r1): ran; its training decides the "

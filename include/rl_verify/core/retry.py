@@ -117,7 +117,7 @@ def decide(policy: Policy, earlier: Sequence[Mapping[str, Any]], cause: Cause, n
             return False, (f"the node's own fault on {node}: not tried there again, and this run has no other "
                            "eligible node")
         return True, f"the node's own fault on {node}: tried again on {free[0]}"
-    return True, f"a transient infrastructure failure: tried again (attempt {attempts + 1} of {policy.retries + 1})"
+    return True, f"a transient infrastructure failure (attempt {attempts + 1} of {policy.retries + 1} follows)"
 
 
 def describe(attempts: Sequence[Mapping[str, Any]]) -> list[str]:
