@@ -59,9 +59,9 @@ def cause_of(spec: SuiteSpec, event: dict[str, Any], failure: BaseException) -> 
     said = event.get("scheduler") if isinstance(event.get("scheduler"), dict) else {}
     words = launchers.end_class(said["detail"]) if said.get("state") == "ended" and said.get("detail") else None
     message = str(failure)
-    said = launch.last_lines(event.get("log_chunk") or "", 1)
-    if said and "see the [remote] lines" in message:  # the job's own last words say more than its exit code
-        message = message.replace("see the [remote] lines below", f"its last line: {said[0][:200]}")
+    last = launch.last_lines(event.get("log_chunk") or "", 1)
+    if last and "see the [remote] lines" in message:  # the job's own last words say more than its exit code
+        message = message.replace("see the [remote] lines below", f"its last line: {last[0][:200]}")
     if words is None and event.get("status") == "scheduler":
         words = next((w for w in retry_policy().scheduler_ends if w in message), None)
     return retry.classify(retry_policy(), message, event.get("log_chunk") or "", kind, words)
