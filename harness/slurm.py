@@ -436,6 +436,10 @@ class Slurm:
         if restart:
             self.stop_controller()
             self.start_controller()
+            # A restarted slurmctld knows its node again only once slurmd registers: until then sbatch --test-only
+            # refuses the next run's job ("Requested node configuration is not available").
+            self._wait_for(lambda: self.node_state() in ("idle", "mixed", "allocated", "completing"), 90,
+                           "the node back in service after the restart")
         else:
             self.run("scontrol", "reconfigure", check=True)
 
