@@ -265,3 +265,12 @@ def test_a_log_rules_retry_kind_leaves_the_experiment_fingerprint_as_it_was():
     edited = spec.model_copy(update={"raw": {**spec.raw, "log_rules": [
         {**r, "means": r["means"] + "!"} for r in spec.raw["log_rules"]]}})
     assert card.experiment_fingerprint([spec]) != card.experiment_fingerprint([edited])
+
+
+def test_every_scheduler_end_the_policy_names_is_one_slurm_states_gives():
+    """The policy's keys are Slurm's end words as ``node.slurm_states`` names them: a renamed end fails here, never
+    silently falls through to the words."""
+    from rl_verify.node import slurm_states
+
+    words = {w for _, w in slurm_states.STATES.values() if w} | set(slurm_states.RECORDED_ENDS.values())
+    assert set(POLICY.scheduler_ends) <= words, set(POLICY.scheduler_ends) - words
